@@ -1,0 +1,160 @@
+// The device caching allocator, written once above the driver.
+//
+// Sizes are rounded to 512 bytes. Requests up to 1 MiB come from the small pool (2 MiB
+// segments); larger ones from the large pool (20 MiB segments below 10 MiB, else the size
+// rounded to 2 MiB). Free blocks are cached per stream in segregated size bins (two-level:
+// power-of-two classes split in 16 linear sub-classes, with bitmaps), so finding a block and
+// returning it are O(1) with no heap allocation. Blocks are split when the remainder is worth
+// keeping and merged with free neighbours of the same segment on free.
+//
+// A block is reused by its own stream as soon as it is freed (stream order makes that safe).
+// A block also used by other streams (record_stream) is reused only after events recorded on
+// those streams at the time of the free have completed.
+//
+// Graph captures allocate from private pools (PoolId), kept apart from the default pool so that
+// addresses baked into a graph stay valid for every replay. A private pool lives while a graph
+// or capture holds it; then its cached segments are released.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "runtime/internal.h"
+
+namespace accel::rt::detail {
+
+struct Block;
+struct BlockPool;
+
+class CachingAllocator {
+ public:
+  static constexpr std::size_t kMinBlockSize = 512;
+  static constexpr std::size_t kSmallSize = std::size_t{1} << 20;       // small pool limit
+  static constexpr std::size_t kSmallBuffer = std::size_t{2} << 20;     // small segment
+  static constexpr std::size_t kLargeBuffer = std::size_t{20} << 20;    // large segment
+  static constexpr std::size_t kMinLargeAlloc = std::size_t{10} << 20;  // below: kLargeBuffer
+  static constexpr std::size_t kRoundLarge = std::size_t{2} << 20;
+  // Larger requests are rejected as negative (converted to size_t) or absurd.
+  static constexpr std::size_t kMaxRequest = std::size_t{1} << 52;
+
+  CachingAllocator(Runtime& rt, int device);
+  ~CachingAllocator();
+  CachingAllocator(const CachingAllocator&) = delete;
+  CachingAllocator& operator=(const CachingAllocator&) = delete;
+
+  void* malloc(std::size_t size, StreamObj& stream);
+  // Returns false if ptr is not an allocation start of this device.
+  bool free(void* ptr);
+  bool record_stream(void* ptr, Stream stream);
+  // Does this device own ptr (anywhere inside a segment)?
+  bool owns(const void* ptr);
+  // The allocated block containing ptr: (start, size), or (nullptr, 0). `freed` is set when ptr
+  // lies in device memory that is not currently allocated.
+  std::pair<void*, std::size_t> allocation_containing(const void* ptr, bool* freed);
+
+  // Releases cached segments; synchronizes the device first unless a capture is underway.
+  void empty_cache();
+  DeviceStats stats();
+  void reset_peak_stats();
+  void reset_accumulated_stats();
+
+  // Graph pools.
+  void use_pool(PoolId id);      // a capture or graph holds the pool
+  void release_pool(PoolId id);  // ... and lets it go
+  void capture_ended();          // processes frees deferred while capturing
+
+  // History.
+  void set_history(bool enabled, ContextRecorder recorder, std::size_t max_entries);
+  void snapshot(MemorySnapshot& out);
+
+ private:
+  Block* find_free_block(BlockPool& pool, uint32_t stream_slot, std::size_t size);
+  Block* alloc_segment(BlockPool& pool, StreamObj& stream, std::size_t size);
+  Block* try_allocate(BlockPool& pool, StreamObj& stream, std::size_t rounded);
+  void split_block(Block* block, std::size_t size);
+  void free_block(Block* block);
+  void insert_events(Block* block);
+  void process_events();
+  bool release_cached_segments();
+  void release_segment(Block* head);
+  bool segment_is_free(const Block* head) const;
+  BlockPool& pool_for(PoolId id, bool small);
+  void maybe_drop_private_pool(BlockPool* pool);
+  Block* segment_of(const void* ptr);
+  void record_trace(TraceEntry::Action action, uint64_t addr, uint64_t size, const StreamObj* s,
+                    PoolId pool, std::shared_ptr<HistoryContext> ctx);
+  [[noreturn]] void throw_oom(std::size_t size, std::size_t alloc_size);
+
+  // Statistics helpers: every change of a block's state goes through these.
+  void add_active(Block* b, int sign);
+  void add_inactive_split(Block* b, int sign);
+
+  Runtime& rt_;
+  const int device_;
+  std::mutex mutex_;
+  std::unique_ptr<BlockPool> small_;
+  std::unique_ptr<BlockPool> large_;
+  struct PrivatePool;
+  std::map<PoolId, std::unique_ptr<PrivatePool>> private_pools_;
+  std::map<uintptr_t, Block*> segments_;  // segment heads by address
+  class PtrMap;
+  std::unique_ptr<PtrMap> allocated_;     // allocated blocks by start address
+  class BlockArena;
+  std::unique_ptr<BlockArena> arena_;
+  struct PendingEvent {
+    DriverEvent event;
+    int device;  // whose event pool it returns to
+    Block* block;
+  };
+  std::vector<PendingEvent> pending_events_;
+  std::vector<Block*> deferred_frees_;  // freed during a capture, events not recorded yet
+  DeviceStats stats_;
+
+  bool history_enabled_ = false;
+  ContextRecorder recorder_;
+  std::size_t history_max_ = 0;
+  std::deque<TraceEntry> history_;
+};
+
+// Pinned host memory: power-of-two size classes, reused after recorded streams pass the free.
+class HostCachingAllocator {
+ public:
+  explicit HostCachingAllocator(Runtime& rt) : rt_(rt) {}
+  ~HostCachingAllocator();
+  void* malloc(std::size_t size);
+  void free(void* ptr);
+  void record_stream(void* ptr, Stream stream);
+  // Is [ptr, ptr + size) inside one pinned block?
+  bool contains(const void* ptr, std::size_t size);
+  void empty_cache();
+  HostStats stats();
+  void reset_peak_stats();
+
+ private:
+  struct HBlock {
+    void* ptr = nullptr;
+    std::size_t size = 0;
+    bool allocated = false;
+    int events = 0;
+    std::vector<Stream> uses;
+  };
+  HBlock* find_containing(const void* ptr);
+  void process_events();
+  void to_free_list(HBlock* b);
+  void release_free_blocks();  // gives every cached block back to the driver
+
+  Runtime& rt_;
+  std::mutex mutex_;
+  std::map<uintptr_t, std::unique_ptr<HBlock>> blocks_;
+  std::array<std::vector<HBlock*>, 64> free_;
+  std::deque<std::tuple<DriverEvent, int, HBlock*>> pending_;
+  HostStats stats_;
+};
+
+}  // namespace accel::rt::detail

@@ -1,0 +1,162 @@
+// The driver interface: the one table of functions each device driver implements.
+//
+// Everything above it (handles and their validation, the caching allocators, stream pools,
+// current device and stream, graph objects and private memory pools, capture rules, statistics,
+// error messages) is written once in the runtime. A driver only moves bytes and runs work.
+//
+// Each call's comment says how it maps onto CUDA (the `cuda` driver) and onto Level Zero (the
+// `level_zero` driver); docs/drivers.md has the same table. The embedded `host` driver
+// implements every call with host memory and one worker thread per stream.
+//
+// Rules for implementations:
+//  - Calls are made with validated arguments: device indices are in range, handles are live,
+//    sizes are non-zero unless stated. Drivers may assume that.
+//  - raw_alloc/host_alloc return nullptr when memory is exhausted; they never throw for that.
+//  - Any other failure throws accel::rt::Error (DriverError when nothing more specific fits).
+//  - Work submitted to a stream that is capturing is recorded into the capture, not executed.
+//  - Drivers loaded with dlopen export `accel_driver_create` (see kDriverAbiVersion below).
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "runtime/task.h"
+#include "runtime/types.h"
+
+namespace accel::rt {
+
+// Opaque driver objects. Their meaning belongs to the driver.
+struct DriverStreamT;
+struct DriverEventT;
+struct DriverGraphT;
+struct DriverGraphExecT;
+using DriverStream = DriverStreamT*;
+using DriverEvent = DriverEventT*;
+using DriverGraph = DriverGraphT*;
+using DriverGraphExec = DriverGraphExecT*;
+
+class ACCEL_RT_API Driver {
+ public:
+  virtual ~Driver();
+
+  // --- identity and devices -------------------------------------------------------------
+  virtual std::string_view name() const = 0;
+  // CUDA: cudaGetDeviceCount.            L0: zeDeviceGet over the GPU driver.
+  virtual int device_count() = 0;
+  // CUDA: cudaGetDeviceProperties.       L0: zeDeviceGetProperties + zeDeviceGetMemoryProperties.
+  virtual DeviceProperties device_properties(int device) = 0;
+  // Binds the device to the calling thread before the runtime works on it.
+  // CUDA: cudaSetDevice.                 L0: nothing (contexts are not per thread).
+  virtual void set_device(int device) = 0;
+  // CUDA: cudaMemGetInfo.                L0: zesMemoryGetState, or total minus the driver's count.
+  virtual MemoryInfo mem_get_info(int device) = 0;
+  // True when device memory is ordinary host memory (the host driver): the CPU may touch it
+  // inside host_access_begin/end.
+  virtual bool host_accessible_memory() const { return false; }
+
+  // --- raw memory -----------------------------------------------------------------------
+  // CUDA: cudaMalloc / cudaFree.         L0: zeMemAllocDevice / zeMemFree.
+  virtual void* raw_alloc(int device, std::size_t size) = 0;
+  virtual void raw_free(int device, void* ptr, std::size_t size) = 0;
+  // Page-locked host memory for asynchronous copies.
+  // CUDA: cudaHostAlloc / cudaFreeHost.  L0: zeMemAllocHost / zeMemFree.
+  virtual void* host_alloc(std::size_t size) = 0;
+  virtual void host_free(void* ptr, std::size_t size) = 0;
+  // Runtime-controlled host access to device memory (host driver only; a debug mode may
+  // keep device memory inaccessible outside these brackets). Nested and concurrent calls
+  // are reference counted.
+  virtual void host_access_begin(int device, const void* ptr, std::size_t size);
+  virtual void host_access_end(int device, const void* ptr, std::size_t size);
+
+  // --- streams --------------------------------------------------------------------------
+  // (least, greatest) priority, CUDA's convention: lower numbers run first.
+  // CUDA: cudaDeviceGetStreamPriorityRange.  L0: ZE_COMMAND_QUEUE_PRIORITY_{LOW,NORMAL,HIGH}.
+  virtual std::pair<int, int> stream_priority_range() = 0;
+  // CUDA: cudaStreamCreateWithPriority(cudaStreamNonBlocking).
+  // L0: zeCommandListCreateImmediate on a compute queue group ordinal, with the priority.
+  virtual DriverStream stream_create(int device, int priority) = 0;
+  // Waits for the stream's work, then releases it.
+  // CUDA: cudaStreamSynchronize + cudaStreamDestroy.  L0: zeCommandListHostSynchronize + Destroy.
+  virtual void stream_destroy(DriverStream stream) = 0;
+  // Runs `task` on the host in stream order.
+  // CUDA: cudaLaunchHostFunc.
+  // L0: no host-function command: append a signal of an event that a runtime thread waits on
+  //     (zeEventHostSynchronize), runs the task and then signals a second event that the list
+  //     waits on (zeCommandListAppendWaitOnEvents).
+  virtual void launch_host_func(DriverStream stream, Task task) = 0;
+  // `kind` is resolved (never Default). Pageable host memory has been staged or the stream is
+  // synchronized afterwards by the runtime, so drivers may treat host pointers as pinned.
+  // CUDA: cudaMemcpyAsync.               L0: zeCommandListAppendMemoryCopy.
+  virtual void memcpy_async(void* dst, const void* src, std::size_t size, CopyKind kind,
+                            DriverStream stream) = 0;
+  // CUDA: cudaMemsetAsync.               L0: zeCommandListAppendMemoryFill (1-byte pattern).
+  virtual void memset_async(void* dst, int value, std::size_t size, DriverStream stream) = 0;
+  // True when every task submitted so far has completed (a running task counts as pending).
+  // CUDA: cudaStreamQuery.               L0: zeEventQueryStatus on the list's last signal.
+  virtual bool stream_query(DriverStream stream) = 0;
+  // Waits for every task submitted before the call. Throws TaskError if one of them failed.
+  // CUDA: cudaStreamSynchronize.         L0: zeCommandListHostSynchronize.
+  virtual void stream_synchronize(DriverStream stream) = 0;
+
+  // --- events ---------------------------------------------------------------------------
+  // CUDA: cudaEventCreateWithFlags (cudaEventDisableTiming unless timing).
+  // L0: zeEventCreate from a pool made with ZE_EVENT_POOL_FLAG_KERNEL_TIMESTAMP when timing.
+  virtual DriverEvent event_create(int device, bool timing) = 0;
+  virtual void event_destroy(DriverEvent event) = 0;
+  // Completes when the stream reaches this point. If the stream is capturing, the event
+  // becomes a dependency marker inside the capture.
+  // CUDA: cudaEventRecord.               L0: zeCommandListAppendSignalEvent (after a reset).
+  virtual void event_record(DriverEvent event, DriverStream stream) = 0;
+  // Work submitted to `stream` afterwards waits for the event's latest record. An event
+  // recorded in a capture makes a non-capturing stream join that capture.
+  // CUDA: cudaStreamWaitEvent.           L0: zeCommandListAppendWaitOnEvents.
+  virtual void stream_wait_event(DriverStream stream, DriverEvent event) = 0;
+  // CUDA: cudaEventQuery.                L0: zeEventQueryStatus.
+  virtual bool event_query(DriverEvent event) = 0;
+  // CUDA: cudaEventSynchronize.          L0: zeEventHostSynchronize.
+  virtual void event_synchronize(DriverEvent event) = 0;
+  // Both events are completed and were created with timing.
+  // CUDA: cudaEventElapsedTime.          L0: zeEventQueryKernelTimestamp × timer resolution.
+  virtual float event_elapsed_ms(DriverEvent start, DriverEvent end) = 0;
+
+  // --- graphs ---------------------------------------------------------------------------
+  // CUDA: cudaStreamBeginCapture(mode).  L0: record into a regular command list instead of
+  //                                          the immediate one.
+  virtual void stream_begin_capture(DriverStream stream, CaptureMode mode) = 0;
+  // Ends the capture begun on `stream`; every stream that joined it leaves it too. Throws
+  // CaptureError (CaptureUnjoined) if a joined stream was not joined back; the capture is
+  // ended and discarded in that case.
+  // CUDA: cudaStreamEndCapture.          L0: zeCommandListClose.
+  virtual DriverGraph stream_end_capture(DriverStream stream) = 0;
+  // CUDA: cudaGraphGetNodes(count).      L0: the number of recorded commands.
+  virtual std::size_t graph_node_count(DriverGraph graph) = 0;
+  // CUDA: cudaGraphInstantiate.          L0: nothing, or zeCommandListCreateCloneExp.
+  virtual DriverGraphExec graph_instantiate(DriverGraph graph) = 0;
+  // Launches of one executable graph run one after the other, in launch order.
+  // CUDA: cudaGraphLaunch.               L0: zeCommandListImmediateAppendCommandListsExp.
+  virtual void graph_launch(DriverGraphExec exec, DriverStream stream) = 0;
+  // CUDA: cudaGraphDestroy / cudaGraphExecDestroy.   L0: zeCommandListDestroy.
+  virtual void graph_destroy(DriverGraph graph) = 0;
+  virtual void graph_exec_destroy(DriverGraphExec exec) = 0;
+};
+
+// Drivers built as separate shared libraries (libaccel_driver_<name>.so) export
+//   extern "C" accel::rt::Driver* accel_driver_create(int abi_version, char* error, size_t len);
+// It returns nullptr and writes a message into `error` when the driver cannot run here (no
+// device, missing vendor library). The runtime refuses a library built for another ABI.
+inline constexpr int kDriverAbiVersion = 1;
+using DriverCreateFn = Driver* (*)(int abi_version, char* error, std::size_t error_len);
+
+// The embedded host driver, also used by plugins that wrap it in tests.
+struct HostDriverOptions {
+  std::string name = "host";
+  int devices = 2;
+  uint64_t memory_per_device = uint64_t{4} << 30;
+  bool protect_device_memory = false;
+  bool launch_blocking = false;
+};
+ACCEL_RT_API std::unique_ptr<Driver> make_host_driver(const HostDriverOptions& options);
+
+}  // namespace accel::rt

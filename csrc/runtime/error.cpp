@@ -1,0 +1,99 @@
+#include "runtime/error.h"
+
+#include <cinttypes>
+#include <cstdio>
+#include <cstring>
+
+#include "runtime/types.h"
+
+namespace accel::rt {
+
+namespace {
+// "/abs/path/csrc/runtime/x.cpp" -> "csrc/runtime/x.cpp"
+const char* short_path(const char* file) {
+  const char* p = std::strstr(file, "csrc/");
+  return p != nullptr ? p : file;
+}
+}  // namespace
+
+const char* error_code_name(ErrorCode code) noexcept {
+  switch (code) {
+    case ErrorCode::Success: return "success";
+    case ErrorCode::InvalidValue: return "invalid value";
+    case ErrorCode::InvalidDevice: return "invalid device";
+    case ErrorCode::InvalidHandle: return "invalid handle";
+    case ErrorCode::InvalidPointer: return "invalid pointer";
+    case ErrorCode::OutOfMemory: return "out of memory";
+    case ErrorCode::NotReady: return "not ready";
+    case ErrorCode::CaptureUnsupported: return "operation not permitted during capture";
+    case ErrorCode::CaptureInvalidated: return "capture invalidated";
+    case ErrorCode::CaptureUnjoined: return "capture unjoined";
+    case ErrorCode::NotSupported: return "not supported";
+    case ErrorCode::InitializationError: return "initialization error";
+    case ErrorCode::TaskFailed: return "task failed";
+    case ErrorCode::DriverError: return "driver error";
+  }
+  return "unknown error";
+}
+
+Error::Error(ErrorCode code, std::string message, const char* file, int line)
+    : std::runtime_error(message + " (" + short_path(file) + ":" + std::to_string(line) + ")"),
+      code_(code),
+      message_(std::move(message)),
+      file_(short_path(file)),
+      line_(line) {}
+
+std::string format_bytes(uint64_t bytes) {
+  static const char* const kUnits[] = {"KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  if (bytes < 1024) return std::to_string(bytes) + (bytes == 1 ? " byte" : " bytes");
+  double v = static_cast<double>(bytes) / 1024.0;
+  int unit = 0;
+  while (v >= 1024.0 && unit < 5) {
+    v /= 1024.0;
+    ++unit;
+  }
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "%.2f %s", v, kUnits[unit]);
+  return buf;
+}
+
+std::string format_ptr(const void* ptr) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "0x%" PRIxPTR, reinterpret_cast<uintptr_t>(ptr));
+  return buf;
+}
+
+const char* copy_kind_name(CopyKind kind) noexcept {
+  switch (kind) {
+    case CopyKind::HostToHost: return "HostToHost";
+    case CopyKind::HostToDevice: return "HostToDevice";
+    case CopyKind::DeviceToHost: return "DeviceToHost";
+    case CopyKind::DeviceToDevice: return "DeviceToDevice";
+    case CopyKind::Default: return "Default";
+  }
+  return "?";
+}
+
+const char* capture_mode_name(CaptureMode mode) noexcept {
+  switch (mode) {
+    case CaptureMode::Global: return "global";
+    case CaptureMode::ThreadLocal: return "thread_local";
+    case CaptureMode::Relaxed: return "relaxed";
+  }
+  return "?";
+}
+
+const char* trace_action_name(TraceEntry::Action action) noexcept {
+  switch (action) {
+    case TraceEntry::Action::Alloc: return "alloc";
+    case TraceEntry::Action::FreeRequested: return "free_requested";
+    case TraceEntry::Action::FreeCompleted: return "free_completed";
+    case TraceEntry::Action::SegmentAlloc: return "segment_alloc";
+    case TraceEntry::Action::SegmentFree: return "segment_free";
+    case TraceEntry::Action::Oom: return "oom";
+    case TraceEntry::Action::Snapshot: return "snapshot";
+  }
+  return "?";
+}
+
+}  // namespace accel::rt

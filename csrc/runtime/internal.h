@@ -1,0 +1,253 @@
+// Internal state of the runtime, shared by its translation units. Not installed.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "runtime/driver.h"
+#include "runtime/runtime.h"
+
+namespace accel::rt::detail {
+
+class CachingAllocator;
+class HostCachingAllocator;
+
+struct Config {
+  std::string driver = "auto";
+  std::string driver_path;  // where libaccel_driver_<name>.so live; default: next to the runtime
+  int host_devices = 2;
+  uint64_t host_memory = uint64_t{4} << 30;
+  bool launch_blocking = false;
+  bool protect_device_memory = false;
+  // Throws InitError naming the variable when a value is malformed.
+  static Config from_env();
+};
+uint64_t parse_size(const std::string& text, const char* variable);
+
+// A fixed-capacity table of objects that are never freed while the runtime lives, addressed by
+// slot. Objects carry a generation so stale handles are detected; slots are recycled.
+template <class T>
+class SlotTable {
+ public:
+  static constexpr uint32_t kChunk = 1024;
+  static constexpr uint32_t kMaxChunks = 1024;
+
+  SlotTable() {
+    for (auto& c : chunks_) c.store(nullptr, std::memory_order_relaxed);
+  }
+  ~SlotTable() {
+    for (auto& c : chunks_) {
+      std::atomic<T*>* chunk = c.load();
+      if (chunk == nullptr) continue;
+      for (uint32_t i = 0; i < kChunk; ++i) delete chunk[i].load();
+      delete[] chunk;
+    }
+  }
+
+  T* get(uint32_t slot) const noexcept {
+    if (slot >= kChunk * kMaxChunks) return nullptr;
+    std::atomic<T*>* chunk = chunks_[slot / kChunk].load(std::memory_order_acquire);
+    return chunk == nullptr ? nullptr : chunk[slot % kChunk].load(std::memory_order_acquire);
+  }
+
+  // A recycled object for which `reuse(obj)` is true, or a new one made by `make(slot)`.
+  template <class Reuse, class Make>
+  T* acquire(Reuse&& reuse, Make&& make) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (std::size_t i = free_.size(); i-- > 0;) {
+      T* obj = get(free_[i]);
+      if (reuse(*obj)) {
+        free_.erase(free_.begin() + static_cast<std::ptrdiff_t>(i));
+        return obj;
+      }
+    }
+    const uint32_t slot = next_;
+    ACCEL_RT_CHECK(slot < kChunk * kMaxChunks, InvalidValueError, "too many live objects (",
+                   slot, "): destroy streams and events you no longer use");
+    std::atomic<T*>* chunk = chunks_[slot / kChunk].load(std::memory_order_acquire);
+    if (chunk == nullptr) {
+      chunk = new std::atomic<T*>[kChunk];
+      for (uint32_t i = 0; i < kChunk; ++i) chunk[i].store(nullptr, std::memory_order_relaxed);
+      chunks_[slot / kChunk].store(chunk, std::memory_order_release);
+    }
+    T* obj = make(slot);
+    chunk[slot % kChunk].store(obj, std::memory_order_release);
+    ++next_;
+    return obj;
+  }
+
+  void release(uint32_t slot) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    free_.push_back(slot);
+  }
+
+  uint32_t size() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return next_;
+  }
+
+ private:
+  std::array<std::atomic<std::atomic<T*>*>, kMaxChunks> chunks_;
+  mutable std::mutex mutex_;
+  std::vector<uint32_t> free_;
+  uint32_t next_ = 0;
+};
+
+struct CaptureState;
+
+struct StreamObj {
+  int device = 0;
+  uint32_t slot = 0;
+  std::atomic<uint32_t> generation{0};
+  std::atomic<bool> live{false};
+  int priority = 0;
+  bool pooled = false;
+  DriverStream ds = nullptr;
+  std::atomic<bool> capturing{false};  // fast check; details under Runtime::capture_mutex
+  CaptureState* capture = nullptr;     // under Runtime::capture_mutex
+
+  Stream handle() const noexcept {
+    return Stream::from_id(device, (uint64_t{slot} << 32) | generation.load());
+  }
+};
+
+struct EventObj {
+  uint32_t slot = 0;
+  std::atomic<uint32_t> generation{1};
+  std::atomic<bool> live{false};
+  int device = 0;
+  bool timing = false;
+  DriverEvent de = nullptr;
+  std::atomic<bool> recorded{false};
+  // The capture this event was last recorded in (0: last recorded eagerly).
+  std::atomic<uint64_t> capture_id{0};
+
+  Event handle() const noexcept {
+    return Event::from_bits((uint64_t{slot} << 32) | generation.load());
+  }
+};
+
+struct CaptureState {
+  uint64_t id = 0;
+  int device = 0;
+  StreamObj* origin = nullptr;
+  CaptureMode mode = CaptureMode::Global;
+  std::thread::id thread;
+  PoolId pool;
+  std::vector<StreamObj*> streams;  // origin first, then streams that joined
+  std::string invalidated;          // why the capture was invalidated ("" while valid)
+};
+
+struct GraphObj {
+  enum class State { Empty, Capturing, Captured };
+  std::mutex m;
+  State state = State::Empty;
+  int device = -1;
+  PoolId pool;
+  bool holds_pool = false;
+  std::unique_ptr<CaptureState> capture;
+  DriverGraph dg = nullptr;
+  DriverGraphExec exec = nullptr;
+  std::size_t nodes = 0;
+
+  uint32_t slot = 0;
+  std::atomic<uint32_t> generation{1};
+  std::atomic<bool> live{false};
+  Graph handle() const noexcept {
+    return Graph::from_bits((uint64_t{slot} << 32) | generation.load());
+  }
+};
+
+inline constexpr int kPoolStreamsPerPriority = 32;
+inline constexpr int kMaxPriorityLevels = 8;
+
+struct DeviceState {
+  int index = 0;
+  SlotTable<StreamObj> streams;  // slot 0: the default stream
+  std::array<std::array<std::atomic<StreamObj*>, kPoolStreamsPerPriority>, kMaxPriorityLevels>
+      pool{};
+  std::array<std::atomic<uint32_t>, kMaxPriorityLevels> pool_next{};
+  std::mutex pool_mutex;
+  std::unique_ptr<CachingAllocator> allocator;
+  std::atomic<int> captures{0};  // captures underway on this device
+
+  // Driver events reused for allocator bookkeeping (record_stream).
+  std::mutex event_pool_mutex;
+  std::vector<DriverEvent> event_pool;
+};
+
+class Runtime {
+ public:
+  // Starts the runtime on first call; throws InitError if it cannot start (every time).
+  static Runtime& get();
+  static Runtime* get_if_initialized() noexcept;
+
+  Config config;
+  Driver* driver = nullptr;
+  int num_devices = 0;
+  std::pair<int, int> priority_range{0, 0};
+  std::vector<std::unique_ptr<DeviceState>> devices;
+  SlotTable<EventObj> events;
+  SlotTable<GraphObj> graphs;
+  std::unique_ptr<HostCachingAllocator> host_allocator;
+
+  std::mutex capture_mutex;
+  std::unordered_map<uint64_t, CaptureState*> live_captures;  // under capture_mutex
+  std::atomic<uint64_t> next_capture_id{1};
+  std::atomic<uint64_t> next_pool_id{1};
+
+  // Validation ------------------------------------------------------------------------
+  int resolve_device(int device, const char* call) const;  // -1: current device
+  std::string device_range_text() const;                   // "there are 2 accel devices ..."
+  DeviceState& device_state(int device, const char* call) {
+    return *devices[static_cast<std::size_t>(resolve_device(device, call))];
+  }
+  StreamObj& stream(Stream s, const char* call);
+  EventObj& event(Event e, const char* call);
+  GraphObj& graph(Graph g, const char* call);
+  StreamObj& default_stream_obj(int device) { return *devices[device]->streams.get(0); }
+  StreamObj& current_stream_obj(int device);
+
+  // Capture rules -----------------------------------------------------------------------
+  // The private pool allocations on `s` must come from (default pool if not capturing).
+  PoolId capture_pool(StreamObj& s);
+  // Throws CaptureError and invalidates the capture if `s` is capturing.
+  void check_not_capturing(StreamObj& s, const char* call);
+  // Applies the capture modes to a device-wide synchronizing call; returns false when
+  // capturing streams must be skipped (relaxed / other thread in thread-local mode).
+  bool check_device_sync(int device, const char* call);
+  void check_event_not_captured(EventObj& e, const char* call);
+
+  // Synchronizes every stream of a device (skipping capturing ones when told to).
+  void synchronize_streams(int device, bool skip_capturing);
+
+  DriverEvent pool_event(int device);
+  void return_event(int device, DriverEvent ev);
+
+  // A started runtime lives for the whole process (stream workers may still run at exit) and
+  // is never destroyed; only a runtime that failed to start is.
+  ~Runtime() = default;
+
+ private:
+  Runtime() = default;
+  void start();
+  [[noreturn]] void invalidate_and_throw(CaptureState& cs, const std::string& what);
+  std::unique_ptr<Driver> owned_driver_;
+  void* plugin_ = nullptr;
+};
+
+// The calling thread's current device (0 until set), validated lazily.
+int tls_device();
+void set_tls_device(int device);
+
+std::string describe(Stream s);
+std::string describe(PoolId p);
+
+}  // namespace accel::rt::detail

@@ -1,0 +1,283 @@
+// Device and pinned memory, copies and fills: argument checking and routing to the allocators
+// and the driver.
+#include <cstring>
+
+#include "runtime/caching_allocator.h"
+#include "runtime/internal.h"
+
+namespace accel::rt {
+
+using detail::Runtime;
+using detail::StreamObj;
+
+namespace {
+
+template <class F>
+void for_devices(int device, const char* call, F&& f) {
+  Runtime& rt = Runtime::get();
+  if (device == -2) {
+    for (int d = 0; d < rt.num_devices; ++d) f(rt, d);
+  } else {
+    f(rt, rt.resolve_device(device, call));
+  }
+}
+
+// Where one side of a copy lives.
+struct Side {
+  int device = -1;  // -1: host memory
+  bool pinned = false;
+  bool is_device() const { return device >= 0; }
+};
+
+Side classify(Runtime& rt, const void* ptr, std::size_t size, const char* call,
+              const char* which) {
+  ACCEL_RT_CHECK(ptr != nullptr, InvalidPointerError, call, ": the ", which, " pointer is null");
+  Side side;
+  for (int d = 0; d < rt.num_devices; ++d) {
+    auto& alloc = *rt.devices[d]->allocator;
+    if (!alloc.owns(ptr)) continue;
+    bool freed = false;
+    const auto [start, length] = alloc.allocation_containing(ptr, &freed);
+    ACCEL_RT_CHECK(start != nullptr, InvalidPointerError, call, ": the ", which, " pointer ",
+                   format_ptr(ptr), " points into device memory of device ", d,
+                   " that is not allocated (it was freed, or was never handed out)");
+    const std::size_t left =
+        length - static_cast<std::size_t>(static_cast<const char*>(ptr) -
+                                          static_cast<const char*>(start));
+    ACCEL_RT_CHECK(size <= left, InvalidValueError, call, ": ", size, " bytes at the ", which,
+                   " ", format_ptr(ptr), " run past the end of its device allocation (", left,
+                   " bytes left of ", length, ")");
+    side.device = d;
+    return side;
+  }
+  side.pinned = rt.host_allocator->contains(ptr, size);
+  return side;
+}
+
+const char* where(const Side& s) { return s.is_device() ? "device memory" : "host memory"; }
+
+CopyKind resolve_kind(const Side& dst, const Side& src, CopyKind requested, const void* dptr,
+                      const void* sptr, const char* call) {
+  const CopyKind actual = src.is_device() ? (dst.is_device() ? CopyKind::DeviceToDevice
+                                                             : CopyKind::DeviceToHost)
+                                          : (dst.is_device() ? CopyKind::HostToDevice
+                                                             : CopyKind::HostToHost);
+  if (requested == CopyKind::Default || requested == actual) return actual;
+  const bool want_src_dev =
+      requested == CopyKind::DeviceToHost || requested == CopyKind::DeviceToDevice;
+  const bool want_dst_dev =
+      requested == CopyKind::HostToDevice || requested == CopyKind::DeviceToDevice;
+  if (want_src_dev != src.is_device()) {
+    ACCEL_RT_THROW(InvalidValueError, call, "(kind=", copy_kind_name(requested), "): the source ",
+                   format_ptr(sptr), " is ", where(src), ", not ",
+                   want_src_dev ? "device memory" : "host memory",
+                   " (use CopyKind::Default to infer the direction)");
+  }
+  ACCEL_RT_THROW(InvalidValueError, call, "(kind=", copy_kind_name(requested),
+                 "): the destination ", format_ptr(dptr), " is ", where(dst), ", not ",
+                 want_dst_dev ? "device memory" : "host memory",
+                 " (use CopyKind::Default to infer the direction)");
+}
+
+}  // namespace
+
+// --- device memory ------------------------------------------------------------------------
+
+void* malloc(std::size_t size, Stream stream) {
+  Runtime& rt = Runtime::get();
+  StreamObj& s = rt.stream(stream, "malloc");
+  return rt.devices[s.device]->allocator->malloc(size, s);
+}
+
+void* malloc(std::size_t size) {
+  Runtime& rt = Runtime::get();
+  StreamObj& s = rt.current_stream_obj(detail::tls_device());
+  return rt.devices[s.device]->allocator->malloc(size, s);
+}
+
+void free(void* ptr) {
+  if (ptr == nullptr) return;
+  Runtime& rt = Runtime::get();
+  const int first = detail::tls_device();
+  if (rt.devices[first]->allocator->free(ptr)) return;
+  for (int d = 0; d < rt.num_devices; ++d) {
+    if (d != first && rt.devices[d]->allocator->free(ptr)) return;
+  }
+  for (int d = 0; d < rt.num_devices; ++d) {
+    ACCEL_RT_CHECK(!rt.devices[d]->allocator->owns(ptr), InvalidPointerError, "free(",
+                   format_ptr(ptr), "): the pointer lies in device memory of device ", d,
+                   " but is not the start of a live allocation: it was already freed (double "
+                   "free) or points into the middle of an allocation");
+  }
+  ACCEL_RT_THROW(InvalidPointerError, "free(", format_ptr(ptr),
+                 "): the pointer was not returned by accel::rt::malloc");
+}
+
+void record_stream(void* ptr, Stream stream) {
+  Runtime& rt = Runtime::get();
+  rt.stream(stream, "record_stream");
+  for (int d = 0; d < rt.num_devices; ++d) {
+    if (rt.devices[d]->allocator->record_stream(ptr, stream)) return;
+  }
+  ACCEL_RT_THROW(InvalidPointerError, "record_stream(", format_ptr(ptr),
+                 "): not the start of a live device allocation");
+}
+
+int pointer_device(const void* ptr) noexcept {
+  Runtime* rt = Runtime::get_if_initialized();
+  if (rt == nullptr || ptr == nullptr) return -1;
+  for (int d = 0; d < rt->num_devices; ++d) {
+    if (rt->devices[d]->allocator->owns(ptr)) return d;
+  }
+  return -1;
+}
+
+std::pair<void*, std::size_t> allocation_range(const void* ptr) {
+  Runtime& rt = Runtime::get();
+  for (int d = 0; d < rt.num_devices; ++d) {
+    auto r = rt.devices[d]->allocator->allocation_containing(ptr, nullptr);
+    if (r.first != nullptr) return r;
+  }
+  return {nullptr, 0};
+}
+
+void empty_cache(int device) {
+  for_devices(device, "empty_cache", [](Runtime& rt, int d) { rt.devices[d]->allocator->empty_cache(); });
+}
+
+DeviceStats memory_stats(int device) {
+  Runtime& rt = Runtime::get();
+  return rt.devices[rt.resolve_device(device, "memory_stats")]->allocator->stats();
+}
+
+void reset_peak_memory_stats(int device) {
+  for_devices(device, "reset_peak_memory_stats",
+              [](Runtime& rt, int d) { rt.devices[d]->allocator->reset_peak_stats(); });
+}
+
+void reset_accumulated_memory_stats(int device) {
+  for_devices(device, "reset_accumulated_memory_stats",
+              [](Runtime& rt, int d) { rt.devices[d]->allocator->reset_accumulated_stats(); });
+}
+
+void record_memory_history(bool enabled, ContextRecorder recorder, std::size_t max_entries) {
+  Runtime& rt = Runtime::get();
+  for (int d = 0; d < rt.num_devices; ++d) {
+    rt.devices[d]->allocator->set_history(enabled, recorder, max_entries);
+  }
+}
+
+MemorySnapshot memory_snapshot() {
+  Runtime& rt = Runtime::get();
+  MemorySnapshot snap;
+  for (int d = 0; d < rt.num_devices; ++d) rt.devices[d]->allocator->snapshot(snap);
+  return snap;
+}
+
+// --- pinned host memory -------------------------------------------------------------------
+
+void* host_malloc(std::size_t size) { return Runtime::get().host_allocator->malloc(size); }
+void host_free(void* ptr) { Runtime::get().host_allocator->free(ptr); }
+
+void host_record_stream(void* ptr, Stream stream) {
+  Runtime& rt = Runtime::get();
+  rt.stream(stream, "host_record_stream");
+  rt.host_allocator->record_stream(ptr, stream);
+}
+
+bool is_pinned(const void* ptr) noexcept {
+  Runtime* rt = Runtime::get_if_initialized();
+  if (rt == nullptr || ptr == nullptr) return false;
+  try {
+    return rt->host_allocator->contains(ptr, 1);
+  } catch (...) {
+    return false;
+  }
+}
+
+void host_empty_cache() { Runtime::get().host_allocator->empty_cache(); }
+HostStats host_memory_stats() { return Runtime::get().host_allocator->stats(); }
+void host_reset_peak_stats() { Runtime::get().host_allocator->reset_peak_stats(); }
+
+// --- copies -------------------------------------------------------------------------------
+
+void memcpy(void* dst, const void* src, std::size_t size, CopyKind kind) {
+  if (size == 0) return;
+  Runtime& rt = Runtime::get();
+  const Side d = classify(rt, dst, size, "memcpy", "destination");
+  const Side s = classify(rt, src, size, "memcpy", "source");
+  const CopyKind k = resolve_kind(d, s, kind, dst, src, "memcpy");
+  if (k == CopyKind::HostToHost) {
+    std::memcpy(dst, src, size);
+    return;
+  }
+  StreamObj& stream = rt.current_stream_obj(d.is_device() ? d.device : s.device);
+  rt.check_not_capturing(stream, "memcpy");
+  // The call waits for the copy, so even pageable memory can be used directly.
+  rt.driver->memcpy_async(dst, src, size, k, stream.ds);
+  rt.driver->stream_synchronize(stream.ds);
+}
+
+void memcpy_async(void* dst, const void* src, std::size_t size, CopyKind kind, Stream stream) {
+  Runtime& rt = Runtime::get();
+  StreamObj& st = rt.stream(stream, "memcpy_async");
+  if (size == 0) return;
+  const Side d = classify(rt, dst, size, "memcpy_async", "destination");
+  const Side s = classify(rt, src, size, "memcpy_async", "source");
+  const CopyKind k = resolve_kind(d, s, kind, dst, src, "memcpy_async");
+  const bool src_pageable = !s.is_device() && !s.pinned;
+  const bool dst_pageable = !d.is_device() && !d.pinned;
+  if (src_pageable || dst_pageable) {
+    // A graph would read or write pageable memory at replay time, long after the caller
+    // moved on: only pinned memory can be captured.
+    rt.check_not_capturing(st, "memcpy_async with pageable host memory");
+  }
+  if (k == CopyKind::HostToDevice && src_pageable) {
+    // Stage through pinned memory so the caller may reuse the source at once.
+    void* staging = rt.host_allocator->malloc(size);
+    std::memcpy(staging, src, size);
+    rt.driver->memcpy_async(dst, staging, size, k, st.ds);
+    rt.host_allocator->record_stream(staging, stream);
+    rt.host_allocator->free(staging);
+    return;
+  }
+  rt.driver->memcpy_async(dst, src, size, k, st.ds);
+  if (dst_pageable) rt.driver->stream_synchronize(st.ds);  // pageable results must be there
+}
+
+void memset(void* dst, int value, std::size_t size) {
+  if (size == 0) return;
+  Runtime& rt = Runtime::get();
+  const Side d = classify(rt, dst, size, "memset", "destination");
+  ACCEL_RT_CHECK(d.is_device(), InvalidValueError, "memset: the destination ", format_ptr(dst),
+                 " is host memory, not device memory");
+  StreamObj& stream = rt.current_stream_obj(d.device);
+  rt.check_not_capturing(stream, "memset");
+  rt.driver->memset_async(dst, value, size, stream.ds);
+  rt.driver->stream_synchronize(stream.ds);
+}
+
+void memset_async(void* dst, int value, std::size_t size, Stream stream) {
+  Runtime& rt = Runtime::get();
+  StreamObj& st = rt.stream(stream, "memset_async");
+  if (size == 0) return;
+  const Side d = classify(rt, dst, size, "memset_async", "destination");
+  ACCEL_RT_CHECK(d.is_device(), InvalidValueError, "memset_async: the destination ",
+                 format_ptr(dst), " is host memory, not device memory");
+  rt.driver->memset_async(dst, value, size, st.ds);
+}
+
+// --- host access --------------------------------------------------------------------------
+
+bool device_memory_host_accessible() { return Runtime::get().driver->host_accessible_memory(); }
+
+HostAccessGuard::HostAccessGuard(const void* ptr, std::size_t size)
+    : device_(pointer_device(ptr)), ptr_(ptr), size_(size) {
+  if (device_ >= 0) Runtime::get().driver->host_access_begin(device_, ptr_, size_);
+}
+
+HostAccessGuard::~HostAccessGuard() {
+  if (device_ >= 0) Runtime::get().driver->host_access_end(device_, ptr_, size_);
+}
+
+}  // namespace accel::rt

@@ -1,0 +1,152 @@
+// The accel runtime: a small, checked, CUDA-runtime-shaped API over a device driver.
+//
+// No PyTorch and no Python here. Every function throws an accel::rt::Error subclass on failure
+// (see error.h); none aborts. The runtime starts lazily on first use, reading its configuration
+// from ACCEL_* environment variables (README has the table). `device = -1` means the calling
+// thread's current device.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "runtime/error.h"
+#include "runtime/task.h"
+#include "runtime/types.h"
+
+namespace accel::rt {
+
+// --- runtime and devices ------------------------------------------------------------------
+ACCEL_RT_API const char* version() noexcept;  // "0.1.0"
+ACCEL_RT_API void init();                     // starts the runtime now (it also starts lazily)
+ACCEL_RT_API bool is_initialized() noexcept;
+// Never throws and never starts a worker: 0 when the runtime cannot start.
+ACCEL_RT_API int device_count_noexcept() noexcept;
+// Why the runtime could not start ("" when it started or was not tried).
+ACCEL_RT_API std::string init_error() noexcept;
+// True in a child forked after the parent started the runtime (the runtime refuses to work).
+ACCEL_RT_API bool in_bad_fork() noexcept;
+ACCEL_RT_API int device_count();
+ACCEL_RT_API const char* driver_name();
+ACCEL_RT_API bool launch_blocking();
+ACCEL_RT_API void set_device(int device);
+ACCEL_RT_API int get_device();
+ACCEL_RT_API int exchange_device(int device);  // sets, returns the previous device
+ACCEL_RT_API DeviceProperties get_device_properties(int device = -1);
+ACCEL_RT_API MemoryInfo mem_get_info(int device = -1);
+// Waits for all work on the device (every device when device == -2).
+ACCEL_RT_API void device_synchronize(int device = -1);
+
+// --- streams -----------------------------------------------------------------------------
+ACCEL_RT_API std::pair<int, int> stream_priority_range();  // (least, greatest)
+ACCEL_RT_API Stream default_stream(int device = -1);
+// A new stream owned by the caller (destroy with stream_destroy). Priorities outside the range
+// are clamped, like CUDA.
+ACCEL_RT_API Stream stream_create(int device = -1, int priority = 0);
+ACCEL_RT_API void stream_destroy(Stream stream);
+// A stream from the runtime's pool (32 per device and priority, handed out round robin).
+ACCEL_RT_API Stream stream_from_pool(int device = -1, int priority = 0);
+ACCEL_RT_API int stream_priority(Stream stream);
+// The calling thread's current stream on a device (its default stream until set).
+ACCEL_RT_API Stream current_stream(int device = -1);
+ACCEL_RT_API void set_current_stream(Stream stream);
+ACCEL_RT_API void launch_host_func(Stream stream, Task task);
+ACCEL_RT_API bool stream_query(Stream stream);
+ACCEL_RT_API void stream_synchronize(Stream stream);
+// Throws InvalidHandleError if the stream is not live.
+ACCEL_RT_API void stream_check(Stream stream);
+
+// --- device memory (caching allocator) ----------------------------------------------------
+// Returns nullptr for size 0. The block is reusable by `stream` as soon as it is freed, and by
+// other streams recorded with record_stream only after they pass the point of the free.
+ACCEL_RT_API void* malloc(std::size_t size, Stream stream);
+ACCEL_RT_API void* malloc(std::size_t size);  // on the current stream of the current device
+ACCEL_RT_API void free(void* ptr);
+// Marks `ptr` (the start of an allocation) as used by `stream`.
+ACCEL_RT_API void record_stream(void* ptr, Stream stream);
+// The device owning a pointer into an allocation (not necessarily its start), or -1.
+ACCEL_RT_API int pointer_device(const void* ptr) noexcept;
+// The allocation containing ptr: (start, size), or (nullptr, 0).
+ACCEL_RT_API std::pair<void*, std::size_t> allocation_range(const void* ptr);
+ACCEL_RT_API void empty_cache(int device = -1);  // every device when -2
+ACCEL_RT_API DeviceStats memory_stats(int device = -1);
+ACCEL_RT_API void reset_peak_memory_stats(int device = -1);
+ACCEL_RT_API void reset_accumulated_memory_stats(int device = -1);
+// Memory history: record allocation events (at most max_entries per device, oldest dropped),
+// each with the context `recorder` returns (optional).
+ACCEL_RT_API void record_memory_history(bool enabled, ContextRecorder recorder = {},
+                                         std::size_t max_entries = 100000);
+ACCEL_RT_API MemorySnapshot memory_snapshot();
+
+// --- pinned host memory -------------------------------------------------------------------
+ACCEL_RT_API void* host_malloc(std::size_t size);
+ACCEL_RT_API void host_free(void* ptr);
+// The pinned block is reused only after `stream` passes the point of its free.
+ACCEL_RT_API void host_record_stream(void* ptr, Stream stream);
+ACCEL_RT_API bool is_pinned(const void* ptr) noexcept;
+ACCEL_RT_API void host_empty_cache();
+ACCEL_RT_API HostStats host_memory_stats();
+ACCEL_RT_API void host_reset_peak_stats();
+
+// --- copies -------------------------------------------------------------------------------
+// Synchronous: ordered on the current stream of the device involved, returns when done.
+ACCEL_RT_API void memcpy(void* dst, const void* src, std::size_t size,
+                         CopyKind kind = CopyKind::Default);
+// Asynchronous on `stream`. Pageable host sources are staged before returning (the caller may
+// reuse them at once); copies into pageable host memory complete before returning.
+ACCEL_RT_API void memcpy_async(void* dst, const void* src, std::size_t size, CopyKind kind,
+                               Stream stream);
+ACCEL_RT_API void memset(void* dst, int value, std::size_t size);
+ACCEL_RT_API void memset_async(void* dst, int value, std::size_t size, Stream stream);
+
+// Runtime-controlled host access to device memory on drivers whose device memory is host
+// memory (see Driver::host_accessible_memory). Needed under ACCEL_PROTECT_DEVICE_MEMORY=1.
+ACCEL_RT_API bool device_memory_host_accessible();
+class ACCEL_RT_API HostAccessGuard {
+ public:
+  HostAccessGuard(const void* ptr, std::size_t size);
+  ~HostAccessGuard();
+  HostAccessGuard(const HostAccessGuard&) = delete;
+  HostAccessGuard& operator=(const HostAccessGuard&) = delete;
+
+ private:
+  int device_;
+  const void* ptr_;
+  std::size_t size_;
+};
+
+// --- events -------------------------------------------------------------------------------
+ACCEL_RT_API Event event_create(int device = -1, bool enable_timing = false);
+ACCEL_RT_API void event_destroy(Event event);
+ACCEL_RT_API int event_device(Event event);
+ACCEL_RT_API void event_record(Event event, Stream stream);
+ACCEL_RT_API void stream_wait_event(Stream stream, Event event);
+// True when the latest record has completed (or the event was never recorded).
+ACCEL_RT_API bool event_query(Event event);
+ACCEL_RT_API void event_synchronize(Event event);
+// Milliseconds from start to end. Both must have been created with timing and completed.
+ACCEL_RT_API float event_elapsed_time(Event start, Event end);
+
+// --- graphs -------------------------------------------------------------------------------
+ACCEL_RT_API PoolId graph_pool_handle();
+ACCEL_RT_API Graph graph_create();
+ACCEL_RT_API void graph_destroy(Graph graph);
+// Starts capturing `stream` into the graph. Allocations on capturing streams come from the
+// graph's private pool (`pool`, or a new one when pool is the default id).
+ACCEL_RT_API void graph_capture_begin(Graph graph, Stream stream, PoolId pool = {},
+                                      CaptureMode mode = CaptureMode::Global);
+ACCEL_RT_API void graph_capture_end(Graph graph);
+ACCEL_RT_API void graph_instantiate(Graph graph);  // optional: replay instantiates if needed
+ACCEL_RT_API void graph_replay(Graph graph, Stream stream);
+ACCEL_RT_API void graph_replay(Graph graph);  // on the current stream of the graph's device
+// Drops the captured work and releases the graph's hold on its memory pool.
+ACCEL_RT_API void graph_reset(Graph graph);
+ACCEL_RT_API PoolId graph_pool(Graph graph);
+ACCEL_RT_API std::size_t graph_node_count(Graph graph);
+ACCEL_RT_API CaptureStatus stream_capture_status(Stream stream);
+// True if any stream of the device is capturing.
+ACCEL_RT_API bool device_is_capturing(int device = -1);
+
+}  // namespace accel::rt

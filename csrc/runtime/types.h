@@ -1,0 +1,204 @@
+// Value types of the accel runtime API: handles, enums, properties and statistics.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "runtime/error.h"
+
+namespace accel::rt {
+
+inline constexpr int kMaxDevices = 64;
+
+// A stream handle, like cudaStream_t but checked: using a destroyed stream raises
+// InvalidHandleError instead of corrupting memory. The id is 0 for a device's default stream;
+// (device, id) round-trips through Stream::from_id, which is how c10::Stream ids are formed.
+class Stream {
+ public:
+  constexpr Stream() noexcept = default;
+  static constexpr Stream from_id(int device, uint64_t id) noexcept {
+    return Stream((static_cast<uint64_t>(device) << kDeviceShift) | (id & kIdMask));
+  }
+  static constexpr Stream from_bits(uint64_t bits) noexcept { return Stream(bits); }
+
+  constexpr int device() const noexcept { return static_cast<int>(bits_ >> kDeviceShift); }
+  constexpr uint64_t id() const noexcept { return bits_ & kIdMask; }
+  constexpr uint64_t bits() const noexcept { return bits_; }
+  constexpr bool is_default() const noexcept { return id() == 0; }
+  constexpr uint32_t slot() const noexcept { return static_cast<uint32_t>(id() >> 32); }
+  constexpr uint32_t generation() const noexcept { return static_cast<uint32_t>(id()); }
+
+  friend constexpr bool operator==(Stream a, Stream b) noexcept { return a.bits_ == b.bits_; }
+  friend constexpr bool operator!=(Stream a, Stream b) noexcept { return a.bits_ != b.bits_; }
+
+  static constexpr int kDeviceShift = 56;
+  static constexpr uint64_t kIdMask = (uint64_t{1} << kDeviceShift) - 1;
+
+ private:
+  explicit constexpr Stream(uint64_t bits) noexcept : bits_(bits) {}
+  uint64_t bits_ = 0;
+};
+
+// Checked handles for events and graphs. 0 is the null handle.
+template <class Tag>
+class Handle {
+ public:
+  constexpr Handle() noexcept = default;
+  static constexpr Handle from_bits(uint64_t bits) noexcept {
+    Handle h;
+    h.bits_ = bits;
+    return h;
+  }
+  constexpr uint64_t bits() const noexcept { return bits_; }
+  constexpr explicit operator bool() const noexcept { return bits_ != 0; }
+  constexpr uint32_t slot() const noexcept { return static_cast<uint32_t>(bits_ >> 32); }
+  constexpr uint32_t generation() const noexcept { return static_cast<uint32_t>(bits_); }
+  friend constexpr bool operator==(Handle a, Handle b) noexcept { return a.bits_ == b.bits_; }
+  friend constexpr bool operator!=(Handle a, Handle b) noexcept { return a.bits_ != b.bits_; }
+
+ private:
+  uint64_t bits_ = 0;
+};
+struct EventTag;
+struct GraphTag;
+using Event = Handle<EventTag>;
+using Graph = Handle<GraphTag>;
+
+// Identifies a memory pool of the caching allocator. {0, 0} is the default pool; graph captures
+// use private pools, either their own or a shared one made by graph_pool_handle().
+struct PoolId {
+  uint64_t first = 0;
+  uint64_t second = 0;
+  constexpr bool is_default() const noexcept { return first == 0 && second == 0; }
+  friend constexpr bool operator==(PoolId a, PoolId b) noexcept {
+    return a.first == b.first && a.second == b.second;
+  }
+  friend constexpr bool operator<(PoolId a, PoolId b) noexcept {
+    return a.first != b.first ? a.first < b.first : a.second < b.second;
+  }
+};
+
+enum class CopyKind { HostToHost, HostToDevice, DeviceToHost, DeviceToDevice, Default };
+ACCEL_RT_API const char* copy_kind_name(CopyKind kind) noexcept;
+
+// How strictly calls that would synchronize are refused while a capture is underway (the
+// meaning of cudaStreamCaptureMode):
+//  - Global: a device-wide synchronization from any thread fails and invalidates the capture.
+//  - ThreadLocal: only from the thread that began the capture.
+//  - Relaxed: device-wide synchronization is allowed and skips capturing streams.
+// In every mode, synchronizing or querying a capturing stream, or an event recorded during the
+// capture, fails and invalidates the capture.
+enum class CaptureMode { Global, ThreadLocal, Relaxed };
+enum class CaptureStatus { None, Active, Invalidated };
+ACCEL_RT_API const char* capture_mode_name(CaptureMode mode) noexcept;
+
+struct DeviceProperties {
+  std::string name;
+  std::string driver;            // "host", "cuda", "level_zero", ...
+  uint64_t total_memory = 0;     // bytes
+  int compute_units = 0;         // SMs, Xe cores, or worker threads for the host driver
+  int major = 0;                 // compute capability or equivalent
+  int minor = 0;
+  int max_threads_per_compute_unit = 0;
+  bool integrated = false;       // shares memory with the host
+};
+
+struct MemoryInfo {
+  uint64_t free = 0;
+  uint64_t total = 0;
+};
+
+// Statistics with the meaning of PyTorch's CUDA caching allocator.
+struct Stat {
+  int64_t current = 0;
+  int64_t peak = 0;
+  int64_t allocated = 0;
+  int64_t freed = 0;
+};
+enum StatType : int { kAggregate = 0, kSmallPool = 1, kLargePool = 2, kNumStatTypes = 3 };
+using StatArray = std::array<Stat, kNumStatTypes>;
+
+struct DeviceStats {
+  StatArray allocation;            // blocks handed out
+  StatArray segment;               // device allocations (reserved segments)
+  StatArray active;                // blocks allocated or waiting for their streams
+  StatArray inactive_split;        // free blocks that are part of a split segment
+  StatArray allocated_bytes;
+  StatArray reserved_bytes;
+  StatArray active_bytes;
+  StatArray inactive_split_bytes;
+  StatArray requested_bytes;       // bytes asked for (before rounding)
+  int64_t num_alloc_retries = 0;   // device allocations retried after freeing the cache
+  int64_t num_ooms = 0;            // out-of-memory errors raised
+  int64_t num_sync_all_streams = 0;
+  int64_t num_device_alloc = 0;    // driver allocations
+  int64_t num_device_free = 0;     // driver frees
+  int64_t max_split_size = -1;     // no limit
+  Stat oversize_allocations;       // kept for parity with c10; always zero (no split limit)
+  Stat oversize_segments;
+};
+
+struct HostStats {
+  Stat allocation;
+  Stat segment;
+  Stat allocated_bytes;
+  Stat reserved_bytes;
+  int64_t num_host_alloc = 0;
+  int64_t num_host_free = 0;
+};
+
+// Memory history ----------------------------------------------------------------------------
+
+// What a caller attaches to allocation events (for example a Python stack trace).
+class HistoryContext {
+ public:
+  virtual ~HistoryContext() = default;
+  virtual std::string to_string() const = 0;
+};
+using ContextRecorder = std::function<std::shared_ptr<HistoryContext>()>;
+
+struct TraceEntry {
+  enum class Action { Alloc, FreeRequested, FreeCompleted, SegmentAlloc, SegmentFree, Oom, Snapshot };
+  Action action;
+  int device = 0;
+  uint64_t addr = 0;
+  uint64_t size = 0;
+  uint64_t stream = 0;  // Stream::bits()
+  int64_t time_us = 0;  // steady clock
+  PoolId pool;
+  std::shared_ptr<HistoryContext> context;
+};
+ACCEL_RT_API const char* trace_action_name(TraceEntry::Action action) noexcept;
+
+struct BlockInfo {
+  uint64_t addr = 0;
+  uint64_t size = 0;
+  uint64_t requested_size = 0;
+  enum class State { ActiveAllocated, ActivePendingFree, Inactive } state = State::Inactive;
+  std::shared_ptr<HistoryContext> context;
+};
+
+struct SegmentInfo {
+  int device = 0;
+  uint64_t addr = 0;
+  uint64_t total_size = 0;
+  uint64_t allocated_size = 0;
+  uint64_t active_size = 0;
+  uint64_t requested_size = 0;
+  uint64_t stream = 0;
+  bool is_large = false;
+  PoolId pool;
+  std::vector<BlockInfo> blocks;
+};
+
+struct MemorySnapshot {
+  std::vector<SegmentInfo> segments;
+  std::vector<std::vector<TraceEntry>> device_traces;  // per device, oldest first
+};
+
+}  // namespace accel::rt

@@ -1,0 +1,376 @@
+// The caching allocator: size classes, splitting and merging, pools, per-stream reuse,
+// record_stream, statistics, out-of-memory, history, pinned host memory.
+#include <atomic>
+#include <cstdint>
+
+#include "test_util.h"
+
+namespace accel::rt {
+namespace {
+
+using testing::Gate;
+constexpr std::size_t MiB = std::size_t{1} << 20;
+constexpr std::size_t GiB = std::size_t{1} << 30;
+
+// Runs each test on device 1 with an empty cache and fresh peak/accumulated statistics.
+class Allocator : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    device_synchronize(kDev);
+    empty_cache(kDev);
+    reset_peak_memory_stats(kDev);
+    reset_accumulated_memory_stats(kDev);
+    base_ = memory_stats(kDev);
+    stream_ = stream_create(kDev);
+  }
+  void TearDown() override {
+    stream_destroy(stream_);
+    empty_cache(kDev);
+  }
+  int64_t cur(const StatArray& a, StatType t = kAggregate) { return a[t].current; }
+  DeviceStats stats() { return memory_stats(kDev); }
+
+  static constexpr int kDev = 1;
+  DeviceStats base_;
+  Stream stream_;
+};
+
+TEST_F(Allocator, ZeroSizeAndNull) {
+  EXPECT_EQ(malloc(0, stream_), nullptr);
+  free(nullptr);  // no-op
+  EXPECT_EQ(stats().allocation[kAggregate].allocated, 0);
+}
+
+TEST_F(Allocator, RoundsToSizeClassesAndReportsRequestedBytes) {
+  void* p = malloc(1, stream_);
+  ASSERT_NE(p, nullptr);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(p) % 512, 0u);
+  DeviceStats s = stats();
+  EXPECT_EQ(cur(s.allocated_bytes), 512);
+  EXPECT_EQ(cur(s.requested_bytes), 1);
+  EXPECT_EQ(cur(s.reserved_bytes), int64_t(2 * MiB));  // one small segment
+  EXPECT_EQ(cur(s.segment, kSmallPool), 1);
+  EXPECT_EQ(cur(s.segment, kLargePool), 0);
+  EXPECT_EQ(allocation_range(static_cast<char*>(p)).second, 1u);
+  free(p);
+  s = stats();
+  EXPECT_EQ(cur(s.allocated_bytes), 0);
+  EXPECT_EQ(cur(s.requested_bytes), 0);
+  EXPECT_EQ(cur(s.reserved_bytes), int64_t(2 * MiB));  // cached, not returned
+  empty_cache(kDev);
+  EXPECT_EQ(cur(stats().reserved_bytes), 0);
+}
+
+TEST_F(Allocator, SplitsSegmentsAndMergesFreedNeighbours) {
+  char* a = static_cast<char*>(malloc(1000, stream_));
+  char* b = static_cast<char*>(malloc(1000, stream_));
+  EXPECT_EQ(b, a + 1024);  // carved from the same segment
+  DeviceStats s = stats();
+  EXPECT_EQ(cur(s.segment), 1);
+  EXPECT_EQ(cur(s.allocation), 2);
+  EXPECT_EQ(cur(s.active), 2);
+  EXPECT_EQ(cur(s.active_bytes), 2048);
+  EXPECT_EQ(cur(s.inactive_split), 1);  // the rest of the segment
+  EXPECT_EQ(cur(s.inactive_split_bytes), int64_t(2 * MiB - 2048));
+  free(a);
+  s = stats();
+  EXPECT_EQ(cur(s.inactive_split), 2);  // a's hole and the tail
+  EXPECT_EQ(cur(s.inactive_split_bytes), int64_t(2 * MiB - 1024));
+  free(b);  // b merges with a and with the tail: the segment is whole again
+  s = stats();
+  EXPECT_EQ(cur(s.inactive_split), 0);
+  EXPECT_EQ(cur(s.inactive_split_bytes), 0);
+  EXPECT_EQ(cur(s.active), 0);
+  // The whole 2 MiB is one block again: the largest small request takes it from the start.
+  void* big = malloc(MiB, stream_);
+  EXPECT_EQ(big, a);
+  free(big);
+  EXPECT_EQ(stats().num_device_alloc, 1);
+}
+
+TEST_F(Allocator, SmallAndLargePoolsAreSeparate) {
+  void* small = malloc(MiB, stream_);          // largest small request
+  void* huge = malloc(11 * MiB + 1, stream_);  // >= 10 MiB: a segment of the size rounded to 2 MiB
+  void* large = malloc(MiB + 512, stream_);    // smallest large request: a new 20 MiB segment
+  DeviceStats s = stats();
+  EXPECT_EQ(cur(s.segment, kSmallPool), 1);
+  EXPECT_EQ(cur(s.segment, kLargePool), 2);
+  EXPECT_EQ(cur(s.reserved_bytes, kSmallPool), int64_t(2 * MiB));
+  EXPECT_EQ(cur(s.reserved_bytes, kLargePool), int64_t(20 * MiB + 12 * MiB));
+  EXPECT_EQ(cur(s.allocated_bytes, kLargePool), int64_t(MiB + 512 + 12 * MiB));
+  EXPECT_EQ(cur(s.allocation, kAggregate), 3);
+  free(small);
+  free(large);
+  free(huge);
+  s = stats();
+  EXPECT_EQ(s.allocation[kAggregate].allocated, 3);
+  EXPECT_EQ(s.allocation[kAggregate].freed, 3);
+  EXPECT_EQ(s.allocation[kAggregate].peak, 3);
+  empty_cache(kDev);
+  s = stats();
+  EXPECT_EQ(cur(s.reserved_bytes), 0);
+  EXPECT_EQ(cur(s.segment), 0);
+  EXPECT_EQ(s.num_device_free, 3);
+  EXPECT_EQ(s.segment[kAggregate].freed, 3);
+}
+
+TEST_F(Allocator, PeakAndAccumulatedStatsReset) {
+  void* a = malloc(4 * MiB, stream_);
+  void* b = malloc(4 * MiB, stream_);
+  free(a);
+  free(b);
+  DeviceStats s = stats();
+  EXPECT_EQ(s.allocated_bytes[kAggregate].peak, int64_t(8 * MiB));
+  EXPECT_EQ(s.allocated_bytes[kAggregate].allocated, int64_t(8 * MiB));
+  EXPECT_EQ(s.allocated_bytes[kAggregate].freed, int64_t(8 * MiB));
+  reset_peak_memory_stats(kDev);
+  EXPECT_EQ(stats().allocated_bytes[kAggregate].peak, 0);
+  reset_accumulated_memory_stats(kDev);
+  s = stats();
+  EXPECT_EQ(s.allocated_bytes[kAggregate].allocated, 0);
+  EXPECT_EQ(s.allocated_bytes[kAggregate].freed, 0);
+  EXPECT_EQ(s.num_device_alloc, 0);
+  EXPECT_EQ(cur(s.reserved_bytes), int64_t(20 * MiB));  // current values untouched
+}
+
+TEST_F(Allocator, FreedBlockIsReusedByItsOwnStreamOnly) {
+  void* p = malloc(4096, stream_);
+  free(p);
+  EXPECT_EQ(malloc(4096, stream_), p);  // stream order makes immediate reuse safe
+  free(p);
+  Stream other = stream_create(kDev);
+  void* q = malloc(4096, other);
+  EXPECT_NE(q, p);
+  free(q);
+  stream_destroy(other);
+}
+
+TEST_F(Allocator, RecordStreamDelaysReuseUntilTheOtherStreamPasses) {
+  SKIP_IF_LAUNCH_BLOCKING();
+  Stream user = stream_create(kDev);
+  void* p = malloc(4096, stream_);
+  Gate gate;
+  launch_host_func(user, [&] { gate.wait(); });  // `user` still works with p
+  record_stream(p, user);
+  free(p);
+  DeviceStats s = stats();
+  EXPECT_EQ(cur(s.allocation), 0);  // freed by the caller...
+  EXPECT_EQ(cur(s.active), 1);      // ...but still active until `user` passes the free
+  void* q = malloc(4096, stream_);
+  EXPECT_NE(q, p);
+  free(q);
+  gate.open();
+  stream_synchronize(user);
+  void* r = malloc(4096, stream_);  // the pending event completed: p is back in the cache
+  EXPECT_EQ(r, p);
+  free(r);
+  EXPECT_EQ(cur(stats().active), 0);
+  stream_destroy(user);
+}
+
+TEST_F(Allocator, RecordStreamOnADestroyedStreamNeedsNoWait) {
+  Stream user = stream_create(kDev);
+  void* p = malloc(4096, stream_);
+  record_stream(p, user);
+  record_stream(p, stream_);  // its own stream: nothing to do
+  stream_destroy(user);
+  free(p);
+  EXPECT_EQ(malloc(4096, stream_), p);
+  free(p);
+}
+
+TEST_F(Allocator, OutOfMemoryIsATypedErrorWithTheNumbers) {
+  void* a = malloc(3 * GiB, stream_);
+  ASSERT_NE(a, nullptr);
+  try {
+    malloc(2 * GiB, stream_);
+    FAIL() << "expected OutOfMemoryError";
+  } catch (const OutOfMemoryError& e) {
+    const std::string m = e.what();
+    EXPECT_EQ(e.code(), ErrorCode::OutOfMemory);
+    EXPECT_NE(m.find("out of memory on device 1"), std::string::npos) << m;
+    EXPECT_NE(m.find("tried to allocate 2.00 GiB"), std::string::npos) << m;
+    EXPECT_NE(m.find("total capacity of 4.00 GiB"), std::string::npos) << m;
+    EXPECT_NE(m.find("3.00 GiB allocated"), std::string::npos) << m;
+    EXPECT_NE(m.find("ACCEL_HOST_MEMORY"), std::string::npos) << m;
+  }
+  DeviceStats s = stats();
+  EXPECT_EQ(s.num_ooms, 1);
+  EXPECT_GE(s.num_alloc_retries, 1);
+  // The device is still usable.
+  void* small = malloc(1024, stream_);
+  EXPECT_NE(small, nullptr);
+  free(small);
+  free(a);
+  // 3 GiB are cached for stream_. Another stream cannot use them, so its 2 GiB request first
+  // fails, frees the cache, and succeeds on the retry.
+  Stream other = stream_create(kDev);
+  const int64_t retries = stats().num_alloc_retries;
+  void* b = malloc(2 * GiB, other);
+  EXPECT_NE(b, nullptr);
+  EXPECT_EQ(stats().num_alloc_retries, retries + 1);
+  EXPECT_EQ(stats().num_ooms, 1);
+  free(b);
+  stream_destroy(other);
+}
+
+TEST_F(Allocator, LargerThanTheDeviceFailsAtOnce) {
+  EXPECT_RT_ERROR(malloc(5 * GiB, stream_), OutOfMemoryError, "tried to allocate 5.00 GiB");
+}
+
+TEST_F(Allocator, NegativeAndAbsurdSizesAreRejected) {
+  EXPECT_RT_ERROR(malloc(static_cast<std::size_t>(-1024), stream_), InvalidValueError,
+                  "not a valid size");
+  EXPECT_RT_ERROR(malloc(SIZE_MAX, stream_), InvalidValueError, "negative size");
+  EXPECT_RT_ERROR(host_malloc(static_cast<std::size_t>(-1)), InvalidValueError, "not a valid size");
+}
+
+TEST_F(Allocator, BadPointersAreTypedErrors) {
+  char* p = static_cast<char*>(malloc(4096, stream_));
+  int local = 0;
+  EXPECT_RT_ERROR(free(&local), InvalidPointerError, "was not returned by accel::rt::malloc");
+  EXPECT_RT_ERROR(free(p + 512), InvalidPointerError, "middle of an allocation");
+  free(p);
+  EXPECT_RT_ERROR(free(p), InvalidPointerError, "already freed (double free)");
+  EXPECT_RT_ERROR(record_stream(p, stream_), InvalidPointerError, "record_stream");
+  // The allocator is intact after the errors.
+  void* q = malloc(4096, stream_);
+  EXPECT_EQ(q, p);
+  free(q);
+}
+
+TEST_F(Allocator, PointerQueries) {
+  char* p = static_cast<char*>(malloc(10000, stream_));
+  EXPECT_EQ(pointer_device(p), kDev);
+  EXPECT_EQ(pointer_device(p + 9999), kDev);
+  int local = 0;
+  EXPECT_EQ(pointer_device(&local), -1);
+  EXPECT_EQ(pointer_device(nullptr), -1);
+  auto [start, size] = allocation_range(p + 100);
+  EXPECT_EQ(start, p);
+  EXPECT_EQ(size, 10000u);
+  EXPECT_EQ(allocation_range(&local).first, nullptr);
+  free(p);
+  EXPECT_EQ(allocation_range(p).first, nullptr);  // freed
+}
+
+class Recorded : public HistoryContext {
+ public:
+  explicit Recorded(int n) : n_(n) {}
+  std::string to_string() const override { return "ctx-" + std::to_string(n_); }
+
+ private:
+  int n_;
+};
+
+TEST_F(Allocator, MemoryHistoryRecordsEventsWithContext) {
+  std::atomic<int> counter{0};
+  record_memory_history(true, [&] { return std::make_shared<Recorded>(counter++); }, 100);
+  void* p = malloc(3000, stream_);
+  free(p);
+  MemorySnapshot snap = memory_snapshot();
+  record_memory_history(false);
+  ASSERT_EQ(snap.device_traces.size(), 2u);
+  const auto& trace = snap.device_traces[kDev];
+  ASSERT_GE(trace.size(), 4u);
+  // segment_alloc, alloc, free_requested, free_completed
+  EXPECT_EQ(trace[0].action, TraceEntry::Action::SegmentAlloc);
+  EXPECT_EQ(trace[1].action, TraceEntry::Action::Alloc);
+  EXPECT_EQ(trace[1].addr, reinterpret_cast<uint64_t>(p));
+  EXPECT_EQ(trace[1].size, 3072u);
+  EXPECT_EQ(trace[1].stream, stream_.bits());
+  ASSERT_NE(trace[1].context, nullptr);
+  EXPECT_EQ(trace[1].context->to_string(), "ctx-0");
+  EXPECT_EQ(trace[2].action, TraceEntry::Action::FreeRequested);
+  EXPECT_EQ(trace[3].action, TraceEntry::Action::FreeCompleted);
+  EXPECT_STREQ(trace_action_name(trace[3].action), "free_completed");
+  bool found = false;
+  for (const SegmentInfo& seg : snap.segments) {
+    if (seg.device != kDev) continue;
+    found = true;
+    EXPECT_EQ(seg.total_size, 2 * MiB);
+    EXPECT_FALSE(seg.is_large);
+    EXPECT_EQ(seg.allocated_size, 0u);
+    ASSERT_EQ(seg.blocks.size(), 1u);
+    EXPECT_EQ(seg.blocks[0].state, BlockInfo::State::Inactive);
+  }
+  EXPECT_TRUE(found);
+  EXPECT_TRUE(memory_snapshot().device_traces[kDev].empty());  // disabled: cleared
+}
+
+TEST_F(Allocator, HistoryKeepsTheNewestEntries) {
+  record_memory_history(true, {}, 3);
+  for (int i = 0; i < 10; ++i) free(malloc(512 * (i + 1), stream_));
+  MemorySnapshot snap = memory_snapshot();
+  record_memory_history(false);
+  ASSERT_EQ(snap.device_traces[kDev].size(), 3u);
+  EXPECT_EQ(snap.device_traces[kDev].back().action, TraceEntry::Action::FreeCompleted);
+  EXPECT_EQ(snap.device_traces[kDev].back().context, nullptr);
+}
+
+TEST_F(Allocator, SnapshotShowsAllocatedAndSplitBlocks) {
+  void* a = malloc(1024, stream_);
+  void* b = malloc(2048, stream_);
+  MemorySnapshot snap = memory_snapshot();
+  const SegmentInfo* seg = nullptr;
+  for (const auto& s : snap.segments) {
+    if (s.device == kDev && s.addr == reinterpret_cast<uint64_t>(a)) seg = &s;
+  }
+  ASSERT_NE(seg, nullptr);
+  ASSERT_EQ(seg->blocks.size(), 3u);
+  EXPECT_EQ(seg->blocks[0].state, BlockInfo::State::ActiveAllocated);
+  EXPECT_EQ(seg->blocks[1].addr, reinterpret_cast<uint64_t>(b));
+  EXPECT_EQ(seg->blocks[1].requested_size, 2048u);
+  EXPECT_EQ(seg->blocks[2].state, BlockInfo::State::Inactive);
+  EXPECT_EQ(seg->allocated_size, 3072u);
+  EXPECT_EQ(seg->stream, stream_.bits());
+  free(a);
+  free(b);
+}
+
+TEST(PinnedMemory, AllocateQueryFree) {
+  host_reset_peak_stats();
+  const HostStats before = host_memory_stats();
+  char* p = static_cast<char*>(host_malloc(100));
+  ASSERT_NE(p, nullptr);
+  EXPECT_TRUE(is_pinned(p));
+  EXPECT_TRUE(is_pinned(p + 99));
+  int local = 0;
+  EXPECT_FALSE(is_pinned(&local));
+  EXPECT_FALSE(is_pinned(nullptr));
+  const HostStats during = host_memory_stats();
+  EXPECT_EQ(during.allocation.current, before.allocation.current + 1);
+  EXPECT_EQ(during.allocated_bytes.current, before.allocated_bytes.current + 4096);
+  host_free(p);
+  EXPECT_FALSE(is_pinned(p));
+  EXPECT_RT_ERROR(host_free(p), InvalidPointerError, "already freed (double free)");
+  EXPECT_RT_ERROR(host_free(&local), InvalidPointerError, "not the start of a pinned allocation");
+  // Cached: the same block comes back.
+  EXPECT_EQ(host_malloc(3000), p);
+  host_free(p);
+  host_empty_cache();
+  EXPECT_EQ(host_memory_stats().reserved_bytes.current, 0);
+  EXPECT_EQ(host_malloc(0), nullptr);
+}
+
+TEST(PinnedMemory, ReuseWaitsForRecordedStreams) {
+  SKIP_IF_LAUNCH_BLOCKING();
+  Stream s = stream_create();
+  void* p = host_malloc(1 << 16);
+  Gate gate;
+  launch_host_func(s, [&] { gate.wait(); });
+  host_record_stream(p, s);
+  host_free(p);
+  void* q = host_malloc(1 << 16);
+  EXPECT_NE(q, p);  // p is still in use by s
+  gate.open();
+  stream_synchronize(s);
+  void* r = host_malloc(1 << 16);
+  EXPECT_EQ(r, p);
+  host_free(q);
+  host_free(r);
+  stream_destroy(s);
+}
+
+}  // namespace
+}  // namespace accel::rt

@@ -1,0 +1,101 @@
+// Devices, the current device per thread, properties and typed errors.
+#include <atomic>
+#include <thread>
+
+#include "test_util.h"
+
+namespace accel::rt {
+namespace {
+
+TEST(Device, DefaultConfiguration) {
+  init();
+  EXPECT_TRUE(is_initialized());
+  EXPECT_STREQ(driver_name(), "host");
+  // The suite runs with ACCEL_HOST_DEVICES and ACCEL_HOST_MEMORY unset: the defaults apply.
+  EXPECT_EQ(device_count(), 2);
+  EXPECT_EQ(device_count_noexcept(), 2);
+  EXPECT_EQ(init_error(), "");
+  for (int d = 0; d < device_count(); ++d) {
+    const DeviceProperties p = get_device_properties(d);
+    EXPECT_EQ(p.name, "accel host device " + std::to_string(d));
+    EXPECT_EQ(p.driver, "host");
+    EXPECT_EQ(p.total_memory, uint64_t{4} << 30);
+    EXPECT_GE(p.compute_units, 1);
+    EXPECT_TRUE(p.integrated);
+    const MemoryInfo info = mem_get_info(d);
+    EXPECT_EQ(info.total, uint64_t{4} << 30);
+    EXPECT_LE(info.free, info.total);
+  }
+  EXPECT_STREQ(version(), "0.1.0");
+}
+
+TEST(Device, InvalidIndexIsATypedErrorNamingTheRange) {
+  EXPECT_RT_ERROR(set_device(2), InvalidDeviceError, "invalid device index 2");
+  EXPECT_RT_ERROR(set_device(2), InvalidDeviceError, "valid indices: 0 to 1");
+  EXPECT_RT_ERROR(set_device(-3), InvalidDeviceError, "invalid device index -3");
+  EXPECT_RT_ERROR(get_device_properties(7), InvalidDeviceError, "get_device_properties");
+  EXPECT_RT_ERROR(stream_create(5), InvalidDeviceError, "stream_create: invalid device index 5");
+  EXPECT_RT_ERROR(mem_get_info(64), InvalidDeviceError, "mem_get_info");
+  EXPECT_RT_ERROR(event_create(9), InvalidDeviceError, "event_create");
+  EXPECT_RT_ERROR(memory_stats(2), InvalidDeviceError, "memory_stats");
+  // The failed calls left the current device alone.
+  EXPECT_EQ(get_device(), 0);
+  try {
+    set_device(42);
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::InvalidDevice);
+    EXPECT_NE(std::string(e.file()).find("csrc/runtime/"), std::string::npos);
+    EXPECT_GT(e.line(), 0);
+    EXPECT_EQ(std::string(e.what()).find(e.message()), 0u);
+  }
+}
+
+TEST(Device, CurrentDeviceIsPerThread) {
+  set_device(1);
+  EXPECT_EQ(get_device(), 1);
+  int seen_in_thread = -1;
+  std::thread([&] { seen_in_thread = get_device(); }).join();
+  EXPECT_EQ(seen_in_thread, 0);  // a new thread starts on device 0
+  EXPECT_EQ(exchange_device(0), 1);
+  EXPECT_EQ(get_device(), 0);
+  EXPECT_EQ(exchange_device(0), 0);
+}
+
+TEST(Device, FourThreadsSwitchDevicesConcurrently) {
+  std::atomic<int> mismatches{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < 2000; ++i) {
+        const int d = (t + i) % 2;
+        set_device(d);
+        if (get_device() != d) ++mismatches;
+        if (current_stream().device() != d) ++mismatches;
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(mismatches.load(), 0);
+}
+
+TEST(Device, SynchronizeEveryDevice) {
+  std::atomic<int> ran{0};
+  for (int d = 0; d < device_count(); ++d) {
+    launch_host_func(default_stream(d), [&] { ran.fetch_add(1); });
+  }
+  device_synchronize(-2);
+  EXPECT_EQ(ran.load(), device_count());
+}
+
+TEST(Device, ErrorNamesAndFormatting) {
+  EXPECT_STREQ(error_code_name(ErrorCode::OutOfMemory), "out of memory");
+  EXPECT_STREQ(error_code_name(ErrorCode::CaptureInvalidated), "capture invalidated");
+  EXPECT_EQ(format_bytes(512), "512 bytes");
+  EXPECT_EQ(format_bytes(1), "1 byte");
+  EXPECT_EQ(format_bytes(uint64_t{3} << 29), "1.50 GiB");
+  EXPECT_EQ(format_bytes(2048), "2.00 KiB");
+  EXPECT_EQ(format_ptr(reinterpret_cast<void*>(0x1000)), "0x1000");
+}
+
+}  // namespace
+}  // namespace accel::rt

@@ -1,0 +1,24 @@
+// A driver library for the plugin-loading tests: the host driver under another name, or a
+// driver that refuses to start (built with ACCEL_TEST_REFUSE).
+#include <cstdio>
+
+#include "runtime/driver.h"
+
+extern "C" __attribute__((visibility("default"))) accel::rt::Driver* accel_driver_create(
+    int abi_version, char* error, std::size_t error_len) {
+  if (abi_version != accel::rt::kDriverAbiVersion) {
+    std::snprintf(error, error_len, "built for driver ABI %d, the runtime has %d",
+                  accel::rt::kDriverAbiVersion, abi_version);
+    return nullptr;
+  }
+#ifdef ACCEL_TEST_REFUSE
+  std::snprintf(error, error_len, "no test device is present on this machine");
+  return nullptr;
+#else
+  accel::rt::HostDriverOptions options;
+  options.name = "testdrv";
+  options.devices = 1;
+  options.memory_per_device = 256u << 20;
+  return accel::rt::make_host_driver(options).release();
+#endif
+}

@@ -1,0 +1,97 @@
+// Helpers shared by the runtime's GoogleTest suites.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <typeinfo>
+#include <vector>
+
+#include "runtime/runtime.h"
+
+namespace accel::rt::testing {
+
+// Lets a test hold a stream busy: a task waits on the gate until the test opens it.
+class Gate {
+ public:
+  void wait() {
+    std::unique_lock<std::mutex> lock(m_);
+    cv_.wait(lock, [&] { return open_; });
+  }
+  void open() {
+    {
+      std::lock_guard<std::mutex> lock(m_);
+      open_ = true;
+    }
+    cv_.notify_all();
+  }
+
+ private:
+  std::mutex m_;
+  std::condition_variable cv_;
+  bool open_ = false;
+};
+
+template <class E, class F>
+void expect_throw(F&& f, const std::string& needle, const char* file, int line) {
+  try {
+    f();
+    ADD_FAILURE_AT(file, line) << "expected " << typeid(E).name() << " containing '" << needle
+                               << "', nothing was thrown";
+  } catch (const E& e) {
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos)
+        << "at " << file << ":" << line << ": message was: " << e.what();
+  } catch (const std::exception& e) {
+    ADD_FAILURE_AT(file, line) << "expected " << typeid(E).name() << ", got "
+                               << typeid(e).name() << ": " << e.what();
+  }
+}
+
+// EXPECT_RT_ERROR(statement, ErrorType, "part of the message")
+#define EXPECT_RT_ERROR(stmt, Type, needle) \
+  ::accel::rt::testing::expect_throw<::accel::rt::Type>([&] { stmt; }, needle, __FILE__, __LINE__)
+
+// Tests that need streams to run asynchronously skip under ACCEL_LAUNCH_BLOCKING=1.
+#define SKIP_IF_LAUNCH_BLOCKING()                                              \
+  do {                                                                         \
+    if (::accel::rt::launch_blocking()) GTEST_SKIP() << "needs async streams"; \
+  } while (0)
+
+inline bool env_flag(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr && std::strcmp(v, "1") == 0;
+}
+
+// Device memory freed at the end of the scope.
+class DeviceBuffer {
+ public:
+  DeviceBuffer(std::size_t size, Stream stream) : ptr_(rt::malloc(size, stream)) {}
+  ~DeviceBuffer() { rt::free(ptr_); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  void* get() const { return ptr_; }
+
+ private:
+  void* ptr_;
+};
+
+// Device <-> host helpers through the runtime's synchronous copies.
+template <class T>
+std::vector<T> download(const T* device_ptr, std::size_t n) {
+  std::vector<T> out(n);
+  rt::memcpy(out.data(), device_ptr, n * sizeof(T), CopyKind::DeviceToHost);
+  return out;
+}
+
+template <class T>
+T* upload(const std::vector<T>& values) {
+  auto* p = static_cast<T*>(rt::malloc(values.size() * sizeof(T)));
+  rt::memcpy(p, values.data(), values.size() * sizeof(T), CopyKind::HostToDevice);
+  return p;
+}
+
+}  // namespace accel::rt::testing
