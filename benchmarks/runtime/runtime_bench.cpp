@@ -27,7 +27,9 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-inline void escape(void* p) { asm volatile("" : : "g"(p) : "memory"); }
+inline void escape(void* p) {
+  asm volatile("" : : "g"(p) : "memory");
+}
 
 // Median over `repeats` runs of the mean time of one iteration, in nanoseconds.
 double time_ns(int iterations, int repeats, const std::function<void(int)>& body) {
@@ -164,18 +166,20 @@ int main(int argc, char** argv) {
     rt::graph_capture_end(g);
     rt::graph_instantiate(g);
     Row row{"graph", "replay cost per recorded task", "ns"};
-    row.accel = time_ns(200, 7, [&](int n) {
-                  for (int i = 0; i < n; ++i) rt::graph_replay(g, s);
-                  rt::stream_synchronize(s);
-                }) /
+    row.accel = time_ns(200, 7,
+                        [&](int n) {
+                          for (int i = 0; i < n; ++i) rt::graph_replay(g, s);
+                          rt::stream_synchronize(s);
+                        }) /
                 kTasks;
     row.baseline_name = "eager submission";
-    row.baseline = time_ns(200, 7, [&](int n) {
-                     for (int i = 0; i < n; ++i) {
-                       for (int k = 0; k < kTasks; ++k) rt::launch_host_func(s, [] {});
-                     }
-                     rt::stream_synchronize(s);
-                   }) /
+    row.baseline = time_ns(200, 7,
+                           [&](int n) {
+                             for (int i = 0; i < n; ++i) {
+                               for (int k = 0; k < kTasks; ++k) rt::launch_host_func(s, [] {});
+                             }
+                             rt::stream_synchronize(s);
+                           }) /
                    kTasks;
     row.goal = ">= 10x cheaper";
     row.goal_met = row.baseline >= 10.0 * row.accel;
@@ -230,8 +234,8 @@ int main(int argc, char** argv) {
   // --- report --------------------------------------------------------------------------------
   std::printf("accel runtime benchmarks (driver %s, launch blocking %s)\n", rt::driver_name(),
               rt::launch_blocking() ? "on" : "off");
-  std::printf("%-10s %-42s %14s %14s %-22s %8s  %s\n", "group", "measurement", "accel",
-              "baseline", "(baseline)", "ratio", "goal");
+  std::printf("%-10s %-42s %14s %14s %-22s %8s  %s\n", "group", "measurement", "accel", "baseline",
+              "(baseline)", "ratio", "goal");
   bool all_met = true;
   for (const Row& r : rows) {
     std::string goal = r.goal.empty() ? "" : r.goal + (r.goal_met ? "  met" : "  MISSED");

@@ -288,8 +288,7 @@ void CachingAllocator::add_active(Block* b, int sign) {
 void CachingAllocator::add_inactive_split(Block* b, int sign) {
   if (!b->is_split()) return;
   update_stat(stats_.inactive_split, b->pool->small, sign);
-  update_stat(stats_.inactive_split_bytes, b->pool->small,
-              sign * static_cast<int64_t>(b->size));
+  update_stat(stats_.inactive_split_bytes, b->pool->small, sign * static_cast<int64_t>(b->size));
 }
 
 Block* CachingAllocator::alloc_segment(BlockPool& pool, StreamObj& stream, std::size_t size) {
@@ -347,9 +346,8 @@ void* CachingAllocator::malloc(std::size_t size, StreamObj& stream) {
   ACCEL_RT_CHECK(size <= kMaxRequest, InvalidValueError, "malloc: ", size,
                  " bytes is not a valid size (a negative size converted to unsigned, or larger "
                  "than any device)");
-  const PoolId pool_id = stream.capturing.load(std::memory_order_acquire)
-                             ? rt_.capture_pool(stream)
-                             : PoolId{};
+  const PoolId pool_id =
+      stream.capturing.load(std::memory_order_acquire) ? rt_.capture_pool(stream) : PoolId{};
   const std::size_t rounded = round_size(size);
   const bool small = rounded <= kSmallSize;
 
@@ -599,7 +597,7 @@ bool CachingAllocator::owns(const void* ptr) {
 }
 
 std::pair<void*, std::size_t> CachingAllocator::allocation_containing(const void* ptr,
-                                                                     bool* freed) {
+                                                                      bool* freed) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (Block* b = allocated_->find(reinterpret_cast<uintptr_t>(ptr))) {
     return {b->ptr, b->requested};

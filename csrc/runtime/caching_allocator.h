@@ -104,7 +104,7 @@ class CachingAllocator {
   std::map<PoolId, std::unique_ptr<PrivatePool>> private_pools_;
   std::map<uintptr_t, Block*> segments_;  // segment heads by address
   class PtrMap;
-  std::unique_ptr<PtrMap> allocated_;     // allocated blocks by start address
+  std::unique_ptr<PtrMap> allocated_;  // allocated blocks by start address
   class BlockArena;
   std::unique_ptr<BlockArena> arena_;
   struct PendingEvent {

@@ -18,19 +18,19 @@ namespace accel::rt {
 
 enum class ErrorCode : int {
   Success = 0,
-  InvalidValue,        // an argument is out of range or inconsistent
-  InvalidDevice,       // device index out of range
-  InvalidHandle,       // stream, event or graph that was destroyed or never existed
-  InvalidPointer,      // pointer unknown to the runtime, or already freed
-  OutOfMemory,         // device (or pinned host) memory exhausted
-  NotReady,            // the work an answer depends on has not completed
-  CaptureUnsupported,  // the call is not allowed while a stream is capturing
-  CaptureInvalidated,  // the capture was invalidated by an earlier illegal call
-  CaptureUnjoined,     // a stream that joined the capture was not joined back
-  NotSupported,        // the driver or build does not provide the feature
-  InitializationError, // the runtime or its driver could not start
-  TaskFailed,          // work executed on a stream raised an error
-  DriverError,         // the driver reported an unexpected failure
+  InvalidValue,         // an argument is out of range or inconsistent
+  InvalidDevice,        // device index out of range
+  InvalidHandle,        // stream, event or graph that was destroyed or never existed
+  InvalidPointer,       // pointer unknown to the runtime, or already freed
+  OutOfMemory,          // device (or pinned host) memory exhausted
+  NotReady,             // the work an answer depends on has not completed
+  CaptureUnsupported,   // the call is not allowed while a stream is capturing
+  CaptureInvalidated,   // the capture was invalidated by an earlier illegal call
+  CaptureUnjoined,      // a stream that joined the capture was not joined back
+  NotSupported,         // the driver or build does not provide the feature
+  InitializationError,  // the runtime or its driver could not start
+  TaskFailed,           // work executed on a stream raised an error
+  DriverError,          // the driver reported an unexpected failure
 };
 
 ACCEL_RT_API const char* error_code_name(ErrorCode code) noexcept;
@@ -52,13 +52,13 @@ class ACCEL_RT_API Error : public std::runtime_error {
 };
 
 // One subclass per family so callers can catch by type.
-#define ACCEL_RT_DECLARE_ERROR(Name, Code)                                         \
-  class ACCEL_RT_API Name : public Error {                                         \
-   public:                                                                         \
-    Name(std::string message, const char* file, int line)                          \
-        : Error(ErrorCode::Code, std::move(message), file, line) {}               \
-    Name(ErrorCode code, std::string message, const char* file, int line)          \
-        : Error(code, std::move(message), file, line) {}                           \
+#define ACCEL_RT_DECLARE_ERROR(Name, Code)                                \
+  class ACCEL_RT_API Name : public Error {                                \
+   public:                                                                \
+    Name(std::string message, const char* file, int line)                 \
+        : Error(ErrorCode::Code, std::move(message), file, line) {}       \
+    Name(ErrorCode code, std::string message, const char* file, int line) \
+        : Error(code, std::move(message), file, line) {}                  \
   }
 ACCEL_RT_DECLARE_ERROR(InvalidValueError, InvalidValue);
 ACCEL_RT_DECLARE_ERROR(InvalidDeviceError, InvalidDevice);
@@ -95,12 +95,11 @@ template <class E, class... Args>
 
 // ACCEL_RT_CHECK(cond, ErrorType, message parts...): throws ErrorType with the message and the
 // caller's file and line when cond is false.
-#define ACCEL_RT_CHECK(cond, ErrorType, ...)                                          \
-  do {                                                                               \
-    if (__builtin_expect(!(cond), 0)) {                                              \
-      ::accel::rt::detail::throw_error<::accel::rt::ErrorType>(__FILE__, __LINE__,   \
-                                                               __VA_ARGS__);         \
-    }                                                                                \
+#define ACCEL_RT_CHECK(cond, ErrorType, ...)                                                     \
+  do {                                                                                           \
+    if (__builtin_expect(!(cond), 0)) {                                                          \
+      ::accel::rt::detail::throw_error<::accel::rt::ErrorType>(__FILE__, __LINE__, __VA_ARGS__); \
+    }                                                                                            \
   } while (0)
 
 #define ACCEL_RT_THROW(ErrorType, ...) \

@@ -70,11 +70,12 @@ PoolId graph_pool_handle() {
 
 Graph graph_create() {
   Runtime& rt = Runtime::get();
-  GraphObj* g = rt.graphs.acquire([](GraphObj&) { return true; }, [](uint32_t slot) {
-    auto* obj = new GraphObj;
-    obj->slot = slot;
-    return obj;
-  });
+  GraphObj* g = rt.graphs.acquire([](GraphObj&) { return true; },
+                                  [](uint32_t slot) {
+                                    auto* obj = new GraphObj;
+                                    obj->slot = slot;
+                                    return obj;
+                                  });
   g->live.store(true, std::memory_order_release);
   return g->handle();
 }
@@ -159,12 +160,12 @@ void graph_capture_end(Graph graph) {
     g.dg = dg;
     release_graph(rt, g);
     if (!invalidated.empty()) {
-      throw CaptureError(ErrorCode::CaptureInvalidated,
-                         detail::concat("graph_capture_end: the capture was invalidated by ",
-                                        invalidated,
-                                        ". The stream has left capture mode and can be used "
-                                        "again; capture again without that call."),
-                         __FILE__, __LINE__);
+      throw CaptureError(
+          ErrorCode::CaptureInvalidated,
+          detail::concat("graph_capture_end: the capture was invalidated by ", invalidated,
+                         ". The stream has left capture mode and can be used "
+                         "again; capture again without that call."),
+          __FILE__, __LINE__);
     }
     std::rethrow_exception(driver_error);
   }
@@ -197,9 +198,10 @@ void graph_replay(Graph graph, Stream stream) {
   StreamObj& s = rt.stream(stream, "graph_replay");
   std::lock_guard<std::mutex> lock(g.m);
   check_replayable(g, "graph_replay");
-  ACCEL_RT_CHECK(s.device == g.device, InvalidValueError, "graph_replay: the graph was captured "
-                 "on device ", g.device, " but ", detail::describe(stream), " is on device ",
-                 s.device);
+  ACCEL_RT_CHECK(s.device == g.device, InvalidValueError,
+                 "graph_replay: the graph was captured "
+                 "on device ",
+                 g.device, " but ", detail::describe(stream), " is on device ", s.device);
   if (g.exec == nullptr) g.exec = rt.driver->graph_instantiate(g.dg);
   rt.driver->graph_launch(g.exec, s.ds);
 }

@@ -41,8 +41,10 @@ void* HostCachingAllocator::malloc(std::size_t size) {
       // Give cached blocks back and try once more.
       release_free_blocks();
       p = rt_.driver->host_alloc(rounded);
-      ACCEL_RT_CHECK(p != nullptr, OutOfMemoryError, "host_malloc: out of pinned host memory: "
-                     "could not allocate ", format_bytes(rounded), " (", size, " bytes requested)");
+      ACCEL_RT_CHECK(p != nullptr, OutOfMemoryError,
+                     "host_malloc: out of pinned host memory: "
+                     "could not allocate ",
+                     format_bytes(rounded), " (", size, " bytes requested)");
     }
     auto owned = std::make_unique<HBlock>();
     owned->ptr = p;
@@ -156,8 +158,8 @@ HostStats HostCachingAllocator::stats() {
 
 void HostCachingAllocator::reset_peak_stats() {
   std::lock_guard<std::mutex> lock(mutex_);
-  for (Stat* s : {&stats_.allocation, &stats_.segment, &stats_.allocated_bytes,
-                  &stats_.reserved_bytes}) {
+  for (Stat* s :
+       {&stats_.allocation, &stats_.segment, &stats_.allocated_bytes, &stats_.reserved_bytes}) {
     s->peak = s->current;
   }
 }

@@ -69,8 +69,8 @@ class SlotTable {
       }
     }
     const uint32_t slot = next_;
-    ACCEL_RT_CHECK(slot < kChunk * kMaxChunks, InvalidValueError, "too many live objects (",
-                   slot, "): destroy streams and events you no longer use");
+    ACCEL_RT_CHECK(slot < kChunk * kMaxChunks, InvalidValueError, "too many live objects (", slot,
+                   "): destroy streams and events you no longer use");
     std::atomic<T*>* chunk = chunks_[slot / kChunk].load(std::memory_order_acquire);
     if (chunk == nullptr) {
       chunk = new std::atomic<T*>[kChunk];

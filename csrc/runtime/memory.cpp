@@ -29,8 +29,7 @@ struct Side {
   bool is_device() const { return device >= 0; }
 };
 
-Side classify(Runtime& rt, const void* ptr, std::size_t size, const char* call,
-              const char* which) {
+Side classify(Runtime& rt, const void* ptr, std::size_t size, const char* call, const char* which) {
   ACCEL_RT_CHECK(ptr != nullptr, InvalidPointerError, call, ": the ", which, " pointer is null");
   Side side;
   for (int d = 0; d < rt.num_devices; ++d) {
@@ -41,11 +40,10 @@ Side classify(Runtime& rt, const void* ptr, std::size_t size, const char* call,
     ACCEL_RT_CHECK(start != nullptr, InvalidPointerError, call, ": the ", which, " pointer ",
                    format_ptr(ptr), " points into device memory of device ", d,
                    " that is not allocated (it was freed, or was never handed out)");
-    const std::size_t left =
-        length - static_cast<std::size_t>(static_cast<const char*>(ptr) -
-                                          static_cast<const char*>(start));
-    ACCEL_RT_CHECK(size <= left, InvalidValueError, call, ": ", size, " bytes at the ", which,
-                   " ", format_ptr(ptr), " run past the end of its device allocation (", left,
+    const std::size_t left = length - static_cast<std::size_t>(static_cast<const char*>(ptr) -
+                                                               static_cast<const char*>(start));
+    ACCEL_RT_CHECK(size <= left, InvalidValueError, call, ": ", size, " bytes at the ", which, " ",
+                   format_ptr(ptr), " run past the end of its device allocation (", left,
                    " bytes left of ", length, ")");
     side.device = d;
     return side;
@@ -54,14 +52,15 @@ Side classify(Runtime& rt, const void* ptr, std::size_t size, const char* call,
   return side;
 }
 
-const char* where(const Side& s) { return s.is_device() ? "device memory" : "host memory"; }
+const char* where(const Side& s) {
+  return s.is_device() ? "device memory" : "host memory";
+}
 
 CopyKind resolve_kind(const Side& dst, const Side& src, CopyKind requested, const void* dptr,
                       const void* sptr, const char* call) {
-  const CopyKind actual = src.is_device() ? (dst.is_device() ? CopyKind::DeviceToDevice
-                                                             : CopyKind::DeviceToHost)
-                                          : (dst.is_device() ? CopyKind::HostToDevice
-                                                             : CopyKind::HostToHost);
+  const CopyKind actual =
+      src.is_device() ? (dst.is_device() ? CopyKind::DeviceToDevice : CopyKind::DeviceToHost)
+                      : (dst.is_device() ? CopyKind::HostToDevice : CopyKind::HostToHost);
   if (requested == CopyKind::Default || requested == actual) return actual;
   const bool want_src_dev =
       requested == CopyKind::DeviceToHost || requested == CopyKind::DeviceToDevice;
@@ -142,7 +141,8 @@ std::pair<void*, std::size_t> allocation_range(const void* ptr) {
 }
 
 void empty_cache(int device) {
-  for_devices(device, "empty_cache", [](Runtime& rt, int d) { rt.devices[d]->allocator->empty_cache(); });
+  for_devices(device, "empty_cache",
+              [](Runtime& rt, int d) { rt.devices[d]->allocator->empty_cache(); });
 }
 
 DeviceStats memory_stats(int device) {
@@ -176,8 +176,12 @@ MemorySnapshot memory_snapshot() {
 
 // --- pinned host memory -------------------------------------------------------------------
 
-void* host_malloc(std::size_t size) { return Runtime::get().host_allocator->malloc(size); }
-void host_free(void* ptr) { Runtime::get().host_allocator->free(ptr); }
+void* host_malloc(std::size_t size) {
+  return Runtime::get().host_allocator->malloc(size);
+}
+void host_free(void* ptr) {
+  Runtime::get().host_allocator->free(ptr);
+}
 
 void host_record_stream(void* ptr, Stream stream) {
   Runtime& rt = Runtime::get();
@@ -195,9 +199,15 @@ bool is_pinned(const void* ptr) noexcept {
   }
 }
 
-void host_empty_cache() { Runtime::get().host_allocator->empty_cache(); }
-HostStats host_memory_stats() { return Runtime::get().host_allocator->stats(); }
-void host_reset_peak_stats() { Runtime::get().host_allocator->reset_peak_stats(); }
+void host_empty_cache() {
+  Runtime::get().host_allocator->empty_cache();
+}
+HostStats host_memory_stats() {
+  return Runtime::get().host_allocator->stats();
+}
+void host_reset_peak_stats() {
+  Runtime::get().host_allocator->reset_peak_stats();
+}
 
 // --- copies -------------------------------------------------------------------------------
 
@@ -269,7 +279,9 @@ void memset_async(void* dst, int value, std::size_t size, Stream stream) {
 
 // --- host access --------------------------------------------------------------------------
 
-bool device_memory_host_accessible() { return Runtime::get().driver->host_accessible_memory(); }
+bool device_memory_host_accessible() {
+  return Runtime::get().driver->host_accessible_memory();
+}
 
 HostAccessGuard::HostAccessGuard(const void* ptr, std::size_t size)
     : device_(pointer_device(ptr)), ptr_(ptr), size_(size) {

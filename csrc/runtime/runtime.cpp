@@ -52,8 +52,8 @@ uint64_t parse_size(const std::string& text, const char* variable) {
                    "for example 4G");
   }
   std::string unit = lower(text.substr(pos));
-  if (unit.size() > 1 && unit.back() == 'b') unit.pop_back();           // "gb", "gib"
-  if (unit.size() > 1 && unit.back() == 'i') unit.pop_back();           // "gi"
+  if (unit.size() > 1 && unit.back() == 'b') unit.pop_back();  // "gb", "gib"
+  if (unit.size() > 1 && unit.back() == 'i') unit.pop_back();  // "gi"
   int shift = 0;
   if (unit.empty()) {
     shift = 0;
@@ -78,9 +78,8 @@ Config Config::from_env() {
   Config c;
   const std::string driver = lower(env("ACCEL_DRIVER"));
   if (!driver.empty()) c.driver = driver;
-  const bool name_ok = std::all_of(c.driver.begin(), c.driver.end(), [](unsigned char ch) {
-    return std::isalnum(ch) || ch == '_';
-  });
+  const bool name_ok = std::all_of(c.driver.begin(), c.driver.end(),
+                                   [](unsigned char ch) { return std::isalnum(ch) || ch == '_'; });
   ACCEL_RT_CHECK(name_ok, InitError, "ACCEL_DRIVER='", c.driver,
                  "' is not a driver name: use auto, host, cuda or level_zero");
   c.driver_path = env("ACCEL_DRIVER_PATH");
@@ -205,8 +204,8 @@ void Runtime::start() {
   } else {
     std::string why;
     Driver* d = load_plugin(config, config.driver, &plugin_, why);
-    ACCEL_RT_CHECK(d != nullptr, InitError, "ACCEL_DRIVER=", config.driver, ": the ",
-                   config.driver, " driver cannot be used: ", why,
+    ACCEL_RT_CHECK(d != nullptr, InitError, "ACCEL_DRIVER=", config.driver, ": the ", config.driver,
+                   " driver cannot be used: ", why,
                    ". Use ACCEL_DRIVER=host (always available) or auto");
     owned_driver_.reset(d);
   }
@@ -219,13 +218,14 @@ void Runtime::start() {
     auto ds = std::make_unique<DeviceState>();
     ds->index = i;
     ds->allocator = std::make_unique<CachingAllocator>(*this, i);
-    StreamObj* def = ds->streams.acquire([](StreamObj&) { return false; }, [&](uint32_t slot) {
-      auto* s = new StreamObj;
-      s->device = i;
-      s->slot = slot;
-      s->ds = driver->stream_create(i, 0);
-      return s;
-    });
+    StreamObj* def = ds->streams.acquire([](StreamObj&) { return false; },
+                                         [&](uint32_t slot) {
+                                           auto* s = new StreamObj;
+                                           s->device = i;
+                                           s->slot = slot;
+                                           s->ds = driver->stream_create(i, 0);
+                                           return s;
+                                         });
     def->generation.store(0);  // the default stream's id is 0
     def->live.store(true);
     devices.push_back(std::move(ds));
@@ -261,10 +261,16 @@ Runtime& Runtime::get() {
   return *rt;
 }
 
-Runtime* Runtime::get_if_initialized() noexcept { return g_runtime.load(std::memory_order_acquire); }
+Runtime* Runtime::get_if_initialized() noexcept {
+  return g_runtime.load(std::memory_order_acquire);
+}
 
-int tls_device() { return t_device; }
-void set_tls_device(int device) { t_device = device; }
+int tls_device() {
+  return t_device;
+}
+void set_tls_device(int device) {
+  t_device = device;
+}
 
 // --- validation ---------------------------------------------------------------------------
 
@@ -281,8 +287,8 @@ std::string describe(PoolId p) {
 
 std::string Runtime::device_range_text() const {
   if (num_devices == 1) return "there is 1 accel device (valid index: 0)";
-  return concat("there are ", num_devices, " accel devices (valid indices: 0 to ",
-                num_devices - 1, ")");
+  return concat("there are ", num_devices, " accel devices (valid indices: 0 to ", num_devices - 1,
+                ")");
 }
 
 int Runtime::resolve_device(int device, const char* call) const {
@@ -364,9 +370,9 @@ bool Runtime::check_device_sync(int device, const char* call) {
   std::lock_guard<std::mutex> lock(capture_mutex);
   for (auto& [id, cs] : live_captures) {
     if (cs->device != device) continue;
-    const bool refuse = cs->mode == CaptureMode::Global ||
-                        (cs->mode == CaptureMode::ThreadLocal &&
-                         cs->thread == std::this_thread::get_id());
+    const bool refuse =
+        cs->mode == CaptureMode::Global ||
+        (cs->mode == CaptureMode::ThreadLocal && cs->thread == std::this_thread::get_id());
     if (refuse) invalidate_and_throw(*cs, concat(call, "(device ", device, ")"));
   }
   return true;
@@ -423,10 +429,18 @@ using detail::StreamObj;
 
 // --- runtime and devices ------------------------------------------------------------------
 
-const char* version() noexcept { return ACCEL_VERSION; }
-void init() { Runtime::get(); }
-bool is_initialized() noexcept { return Runtime::get_if_initialized() != nullptr; }
-bool in_bad_fork() noexcept { return detail::g_bad_fork.load(); }
+const char* version() noexcept {
+  return ACCEL_VERSION;
+}
+void init() {
+  Runtime::get();
+}
+bool is_initialized() noexcept {
+  return Runtime::get_if_initialized() != nullptr;
+}
+bool in_bad_fork() noexcept {
+  return detail::g_bad_fork.load();
+}
 
 int device_count_noexcept() noexcept {
   try {
@@ -443,14 +457,20 @@ std::string init_error() noexcept {
   return detail::g_init_error;
 }
 
-int device_count() { return Runtime::get().num_devices; }
-const char* driver_name() { return Runtime::get().driver->name().data(); }
-bool launch_blocking() { return Runtime::get().config.launch_blocking; }
+int device_count() {
+  return Runtime::get().num_devices;
+}
+const char* driver_name() {
+  return Runtime::get().driver->name().data();
+}
+bool launch_blocking() {
+  return Runtime::get().config.launch_blocking;
+}
 
 void set_device(int device) {
   Runtime& rt = Runtime::get();
-  ACCEL_RT_CHECK(device >= 0, InvalidDeviceError, "set_device: invalid device index ", device,
-                 ": ", rt.device_range_text());
+  ACCEL_RT_CHECK(device >= 0, InvalidDeviceError, "set_device: invalid device index ", device, ": ",
+                 rt.device_range_text());
   const int d = rt.resolve_device(device, "set_device");
   rt.driver->set_device(d);
   detail::set_tls_device(d);
@@ -498,13 +518,15 @@ void device_synchronize(int device) {
       if (first_error.empty()) first_error = e.message();
     }
   }
-  ACCEL_RT_CHECK(first_error.empty(), TaskError, "device_synchronize(device ", d, "): ",
-                 first_error);
+  ACCEL_RT_CHECK(first_error.empty(), TaskError, "device_synchronize(device ", d,
+                 "): ", first_error);
 }
 
 // --- streams ------------------------------------------------------------------------------
 
-std::pair<int, int> stream_priority_range() { return Runtime::get().priority_range; }
+std::pair<int, int> stream_priority_range() {
+  return Runtime::get().priority_range;
+}
 
 namespace {
 int clamp_priority(Runtime& rt, int priority) {
@@ -522,17 +544,17 @@ Stream stream_create(int device, int priority) {
   Runtime& rt = Runtime::get();
   const int d = rt.resolve_device(device, "stream_create");
   const int p = clamp_priority(rt, priority);
-  StreamObj* obj = rt.devices[d]->streams.acquire(
-      [&](StreamObj& s) { return !s.pooled && s.priority == p; },
-      [&](uint32_t slot) {
-        auto* s = new StreamObj;
-        s->device = d;
-        s->slot = slot;
-        s->priority = p;
-        s->generation.store(1);
-        s->ds = rt.driver->stream_create(d, p);
-        return s;
-      });
+  StreamObj* obj =
+      rt.devices[d]->streams.acquire([&](StreamObj& s) { return !s.pooled && s.priority == p; },
+                                     [&](uint32_t slot) {
+                                       auto* s = new StreamObj;
+                                       s->device = d;
+                                       s->slot = slot;
+                                       s->priority = p;
+                                       s->generation.store(1);
+                                       s->ds = rt.driver->stream_create(d, p);
+                                       return s;
+                                     });
   obj->live.store(true, std::memory_order_release);
   return obj->handle();
 }
@@ -573,16 +595,17 @@ Stream stream_from_pool(int device, int priority) {
     std::lock_guard<std::mutex> lock(ds.pool_mutex);
     obj = ds.pool[level][idx].load();
     if (obj == nullptr) {
-      obj = ds.streams.acquire([](StreamObj&) { return false; }, [&](uint32_t slot) {
-        auto* s = new StreamObj;
-        s->device = d;
-        s->slot = slot;
-        s->priority = p;
-        s->pooled = true;
-        s->generation.store(1);
-        s->ds = rt.driver->stream_create(d, p);
-        return s;
-      });
+      obj = ds.streams.acquire([](StreamObj&) { return false; },
+                               [&](uint32_t slot) {
+                                 auto* s = new StreamObj;
+                                 s->device = d;
+                                 s->slot = slot;
+                                 s->priority = p;
+                                 s->pooled = true;
+                                 s->generation.store(1);
+                                 s->ds = rt.driver->stream_create(d, p);
+                                 return s;
+                               });
       obj->live.store(true, std::memory_order_release);
       ds.pool[level][idx].store(obj, std::memory_order_release);
     }
@@ -590,7 +613,9 @@ Stream stream_from_pool(int device, int priority) {
   return obj->handle();
 }
 
-int stream_priority(Stream stream) { return Runtime::get().stream(stream, "stream_priority").priority; }
+int stream_priority(Stream stream) {
+  return Runtime::get().stream(stream, "stream_priority").priority;
+}
 
 Stream current_stream(int device) {
   Runtime& rt = Runtime::get();
@@ -606,7 +631,9 @@ void set_current_stream(Stream stream) {
   detail::t_stream_set |= uint64_t{1} << s.device;
 }
 
-void stream_check(Stream stream) { Runtime::get().stream(stream, "stream_check"); }
+void stream_check(Stream stream) {
+  Runtime::get().stream(stream, "stream_check");
+}
 
 void launch_host_func(Stream stream, Task task) {
   Runtime& rt = Runtime::get();
@@ -663,15 +690,19 @@ void event_destroy(Event event) {
   rt.events.release(e.slot);
 }
 
-int event_device(Event event) { return Runtime::get().event(event, "event_device").device; }
+int event_device(Event event) {
+  return Runtime::get().event(event, "event_device").device;
+}
 
 void event_record(Event event, Stream stream) {
   Runtime& rt = Runtime::get();
   detail::EventObj& e = rt.event(event, "event_record");
   StreamObj& s = rt.stream(stream, "event_record");
-  ACCEL_RT_CHECK(e.device == s.device, InvalidValueError, "event_record: the event belongs to "
-                 "device ", e.device, " but ", detail::describe(stream),
-                 " is on device ", s.device, "; create the event on the stream's device");
+  ACCEL_RT_CHECK(e.device == s.device, InvalidValueError,
+                 "event_record: the event belongs to "
+                 "device ",
+                 e.device, " but ", detail::describe(stream), " is on device ", s.device,
+                 "; create the event on the stream's device");
   if (s.capturing.load(std::memory_order_acquire)) {
     std::lock_guard<std::mutex> lock(rt.capture_mutex);
     if (s.capture != nullptr) {
@@ -698,8 +729,9 @@ void stream_wait_event(Stream stream, Event event) {
       ACCEL_RT_CHECK(s.capture == nullptr || s.capture == &cs, CaptureError,
                      "stream_wait_event: ", detail::describe(stream),
                      " is capturing another graph than the one the event was recorded in");
-      ACCEL_RT_CHECK(s.device == cs.device, CaptureError, "stream_wait_event: ",
-                     detail::describe(stream), " cannot join a capture on device ", cs.device);
+      ACCEL_RT_CHECK(s.device == cs.device, CaptureError,
+                     "stream_wait_event: ", detail::describe(stream),
+                     " cannot join a capture on device ", cs.device);
       rt.driver->stream_wait_event(s.ds, e.de);
       if (s.capture == nullptr) {  // the stream joins the capture
         s.capture = &cs;
@@ -737,12 +769,12 @@ float event_elapsed_time(Event start, Event end) {
     ACCEL_RT_CHECK(e->recorded.load(), InvalidValueError, "event_elapsed_time: the ", which,
                    " event has not been recorded");
     rt.check_event_not_captured(*e, "event_elapsed_time");
-    ACCEL_RT_CHECK(rt.driver->event_query(e->de), NotReadyError, "event_elapsed_time: the ",
-                   which, " event has not completed yet; synchronize it first");
+    ACCEL_RT_CHECK(rt.driver->event_query(e->de), NotReadyError, "event_elapsed_time: the ", which,
+                   " event has not completed yet; synchronize it first");
   }
   ACCEL_RT_CHECK(a.device == b.device, InvalidValueError,
-                 "event_elapsed_time: the events belong to different devices (", a.device,
-                 " and ", b.device, ")");
+                 "event_elapsed_time: the events belong to different devices (", a.device, " and ",
+                 b.device, ")");
   return rt.driver->event_elapsed_ms(a.de, b.de);
 }
 

@@ -77,7 +77,7 @@ ACCEL_RT_API void reset_accumulated_memory_stats(int device = -1);
 // Memory history: record allocation events (at most max_entries per device, oldest dropped),
 // each with the context `recorder` returns (optional).
 ACCEL_RT_API void record_memory_history(bool enabled, ContextRecorder recorder = {},
-                                         std::size_t max_entries = 100000);
+                                        std::size_t max_entries = 100000);
 ACCEL_RT_API MemorySnapshot memory_snapshot();
 
 // --- pinned host memory -------------------------------------------------------------------

@@ -99,13 +99,13 @@ ACCEL_RT_API const char* capture_mode_name(CaptureMode mode) noexcept;
 
 struct DeviceProperties {
   std::string name;
-  std::string driver;            // "host", "cuda", "level_zero", ...
-  uint64_t total_memory = 0;     // bytes
-  int compute_units = 0;         // SMs, Xe cores, or worker threads for the host driver
-  int major = 0;                 // compute capability or equivalent
+  std::string driver;         // "host", "cuda", "level_zero", ...
+  uint64_t total_memory = 0;  // bytes
+  int compute_units = 0;      // SMs, Xe cores, or worker threads for the host driver
+  int major = 0;              // compute capability or equivalent
   int minor = 0;
   int max_threads_per_compute_unit = 0;
-  bool integrated = false;       // shares memory with the host
+  bool integrated = false;  // shares memory with the host
 };
 
 struct MemoryInfo {
@@ -124,22 +124,22 @@ enum StatType : int { kAggregate = 0, kSmallPool = 1, kLargePool = 2, kNumStatTy
 using StatArray = std::array<Stat, kNumStatTypes>;
 
 struct DeviceStats {
-  StatArray allocation;            // blocks handed out
-  StatArray segment;               // device allocations (reserved segments)
-  StatArray active;                // blocks allocated or waiting for their streams
-  StatArray inactive_split;        // free blocks that are part of a split segment
+  StatArray allocation;      // blocks handed out
+  StatArray segment;         // device allocations (reserved segments)
+  StatArray active;          // blocks allocated or waiting for their streams
+  StatArray inactive_split;  // free blocks that are part of a split segment
   StatArray allocated_bytes;
   StatArray reserved_bytes;
   StatArray active_bytes;
   StatArray inactive_split_bytes;
-  StatArray requested_bytes;       // bytes asked for (before rounding)
-  int64_t num_alloc_retries = 0;   // device allocations retried after freeing the cache
-  int64_t num_ooms = 0;            // out-of-memory errors raised
+  StatArray requested_bytes;      // bytes asked for (before rounding)
+  int64_t num_alloc_retries = 0;  // device allocations retried after freeing the cache
+  int64_t num_ooms = 0;           // out-of-memory errors raised
   int64_t num_sync_all_streams = 0;
-  int64_t num_device_alloc = 0;    // driver allocations
-  int64_t num_device_free = 0;     // driver frees
-  int64_t max_split_size = -1;     // no limit
-  Stat oversize_allocations;       // kept for parity with c10; always zero (no split limit)
+  int64_t num_device_alloc = 0;  // driver allocations
+  int64_t num_device_free = 0;   // driver frees
+  int64_t max_split_size = -1;   // no limit
+  Stat oversize_allocations;     // kept for parity with c10; always zero (no split limit)
   Stat oversize_segments;
 };
 
@@ -163,7 +163,15 @@ class HistoryContext {
 using ContextRecorder = std::function<std::shared_ptr<HistoryContext>()>;
 
 struct TraceEntry {
-  enum class Action { Alloc, FreeRequested, FreeCompleted, SegmentAlloc, SegmentFree, Oom, Snapshot };
+  enum class Action {
+    Alloc,
+    FreeRequested,
+    FreeCompleted,
+    SegmentAlloc,
+    SegmentFree,
+    Oom,
+    Snapshot
+  };
   Action action;
   int device = 0;
   uint64_t addr = 0;

@@ -265,7 +265,8 @@ class Recorded : public HistoryContext {
 
 TEST_F(Allocator, MemoryHistoryRecordsEventsWithContext) {
   std::atomic<int> counter{0};
-  record_memory_history(true, [&] { return std::make_shared<Recorded>(counter++); }, 100);
+  record_memory_history(
+      true, [&] { return std::make_shared<Recorded>(counter++); }, 100);
   void* p = malloc(3000, stream_);
   free(p);
   MemorySnapshot snap = memory_snapshot();

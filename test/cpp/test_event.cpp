@@ -13,7 +13,7 @@ using testing::Gate;
 TEST(Event, UnrecordedEventIsComplete) {
   Event e = event_create();
   EXPECT_TRUE(event_query(e));
-  event_synchronize(e);  // returns at once
+  event_synchronize(e);                     // returns at once
   stream_wait_event(default_stream(0), e);  // no-op
   event_destroy(e);
 }

@@ -86,8 +86,7 @@ TEST_F(GraphTest, ResetDropsTheWorkAndAllowsANewCapture) {
 TEST_F(GraphTest, MisuseIsReported) {
   EXPECT_RT_ERROR(graph_capture_end(g_), CaptureError, "no capture into this graph is underway");
   EXPECT_RT_ERROR(graph_replay(g_, s_), InvalidValueError, "the graph is empty");
-  EXPECT_RT_ERROR(graph_capture_begin(g_, default_stream(0)), CaptureError,
-                  "cannot be captured");
+  EXPECT_RT_ERROR(graph_capture_begin(g_, default_stream(0)), CaptureError, "cannot be captured");
   graph_capture_begin(g_, s_);
   EXPECT_RT_ERROR(graph_capture_begin(g_, s_), CaptureError, "already underway");
   Graph g2 = graph_create();
@@ -96,8 +95,7 @@ TEST_F(GraphTest, MisuseIsReported) {
   EXPECT_RT_ERROR(stream_destroy(s_), CaptureError, "is capturing a graph");
   launch_host_func(s_, [] {});
   graph_capture_end(g_);
-  EXPECT_RT_ERROR(graph_replay(g_, stream_create(1)), InvalidValueError,
-                  "captured on device 0");
+  EXPECT_RT_ERROR(graph_replay(g_, stream_create(1)), InvalidValueError, "captured on device 0");
   graph_destroy(g2);
   EXPECT_RT_ERROR(graph_replay(g2, s_), InvalidHandleError, "was destroyed");
   EXPECT_RT_ERROR(graph_reset(g2), InvalidHandleError, "graph");
@@ -241,15 +239,18 @@ TEST_F(GraphTest, SynchronizingCallsInvalidateTheCapture) {
   const std::vector<Case> cases = {
       {"stream_synchronize", [](Stream s, Event) { stream_synchronize(s); }},
       {"stream_query", [](Stream s, Event) { stream_query(s); }},
-      {"event_query", [](Stream s, Event e) {
+      {"event_query",
+       [](Stream s, Event e) {
          event_record(e, s);
          event_query(e);
        }},
-      {"event_synchronize", [](Stream s, Event e) {
+      {"event_synchronize",
+       [](Stream s, Event e) {
          event_record(e, s);
          event_synchronize(e);
        }},
-      {"memcpy", [&host](Stream s, Event) {
+      {"memcpy",
+       [&host](Stream s, Event) {
          DeviceBuffer d(16, s);
          set_current_stream(s);
          struct Restore {
@@ -257,7 +258,8 @@ TEST_F(GraphTest, SynchronizingCallsInvalidateTheCapture) {
          } restore;
          memcpy(host.data(), d.get(), 16);
        }},
-      {"memcpy_async with pageable host memory", [&host](Stream s, Event) {
+      {"memcpy_async with pageable host memory",
+       [&host](Stream s, Event) {
          DeviceBuffer d(16, s);
          memcpy_async(d.get(), host.data(), 16, CopyKind::HostToDevice, s);
        }},

@@ -10,9 +10,9 @@
 namespace accel::rt {
 namespace {
 
-#define SKIP_UNLESS_PROTECTING()                                                       \
-  do {                                                                                 \
-    if (!testing::env_flag("ACCEL_PROTECT_DEVICE_MEMORY"))                             \
+#define SKIP_UNLESS_PROTECTING()                                                         \
+  do {                                                                                   \
+    if (!testing::env_flag("ACCEL_PROTECT_DEVICE_MEMORY"))                               \
       GTEST_SKIP() << "runs with ACCEL_PROTECT_DEVICE_MEMORY=1 (ctest runtime_protect)"; \
   } while (0)
 
@@ -59,9 +59,7 @@ TEST(Protect, ConcurrentAccessorsKeepMemoryAccessibleUntilTheLastLeaves) {
     leave.wait();
   });
   entered.wait();
-  {
-    HostAccessGuard mine(p, 4096);
-  }
+  { HostAccessGuard mine(p, 4096); }
   EXPECT_TRUE(host_readable(p));  // the other thread still holds access
   leave.open();
   other.join();

@@ -78,11 +78,9 @@ TEST(Stress, ConcurrentAllocationNeverHandsOutOverlappingBlocks) {
   empty_cache(device);
   const DeviceStats after = memory_stats(device);
   EXPECT_EQ(after.allocation[kAggregate].current, before.allocation[kAggregate].current);
-  EXPECT_EQ(after.allocated_bytes[kAggregate].current,
-            before.allocated_bytes[kAggregate].current);
+  EXPECT_EQ(after.allocated_bytes[kAggregate].current, before.allocated_bytes[kAggregate].current);
   EXPECT_EQ(after.active[kAggregate].current, before.active[kAggregate].current);
-  EXPECT_EQ(after.requested_bytes[kAggregate].current,
-            before.requested_bytes[kAggregate].current);
+  EXPECT_EQ(after.requested_bytes[kAggregate].current, before.requested_bytes[kAggregate].current);
 }
 
 TEST(Stress, ProducersAndConsumersOrderedByEvents) {

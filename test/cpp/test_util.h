@@ -46,8 +46,8 @@ void expect_throw(F&& f, const std::string& needle, const char* file, int line) 
     EXPECT_NE(std::string(e.what()).find(needle), std::string::npos)
         << "at " << file << ":" << line << ": message was: " << e.what();
   } catch (const std::exception& e) {
-    ADD_FAILURE_AT(file, line) << "expected " << typeid(E).name() << ", got "
-                               << typeid(e).name() << ": " << e.what();
+    ADD_FAILURE_AT(file, line) << "expected " << typeid(E).name() << ", got " << typeid(e).name()
+                               << ": " << e.what();
   }
 }
 

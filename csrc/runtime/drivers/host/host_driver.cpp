@@ -64,7 +64,9 @@ bool spin_until(F&& done, std::chrono::nanoseconds budget) {
   }
 }
 
-std::size_t round_up(std::size_t n, std::size_t m) { return (n + m - 1) / m * m; }
+std::size_t round_up(std::size_t n, std::size_t m) {
+  return (n + m - 1) / m * m;
+}
 
 class HostDriver;
 struct HostStream;
@@ -287,8 +289,7 @@ struct HostStream {
   }
 
   bool idle() const {
-    return completed.load(std::memory_order_acquire) ==
-           submitted.load(std::memory_order_acquire);
+    return completed.load(std::memory_order_acquire) == submitted.load(std::memory_order_acquire);
   }
 
   void synchronize() {
@@ -366,20 +367,24 @@ struct HostDevice {
   }
 };
 
-HostStream* as_stream(DriverStream s) { return reinterpret_cast<HostStream*>(s); }
-HostEvent* as_event(DriverEvent e) { return reinterpret_cast<EventRef*>(e)->ev.get(); }
+HostStream* as_stream(DriverStream s) {
+  return reinterpret_cast<HostStream*>(s);
+}
+HostEvent* as_event(DriverEvent e) {
+  return reinterpret_cast<EventRef*>(e)->ev.get();
+}
 
 class HostDriver final : public Driver {
  public:
   explicit HostDriver(const HostDriverOptions& o) : options_(o) {
     ACCEL_RT_CHECK(o.devices >= 1 && o.devices <= kMaxDevices, InitError,
-                   "host driver: the device count must be between 1 and ", kMaxDevices,
-                   ", got ", o.devices);
+                   "host driver: the device count must be between 1 and ", kMaxDevices, ", got ",
+                   o.devices);
     ACCEL_RT_CHECK(o.memory_per_device >= kPageSize, InitError,
                    "host driver: memory per device must be at least ", kPageSize, " bytes");
     for (int i = 0; i < o.devices; ++i) {
-      devices_.push_back(std::make_unique<HostDevice>(o.memory_per_device,
-                                                      o.protect_device_memory));
+      devices_.push_back(
+          std::make_unique<HostDevice>(o.memory_per_device, o.protect_device_memory));
     }
   }
 
@@ -720,8 +725,7 @@ class HostDriver final : public Driver {
                                         "make the origin stream wait on it"),
                          __FILE__, __LINE__);
     }
-    auto* g = new HostGraph{cap->device,
-                            std::make_shared<std::vector<Node>>(std::move(nodes))};
+    auto* g = new HostGraph{cap->device, std::make_shared<std::vector<Node>>(std::move(nodes))};
     return reinterpret_cast<DriverGraph>(g);
   }
 
@@ -781,9 +785,8 @@ class HostDriver final : public Driver {
       }
       return;
     }
-    ACCEL_RT_CHECK(s.device == cap->device, CaptureError,
-                   "stream_wait_event: a stream of device ", s.device,
-                   " cannot join a capture on device ", cap->device);
+    ACCEL_RT_CHECK(s.device == cap->device, CaptureError, "stream_wait_event: a stream of device ",
+                   s.device, " cannot join a capture on device ", cap->device);
     std::shared_ptr<HostStream> self;
     {
       HostDevice& d = *devices_[s.device];
