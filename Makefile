@@ -1,0 +1,95 @@
+# torch_accel: set-up, build, tests, demo and benchmarks. README.md explains each target.
+#
+#   make demo      set up .venv, install torch and the package, run the quickstart
+#   make test      set up, then run every test suite (C++ GoogleTest via ctest, then pytest)
+#   make install   set up and build only
+#   make sanitize  build the runtime tests with ASan+UBSan and with TSan and run them
+#   make bench     set up, then run the benchmarks (tables on stdout, JSON in benchmarks/results)
+#
+# Wheels are kept in $(WHEELHOUSE) (outside the checkout), so a fresh clone on the same
+# machine installs torch from there instead of downloading it again.
+
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := demo
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+WHEELHOUSE ?= $(HOME)/.cache/torch_accel/wheels
+BUILD_DIR := build
+JOBS ?= $(shell nproc)
+# Tools installed into the venv (cmake, ninja) come first on PATH.
+export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
+export CMAKE_BUILD_PARALLEL_LEVEL := $(JOBS)
+
+# Debian packages the build and the tests use (GoogleTest sources for sanitizer builds).
+APT_PACKAGES := g++ ccache googletest libgtest-dev
+REQUIREMENTS := requirements-dev.txt
+DEPS_STAMP := $(VENV)/.deps-$(shell sha1sum $(REQUIREMENTS) | cut -c1-12)
+
+.PHONY: demo test install sanitize bench system-deps deps test-cpp test-python build-cpp clean
+
+demo: install
+	$(PY) examples/quickstart.py
+
+test: test-cpp test-python
+
+install: system-deps deps
+	$(PIP) install -q --no-build-isolation --no-deps -e .
+
+system-deps:
+	@missing=""; \
+	for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -z "$$missing" ]; then exit 0; fi; \
+	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  echo "installing Debian packages:$$missing"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	else \
+	  echo "warning: missing Debian packages:$$missing; install them (as root: make system-deps)," \
+	       "or the build skips the targets that need them"; \
+	fi
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+deps: $(DEPS_STAMP)
+
+# Install from the wheelhouse without touching the network; download only what is missing.
+$(DEPS_STAMP): $(REQUIREMENTS) | $(PY)
+	mkdir -p $(WHEELHOUSE)
+	if ! $(PIP) install -q --no-index --find-links $(WHEELHOUSE) -r $(REQUIREMENTS) 2>/dev/null; then \
+	  $(PIP) download -q -d $(WHEELHOUSE) -r $(REQUIREMENTS); \
+	  $(PIP) install -q --no-index --find-links $(WHEELHOUSE) -r $(REQUIREMENTS); \
+	fi
+	rm -f $(VENV)/.deps-*
+	touch $@
+
+# C++ tests and benchmarks live in the same build directory that setup.py configures.
+build-cpp: install
+	cmake --build $(BUILD_DIR)
+
+test-cpp: build-cpp
+	ctest --test-dir $(BUILD_DIR) --output-on-failure -j $(JOBS)
+
+test-python: install
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+	$(PY) -m pytest -q test
+
+sanitize: system-deps deps
+	for san in address thread; do \
+	  cmake -S . -B $(BUILD_DIR)-$$san -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+	        -DACCEL_SANITIZE=$$san -DACCEL_BUILD_BENCHMARKS=OFF >/dev/null; \
+	  cmake --build $(BUILD_DIR)-$$san; \
+	  echo "== runtime tests under $$san sanitizer"; \
+	  ctest --test-dir $(BUILD_DIR)-$$san --output-on-failure -j $(JOBS); \
+	done
+
+bench: build-cpp
+	mkdir -p benchmarks/results
+	$(BUILD_DIR)/runtime_bench benchmarks/results/runtime.json
+
+clean:
+	rm -rf $(BUILD_DIR) $(BUILD_DIR)-address $(BUILD_DIR)-thread torch_accel/_C*.so torch_accel/lib

@@ -1,0 +1,73 @@
+"""Build script: setuptools drives CMake, which builds the runtime library and the _C module.
+
+`pip install --no-build-isolation -e .` (what `make install` runs) configures ./build once
+with Ninja and ccache when present, then rebuilds incrementally. ACCEL_BUILD_DIR and
+ACCEL_BUILD_TYPE (Release by default) override the defaults.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+ROOT = Path(__file__).resolve().parent
+
+
+class CMakeExtension(Extension):
+    def __init__(self, name: str) -> None:
+        super().__init__(name, sources=[])
+
+
+def _cmake() -> str:
+    exe = shutil.which("cmake")
+    if exe is None:
+        sys.exit("torch_accel: cmake is needed to build (pip install cmake, or apt install cmake)")
+    return exe
+
+
+class CMakeBuild(build_ext):
+    def build_extension(self, ext: Extension) -> None:
+        import pybind11
+
+        build_dir = Path(os.environ.get("ACCEL_BUILD_DIR", ROOT / "build")).resolve()
+        build_type = os.environ.get("ACCEL_BUILD_TYPE", "Release")
+        package_dir = build_dir / "package" / "torch_accel"
+        cmake = _cmake()
+        args = [
+            f"-DCMAKE_BUILD_TYPE={build_type}",
+            "-DACCEL_BUILD_PYTHON=ON",
+            f"-DPython_EXECUTABLE={sys.executable}",
+            f"-Dpybind11_DIR={pybind11.get_cmake_dir()}",
+            f"-DACCEL_PACKAGE_DIR={package_dir}",
+        ]
+        if not (build_dir / "CMakeCache.txt").exists() and shutil.which("ninja"):
+            args += ["-G", "Ninja"]
+        subprocess.check_call([cmake, "-S", str(ROOT), "-B", str(build_dir), *args])
+        jobs = os.environ.get("CMAKE_BUILD_PARALLEL_LEVEL", str(os.cpu_count() or 2))
+        subprocess.check_call(
+            [cmake, "--build", str(build_dir), "--target", "torch_accel_python", "-j", jobs]
+        )
+
+        # The extension and the runtime library (in lib/, found through RPATH $ORIGIN/lib).
+        ext_path = Path(self.get_ext_fullpath(ext.name))
+        targets = {ext_path.parent}
+        if self.editable_mode or self.inplace:
+            targets.add(ROOT / "torch_accel")
+        built = next(package_dir.glob("_C*.so"))
+        for target in targets:
+            (target / "lib").mkdir(parents=True, exist_ok=True)
+            shutil.copy2(built, target / ext_path.name)
+            for lib in (package_dir / "lib").glob("*.so"):
+                shutil.copy2(lib, target / "lib" / lib.name)
+
+
+setup(
+    ext_modules=[CMakeExtension("torch_accel._C")],
+    cmdclass={"build_ext": CMakeBuild},
+)

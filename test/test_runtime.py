@@ -1,0 +1,235 @@
+"""The runtime seen from Python: import, devices, streams, events, memory, errors."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import torch_accel
+from torch_accel import _C
+from torch_accel._C import _rt
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_import_reports_version_and_devices():
+    assert torch_accel.__version__ == torch_accel.runtime_version() == "0.1.0"
+    assert torch_accel.device_count() == 2
+    assert torch_accel.is_available()
+    assert torch_accel.driver() == "host"
+    assert torch_accel.init_error() == ""
+    props = torch_accel.get_device_properties(1)
+    assert props["name"] == "accel host device 1"
+    assert props["total_memory"] == 4 << 30
+    assert props["driver"] == "host"
+    assert props["compute_units"] >= 1
+    free, total = _C.mem_get_info(0)
+    assert total == 4 << 30 and 0 <= free <= total
+
+
+def test_device_buffer_round_trip_on_two_streams_with_timing():
+    n = 100_000
+    data = [np.arange(n, dtype=np.float32) * (i + 1) for i in range(2)]
+    streams = [_rt.Stream(), _rt.Stream(device=0, priority=-1)]
+    assert streams[1].priority == -1
+    results = []
+    for stream, x_host in zip(streams, data, strict=True):
+        x = _rt.DeviceBuffer(x_host.nbytes, stream=stream)
+        y = _rt.DeviceBuffer(x_host.nbytes, stream=stream)
+        start, end = _rt.Event(enable_timing=True), _rt.Event(enable_timing=True)
+        start.record(stream)
+        x.copy_from_host(x_host, stream=stream, non_blocking=True)
+        y.copy_from_host(np.ones(n, dtype=np.float32), stream=stream, non_blocking=True)
+        _rt.axpy(3.0, x, y, stream=stream)
+        end.record(stream)
+        results.append((stream, y, start, end))
+    for (stream, y, start, end), x_host in zip(results, data, strict=True):
+        stream.synchronize()
+        assert stream.query()
+        out = np.empty(n, dtype=np.float32)
+        y.copy_to_host(out, stream=stream)
+        np.testing.assert_array_equal(out, 3.0 * x_host + 1.0)
+        assert end.query()
+        assert start.elapsed_time(end) >= 0.0
+
+
+def test_events_order_streams():
+    producer, consumer = _rt.Stream(), _rt.Stream()
+    x = _rt.DeviceBuffer(4 * 1000, stream=producer)
+    y = _rt.DeviceBuffer(4 * 1000, stream=producer)
+    x.copy_from_host(np.full(1000, 2.0, dtype=np.float32), stream=producer)
+    y.copy_from_host(np.zeros(1000, dtype=np.float32), stream=producer)
+    ready = _rt.Event()
+    _rt.axpy(1.0, x, y, stream=producer)
+    ready.record(producer)
+    ready.wait(consumer)
+    _rt.axpy(1.0, x, y, stream=consumer)  # must see the producer's result
+    out = np.empty(1000, dtype=np.float32)
+    y.copy_to_host(out, stream=consumer)
+    np.testing.assert_array_equal(out, np.full(1000, 4.0, dtype=np.float32))
+
+
+def test_memory_stats_use_cuda_keys():
+    _C.synchronize(1)
+    _C.empty_cache(1)
+    _C.reset_peak_memory_stats(1)
+    stream = _rt.Stream(device=1)
+    buf = _rt.DeviceBuffer(1000, stream=stream)
+    stats = _C.memory_stats(1)
+    assert stats["allocated_bytes.all.current"] == 1024
+    assert stats["requested_bytes.all.current"] == 1000
+    assert stats["reserved_bytes.small_pool.current"] == 2 << 20
+    assert stats["allocation.all.current"] == 1
+    assert stats["num_ooms"] == 0
+    # The flat key set of torch.cuda.memory_stats (its documented families and pools).
+    families = [
+        "allocation",
+        "segment",
+        "active",
+        "inactive_split",
+        "allocated_bytes",
+        "reserved_bytes",
+        "active_bytes",
+        "inactive_split_bytes",
+        "requested_bytes",
+    ]
+    expected = {
+        f"{f}.{pool}.{metric}"
+        for f in families
+        for pool in ("all", "small_pool", "large_pool")
+        for metric in ("current", "peak", "allocated", "freed")
+    }
+    expected |= {
+        f"{f}.{metric}"
+        for f in ("oversize_allocations", "oversize_segments")
+        for metric in ("current", "peak", "allocated", "freed")
+    }
+    expected |= {
+        "num_alloc_retries",
+        "num_ooms",
+        "num_sync_all_streams",
+        "num_device_alloc",
+        "num_device_free",
+        "max_split_size",
+    }
+    assert set(stats) == expected
+    buf.free()
+    assert _C.memory_stats(1)["allocated_bytes.all.current"] == 0
+
+
+def test_out_of_memory_is_torch_out_of_memory_error_and_recoverable():
+    stream = _rt.Stream(device=1)
+    big = _rt.DeviceBuffer(3 << 30, stream=stream)
+    with pytest.raises(torch.OutOfMemoryError, match=r"tried to allocate 2\.00 GiB"):
+        _rt.DeviceBuffer(2 << 30, stream=stream)
+    del big  # freed: the device works again
+    again = _rt.DeviceBuffer(2 << 30, stream=stream)
+    assert again.nbytes == 2 << 30
+
+
+def test_bad_input_raises_and_never_crashes():
+    with pytest.raises(torch_accel.AccelError, match="invalid device index 5"):
+        _C.set_device(5)
+    with pytest.raises(torch_accel.AccelError, match="invalid device index 9"):
+        _rt.Stream(device=9)
+    with pytest.raises(torch_accel.AccelError, match="invalid device index -4"):
+        _C.get_device_properties(-4)
+    with pytest.raises(ValueError, match="nbytes must be >= 0"):
+        _rt.DeviceBuffer(-1)
+    buf = _rt.DeviceBuffer(16)
+    with pytest.raises(ValueError, match="has 8 bytes but the device buffer has 16"):
+        buf.copy_from_host(np.zeros(2, dtype=np.float32))
+    with pytest.raises(ValueError, match="not contiguous"):
+        buf.copy_from_host(np.zeros(8, dtype=np.float32)[::2])
+    with pytest.raises(BufferError, match="not writable"):
+        buf.copy_to_host(b"0123456789abcdef")
+    other = _rt.DeviceBuffer(32)
+    with pytest.raises(ValueError, match="x has 16 bytes, y has 32"):
+        _rt.axpy(1.0, buf, other)
+    with pytest.raises(ValueError, match="the buffer is on device 0 but the stream is on device 1"):
+        _rt.axpy(1.0, buf, buf, stream=_rt.Stream(device=1))
+    buf.free()
+    assert buf.freed
+    with pytest.raises(ValueError, match="already freed"):
+        buf.free()
+    with pytest.raises(ValueError, match="the buffer was freed"):
+        buf.copy_to_host(np.zeros(4, dtype=np.float32))
+    start, end = _rt.Event(), _rt.Event()
+    start.record()
+    end.record()
+    with pytest.raises(torch_accel.AccelError, match="created without timing"):
+        start.elapsed_time(end)
+    # The device is still fine.
+    ok = _rt.DeviceBuffer(8)
+    ok.copy_from_host(np.ones(2, dtype=np.float32))
+    out = np.zeros(2, dtype=np.float32)
+    ok.copy_to_host(out)
+    np.testing.assert_array_equal(out, np.ones(2, dtype=np.float32))
+
+
+def test_environment_configures_devices(run_python):
+    code = (
+        "import torch_accel as t; print(t.device_count(), "
+        "t.get_device_properties(2)['total_memory'])"
+    )
+    result = run_python(code, ACCEL_HOST_DEVICES="3", ACCEL_HOST_MEMORY="256M")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["3", str(256 << 20)]
+
+
+def test_unusable_driver_leaves_import_working(run_python):
+    code = """
+import torch_accel as t
+print(t.is_available(), t.device_count())
+print(t.init_error())
+try:
+    t.driver()
+except t.AccelError as e:
+    print("raised:", e)
+"""
+    result = run_python(code, ACCEL_DRIVER="bogus")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0] == "False 0"
+    assert "ACCEL_DRIVER=bogus" in lines[1] and "libaccel_driver_bogus.so" in lines[1]
+    assert lines[2].startswith("raised: the accel runtime failed to start")
+
+
+def _child_uses_runtime(queue) -> None:
+    try:
+        _rt.DeviceBuffer(16)
+        queue.put("no error")
+    except torch_accel.AccelError as e:
+        queue.put(str(e))
+
+
+def test_forked_child_gets_a_clear_error():
+    _rt.DeviceBuffer(16)  # the parent has started the runtime
+    ctx = mp.get_context("fork")
+    queue = ctx.Queue()
+    child = ctx.Process(target=_child_uses_runtime, args=(queue,))
+    child.start()
+    message = queue.get(timeout=60)
+    child.join(timeout=60)
+    assert child.exitcode == 0
+    assert "forked after the parent started it" in message
+    assert "'spawn'" in message
+    assert not _C.in_bad_fork()  # the parent is unaffected
+
+
+def test_quickstart_example_runs():
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "quickstart.py")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.strip().endswith("OK")
+    assert "stream 1: copy in + 10 x axpy" in result.stdout

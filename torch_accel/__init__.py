@@ -1,0 +1,76 @@
+"""torch_accel: an out-of-tree PyTorch device backend named ``accel``.
+
+This release provides the torch-free runtime underneath the backend and its Python
+bindings: ``import torch_accel`` loads the runtime and reports its version and devices.
+The PyTorch device itself (tensors on ``torch.device("accel")``, ``torch.accel``) is not
+registered yet; see README.md for what is done and what is next.
+"""
+
+from __future__ import annotations
+
+import torch
+
+_MIN_TORCH = (2, 11)
+
+
+def _torch_version(text: str) -> tuple[int, int]:
+    parts = text.split("+")[0].split(".")
+    try:
+        return int(parts[0]), int(parts[1])
+    except (IndexError, ValueError):
+        return (0, 0)
+
+
+if _torch_version(torch.__version__) < _MIN_TORCH:
+    raise ImportError(
+        f"torch_accel needs torch>={_MIN_TORCH[0]}.{_MIN_TORCH[1]}, but torch "
+        f"{torch.__version__} is installed; upgrade torch (pip install 'torch>=2.11')"
+    )
+
+from torch_accel import _C  # noqa: E402  (after the version check, on purpose)
+
+__version__: str = _C.__version__
+AccelError = _C.AccelError
+CaptureError = _C.CaptureError
+
+__all__ = [
+    "AccelError",
+    "CaptureError",
+    "__version__",
+    "device_count",
+    "driver",
+    "get_device_properties",
+    "init_error",
+    "is_available",
+    "runtime_version",
+]
+
+
+def runtime_version() -> str:
+    """The version of the accel runtime library this package loaded."""
+    return _C.runtime_version()
+
+
+def device_count() -> int:
+    """Number of accel devices; 0 when the runtime cannot start (see :func:`init_error`)."""
+    return _C.device_count()
+
+
+def is_available() -> bool:
+    """True when the runtime started and has at least one device."""
+    return _C.is_available()
+
+
+def init_error() -> str:
+    """Why the runtime could not start, or ``""``."""
+    return _C.init_error()
+
+
+def driver() -> str:
+    """The driver running the devices: ``"host"``, ``"cuda"`` or ``"level_zero"``."""
+    return _C.driver_name()
+
+
+def get_device_properties(device: int | None = None) -> dict[str, object]:
+    """Name, driver, total memory, compute units and capability of a device."""
+    return _C.get_device_properties(device)
