@@ -86,9 +86,7 @@ void graph_destroy(Graph graph) {
   {
     std::lock_guard<std::mutex> lock(g.m);
     reset_locked(rt, g);
-    g.live.store(false, std::memory_order_release);
-    uint32_t gen = g.generation.fetch_add(1) + 1;
-    if (gen == 0) g.generation.store(1);
+    g.retire();
   }
   rt.graphs.release(g.slot);
 }

@@ -102,26 +102,48 @@ class SlotTable {
 
 struct CaptureState;
 
-struct StreamObj {
-  int device = 0;
+// A runtime object addressed by a checked handle: its slot in a SlotTable and a generation
+// that changes when the object is destroyed, so that stale handles are detected.
+struct Slotted {
   uint32_t slot = 0;
-  std::atomic<uint32_t> generation{0};
+  std::atomic<uint32_t> generation{1};
   std::atomic<bool> live{false};
+
+  bool matches(uint32_t gen) const noexcept {
+    return live.load(std::memory_order_acquire) &&
+           generation.load(std::memory_order_acquire) == gen;
+  }
+  uint64_t handle_bits() const noexcept { return (uint64_t{slot} << 32) | generation.load(); }
+  // Invalidates every handle to the object; the slot may then be recycled.
+  void retire() noexcept {
+    live.store(false, std::memory_order_release);
+    if (generation.fetch_add(1, std::memory_order_acq_rel) + 1 == 0) generation.store(1);
+  }
+};
+
+// The live object `table` holds for (slot, generation), or InvalidHandleError naming the call,
+// the handle (`describe()` runs only on failure) and its kind ("stream", "event", "graph").
+template <class T, class Describe>
+T& checked(const SlotTable<T>& table, uint32_t slot, uint32_t gen, const char* call,
+           const char* kind, Describe&& describe) {
+  T* obj = table.get(slot);
+  ACCEL_RT_CHECK(obj != nullptr && obj->matches(gen), InvalidHandleError, call, ": ", describe(),
+                 obj != nullptr ? " was destroyed" : std::string(" is not a valid ") + kind);
+  return *obj;
+}
+
+struct StreamObj : Slotted {
+  int device = 0;
   int priority = 0;
   bool pooled = false;
   DriverStream ds = nullptr;
   std::atomic<bool> capturing{false};  // fast check; details under Runtime::capture_mutex
   CaptureState* capture = nullptr;     // under Runtime::capture_mutex
 
-  Stream handle() const noexcept {
-    return Stream::from_id(device, (uint64_t{slot} << 32) | generation.load());
-  }
+  Stream handle() const noexcept { return Stream::from_id(device, handle_bits()); }
 };
 
-struct EventObj {
-  uint32_t slot = 0;
-  std::atomic<uint32_t> generation{1};
-  std::atomic<bool> live{false};
+struct EventObj : Slotted {
   int device = 0;
   bool timing = false;
   DriverEvent de = nullptr;
@@ -129,9 +151,7 @@ struct EventObj {
   // The capture this event was last recorded in (0: last recorded eagerly).
   std::atomic<uint64_t> capture_id{0};
 
-  Event handle() const noexcept {
-    return Event::from_bits((uint64_t{slot} << 32) | generation.load());
-  }
+  Event handle() const noexcept { return Event::from_bits(handle_bits()); }
 };
 
 struct CaptureState {
@@ -145,7 +165,7 @@ struct CaptureState {
   std::string invalidated;          // why the capture was invalidated ("" while valid)
 };
 
-struct GraphObj {
+struct GraphObj : Slotted {
   enum class State { Empty, Capturing, Captured };
   std::mutex m;
   State state = State::Empty;
@@ -157,12 +177,7 @@ struct GraphObj {
   DriverGraphExec exec = nullptr;
   std::size_t nodes = 0;
 
-  uint32_t slot = 0;
-  std::atomic<uint32_t> generation{1};
-  std::atomic<bool> live{false};
-  Graph handle() const noexcept {
-    return Graph::from_bits((uint64_t{slot} << 32) | generation.load());
-  }
+  Graph handle() const noexcept { return Graph::from_bits(handle_bits()); }
 };
 
 inline constexpr int kPoolStreamsPerPriority = 32;
@@ -227,6 +242,9 @@ class Runtime {
 
   // Synchronizes every stream of a device (skipping capturing ones when told to).
   void synchronize_streams(int device, bool skip_capturing);
+
+  // A live stream object: recycled for stream_create (same priority) unless pooled.
+  StreamObj* acquire_stream(int device, int priority, bool pooled);
 
   DriverEvent pool_event(int device);
   void return_event(int device, DriverEvent ev);

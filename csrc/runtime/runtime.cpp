@@ -218,17 +218,10 @@ void Runtime::start() {
     auto ds = std::make_unique<DeviceState>();
     ds->index = i;
     ds->allocator = std::make_unique<CachingAllocator>(*this, i);
-    StreamObj* def = ds->streams.acquire([](StreamObj&) { return false; },
-                                         [&](uint32_t slot) {
-                                           auto* s = new StreamObj;
-                                           s->device = i;
-                                           s->slot = slot;
-                                           s->ds = driver->stream_create(i, 0);
-                                           return s;
-                                         });
-    def->generation.store(0);  // the default stream's id is 0
-    def->live.store(true);
     devices.push_back(std::move(ds));
+    // Slot 0; never released, so never recycled. Its generation 0 makes its id 0.
+    StreamObj* def = acquire_stream(i, 0, /*pooled=*/false);
+    def->generation.store(0);
   }
   host_allocator = std::make_unique<HostCachingAllocator>(*this);
 }
@@ -302,30 +295,42 @@ StreamObj& Runtime::stream(Stream s, const char* call) {
   const int dev = s.device();
   ACCEL_RT_CHECK(dev < num_devices, InvalidHandleError, call, ": ", describe(s),
                  " is not a valid stream: device ", dev, " does not exist");
-  StreamObj* obj = devices[dev]->streams.get(s.slot());
-  ACCEL_RT_CHECK(obj != nullptr && obj->live.load(std::memory_order_acquire) &&
-                     obj->generation.load(std::memory_order_acquire) == s.generation(),
-                 InvalidHandleError, call, ": ", describe(s),
-                 obj != nullptr ? " was destroyed" : " is not a valid stream");
-  return *obj;
+  return checked(devices[dev]->streams, s.slot(), s.generation(), call, "stream",
+                 [&] { return describe(s); });
 }
 
+namespace {
+std::string describe_handle(const char* kind, uint64_t bits) {
+  std::ostringstream os;
+  os << kind << " 0x" << std::hex << bits;
+  return os.str();
+}
+}  // namespace
+
 EventObj& Runtime::event(Event e, const char* call) {
-  EventObj* obj = events.get(e.slot());
-  ACCEL_RT_CHECK(obj != nullptr && obj->live.load(std::memory_order_acquire) &&
-                     obj->generation.load(std::memory_order_acquire) == e.generation(),
-                 InvalidHandleError, call, ": event 0x", std::hex, e.bits(), std::dec,
-                 obj != nullptr ? " was destroyed" : " is not a valid event");
-  return *obj;
+  return checked(events, e.slot(), e.generation(), call, "event",
+                 [&] { return describe_handle("event", e.bits()); });
 }
 
 GraphObj& Runtime::graph(Graph g, const char* call) {
-  GraphObj* obj = graphs.get(g.slot());
-  ACCEL_RT_CHECK(obj != nullptr && obj->live.load(std::memory_order_acquire) &&
-                     obj->generation.load(std::memory_order_acquire) == g.generation(),
-                 InvalidHandleError, call, ": graph 0x", std::hex, g.bits(), std::dec,
-                 obj != nullptr ? " was destroyed" : " is not a valid graph");
-  return *obj;
+  return checked(graphs, g.slot(), g.generation(), call, "graph",
+                 [&] { return describe_handle("graph", g.bits()); });
+}
+
+StreamObj* Runtime::acquire_stream(int device, int priority, bool pooled) {
+  StreamObj* obj = devices[device]->streams.acquire(
+      [&](StreamObj& s) { return !pooled && !s.pooled && s.priority == priority; },
+      [&](uint32_t slot) {
+        auto* s = new StreamObj;
+        s->device = device;
+        s->slot = slot;
+        s->priority = priority;
+        s->pooled = pooled;
+        s->ds = driver->stream_create(device, priority);
+        return s;
+      });
+  obj->live.store(true, std::memory_order_release);
+  return obj;
 }
 
 StreamObj& Runtime::current_stream_obj(int device) {
@@ -543,19 +548,7 @@ Stream default_stream(int device) {
 Stream stream_create(int device, int priority) {
   Runtime& rt = Runtime::get();
   const int d = rt.resolve_device(device, "stream_create");
-  const int p = clamp_priority(rt, priority);
-  StreamObj* obj =
-      rt.devices[d]->streams.acquire([&](StreamObj& s) { return !s.pooled && s.priority == p; },
-                                     [&](uint32_t slot) {
-                                       auto* s = new StreamObj;
-                                       s->device = d;
-                                       s->slot = slot;
-                                       s->priority = p;
-                                       s->generation.store(1);
-                                       s->ds = rt.driver->stream_create(d, p);
-                                       return s;
-                                     });
-  obj->live.store(true, std::memory_order_release);
+  StreamObj* obj = rt.acquire_stream(d, clamp_priority(rt, priority), /*pooled=*/false);
   return obj->handle();
 }
 
@@ -576,9 +569,7 @@ void stream_destroy(Stream stream) {
   }
   // The driver stream is kept for reuse by a later stream_create: a racing user of the stale
   // handle can then never touch freed memory.
-  s.live.store(false, std::memory_order_release);
-  s.generation.fetch_add(1, std::memory_order_acq_rel);
-  if (s.generation.load() == 0) s.generation.store(1);
+  s.retire();
   rt.devices[s.device]->streams.release(s.slot);
   ACCEL_RT_CHECK(failure.empty(), TaskError, "stream_destroy: ", failure);
 }
@@ -595,18 +586,7 @@ Stream stream_from_pool(int device, int priority) {
     std::lock_guard<std::mutex> lock(ds.pool_mutex);
     obj = ds.pool[level][idx].load();
     if (obj == nullptr) {
-      obj = ds.streams.acquire([](StreamObj&) { return false; },
-                               [&](uint32_t slot) {
-                                 auto* s = new StreamObj;
-                                 s->device = d;
-                                 s->slot = slot;
-                                 s->priority = p;
-                                 s->pooled = true;
-                                 s->generation.store(1);
-                                 s->ds = rt.driver->stream_create(d, p);
-                                 return s;
-                               });
-      obj->live.store(true, std::memory_order_release);
+      obj = rt.acquire_stream(d, p, /*pooled=*/true);
       ds.pool[level][idx].store(obj, std::memory_order_release);
     }
   }
@@ -684,9 +664,7 @@ Event event_create(int device, bool enable_timing) {
 void event_destroy(Event event) {
   Runtime& rt = Runtime::get();
   detail::EventObj& e = rt.event(event, "event_destroy");
-  e.live.store(false, std::memory_order_release);
-  uint32_t g = e.generation.fetch_add(1) + 1;
-  if (g == 0) e.generation.store(1);
+  e.retire();
   rt.events.release(e.slot);
 }
 
