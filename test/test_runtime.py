@@ -202,6 +202,8 @@ except t.AccelError as e:
 
 
 def _child_uses_runtime(queue) -> None:
+    # Queries that cannot block answer; everything that needs the runtime refuses.
+    queue.put((_C.in_bad_fork(), torch_accel.device_count()))
     try:
         _rt.DeviceBuffer(16)
         queue.put("no error")
@@ -215,6 +217,7 @@ def test_forked_child_gets_a_clear_error():
     queue = ctx.Queue()
     child = ctx.Process(target=_child_uses_runtime, args=(queue,))
     child.start()
+    assert queue.get(timeout=60) == (True, 2)
     message = queue.get(timeout=60)
     child.join(timeout=60)
     assert child.exitcode == 0

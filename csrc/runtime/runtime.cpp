@@ -255,6 +255,8 @@ Runtime& Runtime::get() {
 }
 
 Runtime* Runtime::get_if_initialized() noexcept {
+  // In a forked child the runtime's locks may be held by threads that do not exist there.
+  if (g_bad_fork.load(std::memory_order_relaxed)) return nullptr;
   return g_runtime.load(std::memory_order_acquire);
 }
 
@@ -449,7 +451,8 @@ bool in_bad_fork() noexcept {
 
 int device_count_noexcept() noexcept {
   try {
-    if (Runtime* rt = Runtime::get_if_initialized()) return rt->num_devices;
+    // The count stays known in a forked child (like torch.cuda.device_count).
+    if (Runtime* rt = detail::g_runtime.load(std::memory_order_acquire)) return rt->num_devices;
     return Runtime::get().num_devices;
   } catch (...) {
     return 0;
