@@ -418,15 +418,13 @@ bool CachingAllocator::free(void* ptr) {
     free_block(b);
     return true;
   }
-  if (rt_.devices[device_]->captures.load() > 0) {
-    // Recording events on a capturing stream would put them into the graph: wait until the
-    // capture ends (capture_ended) before recording them.
-    for (Stream s : b->stream_uses) {
-      StreamObj* obj = rt_.devices[s.device()]->streams.get(s.slot());
-      if (obj != nullptr && obj->capturing.load()) {
-        deferred_frees_.push_back(b);
-        return true;
-      }
+  // Recording an event on a capturing stream (of any device) would put it into the graph:
+  // such frees wait until the capture ends (capture_ended) before their events are recorded.
+  for (Stream s : b->stream_uses) {
+    StreamObj* obj = rt_.devices[s.device()]->streams.get(s.slot());
+    if (obj != nullptr && obj->capturing.load(std::memory_order_acquire)) {
+      deferred_frees_.push_back(b);
+      return true;
     }
   }
   insert_events(b);

@@ -67,7 +67,7 @@ class CachingAllocator {
   // Graph pools.
   void use_pool(PoolId id);      // a capture or graph holds the pool
   void release_pool(PoolId id);  // ... and lets it go
-  void capture_ended();          // processes frees deferred while capturing
+  void capture_ended();          // processes frees deferred while a used stream was capturing
 
   // History.
   void set_history(bool enabled, ContextRecorder recorder, std::size_t max_entries);

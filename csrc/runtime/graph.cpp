@@ -35,7 +35,8 @@ DriverGraph finish_capture(Runtime& rt, GraphObj& g, std::exception_ptr& driver_
     rt.devices[cs.device]->captures.fetch_sub(1);
     invalidated = cs.invalidated;
   }
-  rt.devices[cs.device]->allocator->capture_ended();
+  // Blocks of any device may have waited for this capture's streams (record_stream).
+  for (auto& device : rt.devices) device->allocator->capture_ended();
   g.capture.reset();
   return dg;
 }

@@ -433,6 +433,26 @@ TEST_F(GraphTest, FreeOfAStreamUsedBlockDuringCaptureWaitsForTheCaptureToEnd) {
   stream_destroy(user);
 }
 
+TEST_F(GraphTest, BlocksOfOtherDevicesUsedByTheCapturingStreamAlsoWait) {
+  Stream user = stream_create(1);
+  void* p = malloc(4096, user);  // device 1 memory, also used by s_ on device 0
+  record_stream(p, s_);
+  graph_capture_begin(g_, s_);
+  const DeviceStats before = memory_stats(1);
+  free(p);
+  EXPECT_EQ(memory_stats(1).active[kAggregate].current, before.active[kAggregate].current);
+  void* other = malloc(4096, user);
+  EXPECT_NE(other, p);  // not reusable while s_ captures
+  free(other);
+  launch_host_func(s_, [] {});
+  graph_capture_end(g_);
+  stream_synchronize(s_);
+  void* q = malloc(4096, user);
+  EXPECT_EQ(q, p);
+  free(q);
+  stream_destroy(user);
+}
+
 TEST_F(GraphTest, DestroyingAGraphMidCaptureEndsTheCapture) {
   Graph g = graph_create();
   Stream s = stream_create(0);

@@ -192,6 +192,12 @@ struct HostStream {
 
   void submit(Task task) {
     std::unique_lock<std::mutex> lock(m);
+    enqueue_locked(std::move(task), lock);
+  }
+
+  // Records, runs inline or queues `task`; `lock` holds m and is released. Callers that
+  // decided something under m (an event version) enqueue without letting go of it in between.
+  void enqueue_locked(Task task, std::unique_lock<std::mutex>& lock) {
     if (record_if_capturing(task)) return;
     if (blocking) {
       lock.unlock();
@@ -576,8 +582,7 @@ class HostDriver final : public Driver {
       ev->capture.reset();
       ev->capture_frontier.clear();
     }
-    slock.unlock();
-    s->submit(Task([ev = std::move(ev), version] { ev->complete(version); }));
+    s->enqueue_locked(Task([ev = std::move(ev), version] { ev->complete(version); }), slock);
   }
 
   void stream_wait_event(DriverStream stream, DriverEvent event) override {
@@ -616,8 +621,7 @@ class HostDriver final : public Driver {
       return;
     }
     if (done || version == 0) return;
-    slock.unlock();
-    s->submit(Task([ev = std::move(ev), version] { ev->wait_for(version); }));
+    s->enqueue_locked(Task([ev = std::move(ev), version] { ev->wait_for(version); }), slock);
   }
 
   bool event_query(DriverEvent event) override {
