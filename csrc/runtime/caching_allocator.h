@@ -135,6 +135,7 @@ class HostCachingAllocator {
   void empty_cache();
   HostStats stats();
   void reset_peak_stats();
+  void reset_accumulated_stats();
 
  private:
   struct HBlock {

@@ -156,6 +156,15 @@ HostStats HostCachingAllocator::stats() {
   return stats_;
 }
 
+void HostCachingAllocator::reset_accumulated_stats() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (Stat* s : {&stats_.allocation, &stats_.segment, &stats_.allocated_bytes,
+                  &stats_.reserved_bytes}) {
+    s->allocated = s->freed = 0;
+  }
+  stats_.num_host_alloc = stats_.num_host_free = 0;
+}
+
 void HostCachingAllocator::reset_peak_stats() {
   std::lock_guard<std::mutex> lock(mutex_);
   for (Stat* s :

@@ -208,6 +208,9 @@ HostStats host_memory_stats() {
 void host_reset_peak_stats() {
   Runtime::get().host_allocator->reset_peak_stats();
 }
+void host_reset_accumulated_stats() {
+  Runtime::get().host_allocator->reset_accumulated_stats();
+}
 
 // --- copies -------------------------------------------------------------------------------
 

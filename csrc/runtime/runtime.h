@@ -90,6 +90,7 @@ ACCEL_RT_API bool is_pinned(const void* ptr) noexcept;
 ACCEL_RT_API void host_empty_cache();
 ACCEL_RT_API HostStats host_memory_stats();
 ACCEL_RT_API void host_reset_peak_stats();
+ACCEL_RT_API void host_reset_accumulated_stats();
 
 // --- copies -------------------------------------------------------------------------------
 // Synchronous: ordered on the current stream of the device involved, returns when done.

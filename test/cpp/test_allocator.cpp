@@ -351,6 +351,10 @@ TEST(PinnedMemory, AllocateQueryFree) {
   host_free(p);
   host_empty_cache();
   EXPECT_EQ(host_memory_stats().reserved_bytes.current, 0);
+  EXPECT_GT(host_memory_stats().allocation.allocated, 0);
+  host_reset_accumulated_stats();
+  EXPECT_EQ(host_memory_stats().allocation.allocated, 0);
+  EXPECT_EQ(host_memory_stats().num_host_alloc, 0);
   EXPECT_EQ(host_malloc(0), nullptr);
 }
 
