@@ -7,6 +7,7 @@ ACCEL_BUILD_TYPE (Release by default) override the defaults.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -33,7 +34,12 @@ def _cmake() -> str:
 
 class CMakeBuild(build_ext):
     def build_extension(self, ext: Extension) -> None:
-        import pybind11
+        # Locate torch without importing it: importing would autoload the installed
+        # torch_accel, which is what is being rebuilt.
+        spec = importlib.util.find_spec("torch")
+        if spec is None or spec.origin is None:
+            sys.exit("torch_accel: torch is needed to build (pip install 'torch>=2.11')")
+        torch_dir = Path(spec.origin).parent
 
         build_dir = Path(os.environ.get("ACCEL_BUILD_DIR", ROOT / "build")).resolve()
         build_type = os.environ.get("ACCEL_BUILD_TYPE", "Release")
@@ -43,7 +49,7 @@ class CMakeBuild(build_ext):
             f"-DCMAKE_BUILD_TYPE={build_type}",
             "-DACCEL_BUILD_PYTHON=ON",
             f"-DPython_EXECUTABLE={sys.executable}",
-            f"-Dpybind11_DIR={pybind11.get_cmake_dir()}",
+            f"-DACCEL_TORCH_DIR={torch_dir}",
             f"-DACCEL_PACKAGE_DIR={package_dir}",
         ]
         if not (build_dir / "CMakeCache.txt").exists() and shutil.which("ninja"):

@@ -1,20 +1,44 @@
-"""Shared pytest set-up: every test process starts from the default runtime configuration."""
+"""Shared pytest set-up for the accel test suites.
+
+Every test process starts from the default runtime configuration (no ACCEL_* variables), and the
+CPU fallback is silent unless a test asks otherwise (tests that check warnings set the mode).
+"""
 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+from collections.abc import Iterator
 
 import pytest
 
 for _name in [n for n in os.environ if n.startswith("ACCEL_")]:
     del os.environ[_name]
 
+import torch_accel  # noqa: E402  (after the environment is cleaned)
+
+
+@pytest.fixture(autouse=True)
+def _silent_fallback() -> Iterator[None]:
+    torch_accel._C._set_fallback_mode("silent")
+    yield
+    torch_accel._C._set_fallback_mode("silent")
+
+
+@pytest.fixture
+def fallback_mode() -> Iterator[object]:
+    """Sets the CPU fallback mode for one test: fallback_mode("warn")."""
+
+    def set_mode(mode: str) -> None:
+        torch_accel._C._set_fallback_mode(mode)
+
+    yield set_mode
+
 
 @pytest.fixture
 def run_python():
     """Runs a Python snippet in a fresh interpreter with extra environment variables."""
-    import subprocess
-    import sys
 
     def run(code: str, **env: str) -> subprocess.CompletedProcess[str]:
         full_env = {k: v for k, v in os.environ.items() if not k.startswith("ACCEL_")}
@@ -24,7 +48,7 @@ def run_python():
             env=full_env,
             capture_output=True,
             text=True,
-            timeout=120,
+            timeout=300,
         )
 
     return run

@@ -79,6 +79,7 @@ def test_memory_stats_use_cuda_keys():
     _C.synchronize(1)
     _C.empty_cache(1)
     _C.reset_peak_memory_stats(1)
+    _C.reset_accumulated_memory_stats(1)
     stream = _rt.Stream(device=1)
     buf = _rt.DeviceBuffer(1000, stream=stream)
     stats = _C.memory_stats(1)

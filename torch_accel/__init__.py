@@ -1,12 +1,15 @@
 """torch_accel: an out-of-tree PyTorch device backend named ``accel``.
 
-This release provides the torch-free runtime underneath the backend and its Python
-bindings: ``import torch_accel`` loads the runtime and reports its version and devices.
-The PyTorch device itself (tensors on ``torch.device("accel")``, ``torch.accel``) is not
-registered yet; see README.md for what is done and what is next.
+``import torch_accel`` (or a plain ``import torch``, through the ``torch.backends`` entry point)
+renames PyTorch's PrivateUse1 device to ``accel``, registers the ``torch.accel`` module and adds
+``Tensor.accel()``, ``Tensor.is_accel``, ``Module.accel()`` and the storage and PackedSequence
+methods. Tensors then live on ``torch.device("accel")``; operators without an accel kernel run
+through a visible CPU fallback (``torch.accel.fallback_stats()``).
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 
@@ -32,6 +35,32 @@ from torch_accel import _C  # noqa: E402  (after the version check, on purpose)
 __version__: str = _C.__version__
 AccelError = _C.AccelError
 CaptureError = _C.CaptureError
+
+
+def _register() -> None:
+    """Registers the accel device with PyTorch once per process (idempotent)."""
+    if getattr(torch, "accel", None) is not None:
+        return
+    try:
+        torch.utils.rename_privateuse1_backend("accel")
+    except RuntimeError as e:
+        raise ImportError(
+            "torch_accel cannot register the 'accel' device: PyTorch's PrivateUse1 device is "
+            f"already taken by another backend in this process ({e})"
+        ) from e
+    mode = os.environ.get("ACCEL_FALLBACK", "")
+    if mode not in ("", "warn", "silent", "error"):
+        raise ImportError(f"ACCEL_FALLBACK={mode!r} is not one of 'warn', 'silent', 'error'")
+
+    from torch_accel import accel
+
+    torch._register_device_module("accel", accel)
+    torch.utils.generate_methods_for_privateuse1_backend(
+        for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=True
+    )
+
+
+_register()
 
 __all__ = [
     "AccelError",

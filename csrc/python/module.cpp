@@ -11,7 +11,10 @@
 #include <optional>
 #include <string>
 
+#include <c10/util/Exception.h>
+
 #include "kernels/host/blas1.h"
+#include "python/bindings.h"
 #include "runtime/runtime.h"
 
 namespace py = pybind11;
@@ -286,8 +289,16 @@ PYBIND11_MODULE(_C, m) {
       PyErr_SetString(g_capture_error, e.what());
     } catch (const rt::Error& e) {
       PyErr_SetString(g_accel_error, e.what());
+    } catch (const c10::OutOfMemoryError& e) {
+      py::object oom = py::module_::import("torch").attr("OutOfMemoryError");
+      PyErr_SetString(oom.ptr(), e.what_without_backtrace());
+    } catch (const c10::NotImplementedError& e) {
+      PyErr_SetString(PyExc_NotImplementedError, e.what_without_backtrace());
+    } catch (const c10::Error& e) {
+      PyErr_SetString(PyExc_RuntimeError, e.what_without_backtrace());
     }
   });
+  accel::python::init_torch_bindings(m);
 
   m.def("runtime_version", [] { return std::string(rt::version()); });
   m.def("device_count", &rt::device_count_noexcept,
@@ -324,6 +335,10 @@ PYBIND11_MODULE(_C, m) {
   m.def(
       "empty_cache", [](std::optional<int> d) { rt::empty_cache(d.value_or(-1)); },
       py::arg("device") = py::none(), py::call_guard<py::gil_scoped_release>());
+  m.def(
+      "reset_accumulated_memory_stats",
+      [](std::optional<int> d) { rt::reset_accumulated_memory_stats(d.value_or(-1)); },
+      py::arg("device") = py::none());
   m.def(
       "reset_peak_memory_stats",
       [](std::optional<int> d) { rt::reset_peak_memory_stats(d.value_or(-1)); },

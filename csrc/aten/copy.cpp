@@ -1,0 +1,250 @@
+// Copies between the host and accel devices, within and across devices, with broadcasting and
+// dtype conversion; fill_, zero_ and _local_scalar_dense (Tensor.item()).
+//
+// Fast path: when both sides have the same dtype and the same dense memory layout, one runtime
+// memcpy on the current stream moves the bytes. Otherwise the conversion runs as a CPU kernel:
+// on the host side for host<->device copies, and as a stream task over device memory for copies
+// within accel (the host driver's device memory is host memory).
+//
+// Blocking behaviour follows CUDA: with non_blocking=False a copy has completed when copy_
+// returns; with non_blocking=True a copy from or to pinned memory is only enqueued.
+#include <ATen/MemoryOverlap.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/_local_scalar_dense.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_strided.h>
+#include <ATen/ops/resize.h>
+#include <c10/core/DeviceGuard.h>
+#include <torch/library.h>
+
+#include "aten/device_kernel.h"
+#include "device/common.h"
+
+namespace accel::aten {
+namespace {
+
+using device::kAccel;
+
+bool is_accel(const at::Tensor& t) {
+  return t.device().type() == kAccel;
+}
+
+// Same dtype, same lazy bits and the same dense memory layout: the bytes can be copied as is.
+bool same_bytes(const at::Tensor& a, const at::Tensor& b) {
+  if (a.scalar_type() != b.scalar_type() || a.is_conj() != b.is_conj() ||
+      a.is_neg() != b.is_neg()) {
+    return false;
+  }
+  if (a.is_contiguous() && b.is_contiguous()) return true;
+  return a.is_non_overlapping_and_dense() && b.is_non_overlapping_and_dense() &&
+         a.strides() == b.strides();
+}
+
+size_t nbytes_of(const at::Tensor& t) {
+  return static_cast<size_t>(t.numel()) * t.itemsize();
+}
+
+// A CPU tensor with the dtype, lazy bits and dense layout of `like` (dense `like` only).
+at::Tensor cpu_like(const at::Tensor& like, bool pinned = false) {
+  at::Tensor t =
+      at::empty_strided(like.sizes(), like.strides(),
+                        at::TensorOptions().dtype(like.scalar_type()).pinned_memory(pinned));
+  if (like.is_conj()) t._set_conj(true);
+  if (like.is_neg()) t._set_neg(true);
+  return t;
+}
+
+// An accel tensor on `device` with the dtype and lazy bits of `like`, contiguous.
+at::Tensor accel_contiguous_like(const at::Tensor& like, c10::DeviceIndex device) {
+  at::Tensor t =
+      at::empty(like.sizes(), at::TensorOptions().dtype(like.scalar_type()).device(kAccel, device));
+  if (like.is_conj()) t._set_conj(true);
+  if (like.is_neg()) t._set_neg(true);
+  return t;
+}
+
+void memcpy_on(rt::Stream stream, void* dst, const void* src, size_t bytes, rt::CopyKind kind,
+               const char* what) {
+  device::call([&] { rt::memcpy_async(dst, src, bytes, kind, stream); }, what);
+}
+
+void synchronize(rt::Stream stream) {
+  device::call([&] { rt::stream_synchronize(stream); }, "copy_");
+}
+
+// dst and src on accel devices (possibly different ones). Runs on dst's current stream.
+void copy_within_accel(const at::Tensor& dst, const at::Tensor& src) {
+  const c10::DeviceIndex dst_dev = dst.device().index();
+  const c10::DeviceIndex src_dev = src.device().index();
+  c10::DeviceGuard guard(dst.device());
+  const rt::Stream stream = device::call([&] { return rt::current_stream(dst_dev); });
+  rt::Stream src_stream = stream;
+  if (src_dev != dst_dev) {
+    // Order the copy after the work queued on the source device, and work later queued there
+    // after the copy (so the source cannot be freed and reused while it is read).
+    src_stream = device::call([&] { return rt::current_stream(src_dev); });
+    device::call([&] {
+      const rt::Event ready = rt::event_create(src_dev);
+      rt::event_record(ready, src_stream);
+      rt::stream_wait_event(stream, ready);
+      rt::event_destroy(ready);
+    });
+  }
+  if (same_bytes(dst, src)) {
+    memcpy_on(stream, dst.data_ptr(), src.data_ptr(), nbytes_of(dst), rt::CopyKind::DeviceToDevice,
+              "copy_");
+  } else {
+    launch(dst_dev, "copy_",
+           [d = Layout::of(dst), s = Layout::of(src)] { d.cpu_view().copy_(s.cpu_view()); });
+  }
+  if (src_dev != dst_dev) {
+    device::call([&] {
+      const rt::Event done = rt::event_create(dst_dev);
+      rt::event_record(done, stream);
+      rt::stream_wait_event(src_stream, done);
+      rt::event_destroy(done);
+    });
+  }
+}
+
+void copy_host_to_accel(const at::Tensor& dst, const at::Tensor& src, bool non_blocking) {
+  c10::DeviceGuard guard(dst.device());
+  const rt::Stream stream = device::call([&] { return rt::current_stream(dst.device().index()); });
+  at::Tensor host = src;
+  if (!same_bytes(dst, src) && dst.is_non_overlapping_and_dense()) {
+    // Convert on the host into dst's exact byte layout, then move the bytes.
+    host = cpu_like(dst);
+    host.copy_(src);
+  }
+  if (same_bytes(dst, host)) {
+    memcpy_on(stream, dst.data_ptr(), host.data_ptr(), nbytes_of(dst), rt::CopyKind::HostToDevice,
+              "copy_");
+    const bool pinned = rt::is_pinned(host.data_ptr());
+    if (pinned) device::call([&] { rt::host_record_stream(host.data_ptr(), stream); });
+    if (!non_blocking || !pinned) synchronize(stream);
+    return;
+  }
+  // dst has gaps (a slice): upload contiguously, then scatter on the device.
+  at::Tensor staged = accel_contiguous_like(dst, dst.device().index());
+  copy_host_to_accel(staged, src.contiguous(), /*non_blocking=*/true);
+  copy_within_accel(dst, staged);
+  if (!non_blocking) synchronize(stream);
+}
+
+void copy_accel_to_host(const at::Tensor& dst, const at::Tensor& src, bool non_blocking) {
+  c10::DeviceGuard guard(src.device());
+  const rt::Stream stream = device::call([&] { return rt::current_stream(src.device().index()); });
+  if (same_bytes(dst, src)) {
+    const bool pinned = rt::is_pinned(dst.data_ptr());
+    memcpy_on(stream, dst.data_ptr(), src.data_ptr(), nbytes_of(dst), rt::CopyKind::DeviceToHost,
+              "copy_");
+    if (pinned) device::call([&] { rt::host_record_stream(dst.data_ptr(), stream); });
+    if (!non_blocking || !pinned) synchronize(stream);
+    return;
+  }
+  // Download src's bytes as they are (gathering first if src has gaps), convert on the host.
+  at::Tensor dense = src;
+  if (!src.is_non_overlapping_and_dense()) {
+    dense = accel_contiguous_like(src, src.device().index());
+    copy_within_accel(dense, src);
+  }
+  at::Tensor host = cpu_like(dense);
+  memcpy_on(stream, host.data_ptr(), dense.data_ptr(), nbytes_of(dense), rt::CopyKind::DeviceToHost,
+            "copy_");
+  synchronize(stream);
+  dst.copy_(host);
+}
+
+at::Tensor& copy_(at::Tensor& self, const at::Tensor& src, bool non_blocking) {
+  TORCH_CHECK(self.defined() && src.defined(), "copy_: undefined tensor");
+  TORCH_CHECK(is_accel(self) || self.device().is_cpu(), "copy_: accel cannot copy into a ",
+              self.device(), " tensor");
+  TORCH_CHECK(is_accel(src) || src.device().is_cpu(), "copy_: accel cannot copy from a ",
+              src.device(), " tensor");
+  TORCH_CHECK(self.layout() == c10::Layout::Strided && src.layout() == c10::Layout::Strided,
+              "copy_: accel copies dense (strided) tensors only");
+  if (self.is_same(src) || self.numel() == 0) return self;
+  at::assert_no_internal_overlap(self);
+  const at::Tensor source = src.sizes() == self.sizes() ? src : src.expand_as(self);
+  if (is_accel(self) && is_accel(source)) {
+    copy_within_accel(self, source);
+    if (!non_blocking) {
+      // A device-to-device copy is ordered like any kernel; nothing to wait for on the host.
+    }
+  } else if (is_accel(self)) {
+    copy_host_to_accel(self, source, non_blocking);
+  } else {
+    copy_accel_to_host(self, source, non_blocking);
+  }
+  return self;
+}
+
+at::Tensor _copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
+  at::Tensor out = dst;
+  copy_(out, self, non_blocking);
+  return out;
+}
+
+at::Tensor _copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
+  if (dst.sizes() != self.sizes()) dst.resize_(self.sizes());
+  at::Tensor out = dst;
+  return copy_(out, self, /*non_blocking=*/false);
+}
+
+at::Tensor& fill_scalar(at::Tensor& self, const c10::Scalar& value) {
+  if (self.numel() == 0) return self;
+  at::assert_no_internal_overlap(self);
+  c10::DeviceGuard guard(self.device());
+  launch(self.device().index(), "fill_",
+         [l = Layout::of(self), value] { l.cpu_view().fill_(value); });
+  return self;
+}
+
+at::Tensor& fill_tensor(at::Tensor& self, const at::Tensor& value) {
+  TORCH_CHECK(value.dim() == 0, "fill_ only supports 0-dimension value tensor but got tensor with ",
+              value.dim(), " dimensions.");
+  return fill_scalar(self, value.item());
+}
+
+at::Tensor& zero_(at::Tensor& self) {
+  if (self.numel() == 0) return self;
+  if (self.is_non_overlapping_and_dense()) {
+    c10::DeviceGuard guard(self.device());
+    const rt::Stream stream =
+        device::call([&] { return rt::current_stream(self.device().index()); });
+    device::call([&] { rt::memset_async(self.data_ptr(), 0, nbytes_of(self), stream); }, "zero_");
+    return self;
+  }
+  return fill_scalar(self, 0);
+}
+
+c10::Scalar local_scalar_dense(const at::Tensor& self) {
+  TORCH_CHECK(self.numel() == 1, "a Tensor with ", self.numel(),
+              " elements cannot be converted to Scalar");
+  c10::DeviceGuard guard(self.device());
+  at::Tensor host = cpu_like(self.is_non_overlapping_and_dense() ? self : self.contiguous());
+  const rt::Stream stream = device::call([&] { return rt::current_stream(self.device().index()); });
+  // Reading a value on the host waits for the stream; during graph capture that is an error
+  // the runtime reports, named here after the user-facing call.
+  device::call(
+      [&] {
+        rt::memcpy_async(host.data_ptr(), self.data_ptr(), self.itemsize(),
+                         rt::CopyKind::DeviceToHost, stream);
+      },
+      "Tensor.item() (aten::_local_scalar_dense)");
+  return at::_local_scalar_dense(host);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("copy_", TORCH_FN(copy_));
+  m.impl("_copy_from", TORCH_FN(_copy_from));
+  m.impl("_copy_from_and_resize", TORCH_FN(_copy_from_and_resize));
+  m.impl("fill_.Scalar", TORCH_FN(fill_scalar));
+  m.impl("fill_.Tensor", TORCH_FN(fill_tensor));
+  m.impl("zero_", TORCH_FN(zero_));
+  m.impl("_local_scalar_dense", TORCH_FN(local_scalar_dense));
+}
+
+}  // namespace accel::aten

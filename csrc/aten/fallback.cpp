@@ -1,0 +1,362 @@
+// The boxed CPU fallback for PrivateUse1, and clear errors for sparse and quantized accel
+// tensors.
+//
+// On top of at::native::cpu_fallback (inputs to the CPU, the CPU kernel, results and mutated
+// inputs back), this fallback:
+//  - follows ACCEL_FALLBACK: warns once per operator, stays silent, or refuses;
+//  - counts calls per operator (torch.accel.fallback_stats());
+//  - refuses operators whose fallback would be wrong (a short deny list, with the reason);
+//  - refuses tensors of two accel devices in one call, like CUDA;
+//  - gives random operators a CPU generator drawn from the accel generator, so
+//    torch.accel.manual_seed makes them reproducible;
+//  - returns real views for operators that return views: the view is computed on meta tensors
+//    and applied to the accel storage (a copy would silently break aliasing).
+#include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/native/CPUFallback.h>
+#include <ATen/ops/empty.h>
+#include <c10/core/DeviceGuard.h>
+#include <torch/library.h>
+
+#include "aten/fallback.h"
+#include "device/common.h"
+#include "device/generator.h"
+
+#include <atomic>
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <unordered_map>
+#include <unordered_set>
+
+namespace accel::aten {
+namespace {
+
+using device::kAccel;
+
+std::atomic<int> g_mode{-1};  // -1: not read from the environment yet
+std::mutex g_stats_mutex;
+std::unordered_map<std::string, int64_t> g_counts;
+std::unordered_set<std::string> g_warned;
+
+std::string op_name(const c10::OperatorHandle& op) {
+  const c10::OperatorName& n = op.operator_name();
+  return n.overload_name.empty() ? n.name : n.name + "." + n.overload_name;
+}
+
+// Why an operator must not take the copying fallback ("" if it may).
+std::string denied(const std::string& name) {
+  static const std::unordered_map<std::string, const char*> kExact = {
+      // Structural operators are native; the fallback would recurse into them or lose aliasing.
+      {"aten::_copy_from", "it moves data between devices and must be native"},
+      {"aten::_copy_from_and_resize", "it moves data between devices and must be native"},
+      {"aten::copy_", "it moves data between devices and must be native"},
+      {"aten::empty.memory_format", "it allocates accel memory and must be native"},
+      {"aten::empty_strided", "it allocates accel memory and must be native"},
+      {"aten::resize_", "it changes the storage and must be native"},
+      {"aten::_local_scalar_dense", "it reads device memory and must be native"},
+      // Stream bookkeeping is meaningless on a CPU copy.
+      {"aten::record_stream", "it records a stream use of device memory and must be native"},
+  };
+  if (auto it = kExact.find(name); it != kExact.end()) return it->second;
+  static const std::pair<const char*, const char*> kPrefixes[] = {
+      {"aten::set_", "it changes the storage and must be native"},
+      {"aten::to_sparse", "it produces sparse tensors, which accel does not support"},
+      {"aten::_to_sparse", "it produces sparse tensors, which accel does not support"},
+      {"aten::to_mkldnn", "it produces mkldnn tensors, which accel does not support"},
+      {"aten::quantize_per", "it produces quantized tensors, which accel does not support"},
+      {"aten::_make_per_", "it produces quantized tensors, which accel does not support"},
+      {"aten::_nested", "nested tensors are not supported on accel"},
+  };
+  for (const auto& [prefix, why] : kPrefixes) {
+    if (name.rfind(prefix, 0) == 0) return why;
+  }
+  return {};
+}
+
+// Devices seen in the arguments.
+struct DeviceScan {
+  std::optional<c10::DeviceIndex> device;
+  std::optional<c10::DeviceIndex> other;  // a second accel device, if any
+
+  void see(c10::Device d) {
+    if (d.type() != kAccel) return;
+    const c10::DeviceIndex index = d.has_index() ? d.index() : device::current_device();
+    if (!device) {
+      device = index;
+    } else if (*device != index && !other) {
+      other = index;
+    }
+  }
+  void see(const c10::IValue& v) {
+    if (v.isTensor()) {
+      const at::Tensor& t = v.toTensor();
+      if (t.defined()) see(t.device());
+    } else if (v.isTensorList()) {
+      for (const at::Tensor& t : v.toTensorVector()) {
+        if (t.defined()) see(t.device());
+      }
+    } else if (v.isList()) {
+      for (const c10::IValue& e : v.toListRef()) {
+        if (e.isTensor() && e.toTensor().defined()) see(e.toTensor().device());
+      }
+    } else if (v.isDevice()) {
+      see(v.toDevice());
+    }
+  }
+};
+
+bool is_generator_argument(const c10::Argument& a) {
+  const c10::TypePtr& t = a.type();
+  if (t->kind() == c10::TypeKind::GeneratorType) return true;
+  if (t->kind() == c10::TypeKind::OptionalType) {
+    return t->containedType(0)->kind() == c10::TypeKind::GeneratorType;
+  }
+  return false;
+}
+
+bool returns_view(const c10::FunctionSchema& schema) {
+  for (const c10::Argument& r : schema.returns()) {
+    if (r.alias_info() != nullptr && !r.alias_info()->isWrite()) return true;
+  }
+  return false;
+}
+
+// A meta tensor with the same storage extent, offset, sizes, strides, dtype and bits.
+at::Tensor to_meta(const at::Tensor& t) {
+  const int64_t item = static_cast<int64_t>(t.itemsize());
+  const int64_t elems = (static_cast<int64_t>(t.storage().nbytes()) + item - 1) / item;
+  at::Tensor base =
+      at::empty({elems}, at::TensorOptions().dtype(t.scalar_type()).device(c10::kMeta));
+  at::Tensor v = base.as_strided(t.sizes(), t.strides(), t.storage_offset());
+  if (t.is_conj()) v._set_conj(true);
+  if (t.is_neg()) v._set_neg(true);
+  return v;
+}
+
+// An accel tensor over `base`'s storage with the layout the meta computation produced.
+at::Tensor alias_of(const at::Tensor& base, const at::Tensor& meta) {
+  // The base's keys (autograd included, so autograd can track the view), without its
+  // conjugate/negative bits: the result's own bits are set below.
+  const c10::DispatchKeySet keys =
+      base.key_set() -
+      c10::DispatchKeySet({c10::DispatchKey::Conjugate, c10::DispatchKey::Negative});
+  auto impl = c10::make_intrusive<c10::TensorImpl>(
+      c10::TensorImpl::VIEW, c10::Storage(base.storage()), keys, meta.dtype());
+  impl->set_sizes_and_strides(meta.sizes(), meta.strides(), meta.storage_offset());
+  at::Tensor out(std::move(impl));
+  if (meta.is_conj()) out._set_conj(true);
+  if (meta.is_neg()) out._set_neg(true);
+  return out;
+}
+
+void view_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack,
+                   const std::string& name) {
+  const c10::FunctionSchema& schema = op.schema();
+  const size_t n = schema.arguments().size();
+  const size_t begin = stack->size() - n;
+  torch::jit::Stack meta_stack;
+  std::vector<at::Tensor> bases(n);
+  for (size_t i = 0; i < n; ++i) {
+    const c10::IValue& v = (*stack)[begin + i];
+    if (v.isTensor() && v.toTensor().defined() && v.toTensor().device().type() == kAccel) {
+      bases[i] = v.toTensor();
+      meta_stack.emplace_back(to_meta(bases[i]));
+    } else if (v.isDevice() && v.toDevice().type() == kAccel) {
+      meta_stack.emplace_back(c10::Device(c10::kMeta));
+    } else {
+      TORCH_CHECK_NOT_IMPLEMENTED(!v.isTensorList(), name,
+                                  " returns a view of a tensor list, which the accel fallback "
+                                  "cannot alias; it needs an accel kernel");
+      meta_stack.push_back(v);
+    }
+  }
+  try {
+    op.callBoxed(&meta_stack);
+  } catch (const c10::Error& e) {
+    TORCH_CHECK_NOT_IMPLEMENTED(false, name,
+                                " returns a view and has no accel kernel; computing the view "
+                                "on meta tensors failed: ",
+                                e.what_without_backtrace());
+  }
+  torch::jit::drop(*stack, n);
+  const auto& returns = schema.returns();
+  for (size_t j = 0; j < returns.size(); ++j) {
+    const c10::AliasInfo* alias = returns[j].alias_info();
+    TORCH_CHECK_NOT_IMPLEMENTED(alias != nullptr && !alias->isWrite(), name,
+                                " mixes views and new tensors in its results; the accel "
+                                "fallback cannot run it");
+    // The argument this result aliases.
+    const at::Tensor* base = nullptr;
+    for (size_t i = 0; i < n && base == nullptr; ++i) {
+      const c10::AliasInfo* a = schema.arguments()[i].alias_info();
+      if (a == nullptr || !bases[i].defined()) continue;
+      for (const auto& set : alias->beforeSets()) {
+        if (a->beforeSets().count(set) != 0) base = &bases[i];
+      }
+    }
+    TORCH_CHECK_NOT_IMPLEMENTED(base != nullptr, name,
+                                ": cannot tell which accel argument its view aliases");
+    const c10::IValue& result = meta_stack[j];
+    if (result.isTensor()) {
+      stack->emplace_back(alias_of(*base, result.toTensor()));
+    } else {
+      std::vector<at::Tensor> views;
+      for (const at::Tensor& m : result.toTensorVector()) views.push_back(alias_of(*base, m));
+      stack->emplace_back(std::move(views));
+    }
+  }
+}
+
+void count_and_warn(const std::string& name, FallbackMode mode) {
+  bool first = false;
+  {
+    std::lock_guard<std::mutex> lock(g_stats_mutex);
+    ++g_counts[name];
+    if (mode == FallbackMode::Warn) first = g_warned.insert(name).second;
+  }
+  if (first) {
+    TORCH_WARN(name,
+               " has no accel kernel and runs on the CPU fallback: its inputs are copied to the "
+               "CPU and its results back, which is slow. torch.accel.fallback_stats() lists such "
+               "calls; ACCEL_FALLBACK=silent hides this warning, ACCEL_FALLBACK=error forbids "
+               "the fallback.");
+  }
+}
+
+void accel_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const std::string name = op_name(op);
+  const std::string why = denied(name);
+  TORCH_CHECK_NOT_IMPLEMENTED(why.empty(), name,
+                              " cannot run on accel through the CPU fallback: ", why);
+  const FallbackMode mode = fallback_mode();
+  TORCH_CHECK_NOT_IMPLEMENTED(mode != FallbackMode::Error, name,
+                              " has no accel kernel, and ACCEL_FALLBACK=error forbids running it "
+                              "on the CPU fallback. Set ACCEL_FALLBACK=warn (the default) or "
+                              "silent to allow the fallback.");
+
+  const c10::FunctionSchema& schema = op.schema();
+  const size_t n = schema.arguments().size();
+  const size_t begin = stack->size() - n;
+  DeviceScan scan;
+  bool accel_generator = false;
+  for (size_t i = 0; i < n; ++i) {
+    const c10::IValue& v = (*stack)[begin + i];
+    scan.see(v);
+    if (v.isGenerator() && device::is_accel_generator(v.toGenerator())) accel_generator = true;
+  }
+  TORCH_CHECK(!scan.other,
+              "Expected all tensors to be on the same device, but found at least "
+              "two devices, accel:",
+              static_cast<int>(*scan.device), " and accel:", static_cast<int>(*scan.other),
+              "! (when running ", name, ")");
+  TORCH_CHECK(scan.device || !accel_generator, name,
+              ": an accel generator was given but no tensor is on accel; use a generator of the "
+              "tensors' device");
+  count_and_warn(name, mode);
+  const c10::DeviceIndex dev = scan.device ? *scan.device : device::current_device();
+  c10::DeviceGuard guard(c10::Device(kAccel, dev));
+
+  // Random operators draw from the accel generator through a CPU generator derived from it.
+  for (size_t i = 0; i < n; ++i) {
+    if (!is_generator_argument(schema.arguments()[i])) continue;
+    c10::IValue& v = (*stack)[begin + i];
+    if (v.isGenerator() && device::is_accel_generator(v.toGenerator())) {
+      v = c10::IValue(device::next_cpu_generator(v.toGenerator()));
+    } else if (v.isNone()) {
+      v = c10::IValue(device::next_cpu_generator(device::default_generator(dev)));
+    }
+  }
+
+  if (returns_view(schema)) {
+    view_fallback(op, stack, name);
+    return;
+  }
+  at::native::cpu_fallback(op, stack, /*error_on_views=*/true);
+}
+
+void unsupported_fallback(const char* what, const c10::OperatorHandle& op, torch::jit::Stack*) {
+  TORCH_CHECK_NOT_IMPLEMENTED(false, op_name(op), ": ", what,
+                              " are not supported on accel (accel tensors are dense and strided)");
+}
+
+void sparse_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  unsupported_fallback("sparse tensors", op, stack);
+}
+void quantized_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  unsupported_fallback("quantized tensors", op, stack);
+}
+
+FallbackMode mode_from_env() {
+  const char* v = std::getenv("ACCEL_FALLBACK");
+  FallbackMode mode = FallbackMode::Warn;
+  if (v != nullptr && *v != '\0' && !parse_fallback_mode(v, &mode)) {
+    TORCH_WARN("ACCEL_FALLBACK='", v, "' is not one of warn, silent, error; using warn");
+  }
+  return mode;
+}
+
+}  // namespace
+
+bool parse_fallback_mode(const std::string& text, FallbackMode* mode) {
+  if (text == "warn") {
+    *mode = FallbackMode::Warn;
+  } else if (text == "silent") {
+    *mode = FallbackMode::Silent;
+  } else if (text == "error") {
+    *mode = FallbackMode::Error;
+  } else {
+    return false;
+  }
+  return true;
+}
+
+const char* fallback_mode_name(FallbackMode mode) {
+  switch (mode) {
+    case FallbackMode::Warn: return "warn";
+    case FallbackMode::Silent: return "silent";
+    case FallbackMode::Error: return "error";
+  }
+  return "warn";
+}
+
+FallbackMode fallback_mode() {
+  int m = g_mode.load(std::memory_order_acquire);
+  if (m < 0) {
+    int expected = -1;
+    g_mode.compare_exchange_strong(expected, static_cast<int>(mode_from_env()));
+    m = g_mode.load(std::memory_order_acquire);
+  }
+  return static_cast<FallbackMode>(m);
+}
+
+void set_fallback_mode(FallbackMode mode) {
+  g_mode.store(static_cast<int>(mode), std::memory_order_release);
+}
+
+std::vector<std::pair<std::string, int64_t>> fallback_stats() {
+  std::lock_guard<std::mutex> lock(g_stats_mutex);
+  std::map<std::string, int64_t> sorted(g_counts.begin(), g_counts.end());
+  return {sorted.begin(), sorted.end()};
+}
+
+void reset_fallback_stats() {
+  std::lock_guard<std::mutex> lock(g_stats_mutex);
+  g_counts.clear();
+}
+
+TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&accel_fallback>());
+}
+TORCH_LIBRARY_IMPL(_, SparsePrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&sparse_fallback>());
+}
+TORCH_LIBRARY_IMPL(_, SparseCsrPrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&sparse_fallback>());
+}
+TORCH_LIBRARY_IMPL(_, QuantizedPrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&quantized_fallback>());
+}
+
+}  // namespace accel::aten

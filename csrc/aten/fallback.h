@@ -1,0 +1,24 @@
+// The CPU fallback: operators without an accel kernel run on the CPU, visibly.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace accel::aten {
+
+enum class FallbackMode { Warn, Silent, Error };
+
+// The mode starts from ACCEL_FALLBACK (warn, silent or error; warn by default).
+FallbackMode fallback_mode();
+void set_fallback_mode(FallbackMode mode);
+// "warn", "silent", "error" <-> mode; returns false for anything else.
+bool parse_fallback_mode(const std::string& text, FallbackMode* mode);
+const char* fallback_mode_name(FallbackMode mode);
+
+// Calls that went through the CPU fallback, per operator ("aten::add.Tensor").
+std::vector<std::pair<std::string, int64_t>> fallback_stats();
+void reset_fallback_stats();
+
+}  // namespace accel::aten

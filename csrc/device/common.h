@@ -1,0 +1,47 @@
+// Shared pieces of the PyTorch integration: error translation, stream ids, device indices.
+#pragma once
+
+#include <c10/core/Device.h>
+#include <c10/core/Stream.h>
+#include <c10/util/Exception.h>
+
+#include <utility>
+
+#include "runtime/runtime.h"
+
+namespace accel::device {
+
+constexpr c10::DeviceType kAccel = c10::DeviceType::PrivateUse1;
+
+// Rethrows a runtime error as the PyTorch exception a user expects: c10::OutOfMemoryError
+// (torch.OutOfMemoryError), c10::NotImplementedError, or c10::Error (RuntimeError). `context`
+// (e.g. "aten::copy_") is put in front of the message when given.
+[[noreturn]] void rethrow_as_torch(const rt::Error& e, const char* context = nullptr);
+
+// Runs f, translating runtime errors.
+template <class F>
+decltype(auto) call(F&& f, const char* context = nullptr) {
+  try {
+    return std::forward<F>(f)();
+  } catch (const rt::Error& e) {
+    rethrow_as_torch(e, context);
+  }
+}
+
+// c10::Stream ids are the runtime's stream ids (0 for a device's default stream).
+inline c10::Stream to_c10(rt::Stream s) {
+  return c10::Stream(c10::Stream::UNSAFE,
+                     c10::Device(kAccel, static_cast<c10::DeviceIndex>(s.device())),
+                     static_cast<c10::StreamId>(s.id()));
+}
+inline rt::Stream to_rt(const c10::Stream& s) {
+  TORCH_CHECK(s.device_type() == kAccel, "expected an accel stream, got a stream of ",
+              s.device_type());
+  return rt::Stream::from_id(s.device_index(), static_cast<uint64_t>(s.id()));
+}
+
+// The device index meant by `index` (-1: the current device).
+c10::DeviceIndex resolve_device(c10::DeviceIndex index);
+c10::DeviceIndex current_device();
+
+}  // namespace accel::device

@@ -1,0 +1,140 @@
+#include "device/generator.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/core/MT19937RNGEngine.h>
+#include <ATen/ops/empty.h>
+#include <c10/core/GeneratorImpl.h>
+
+#include <cstring>
+#include <deque>
+#include <mutex>
+
+#include "device/common.h"
+
+namespace accel::device {
+namespace {
+
+uint64_t splitmix64(uint64_t& x) {
+  uint64_t z = (x += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+class AccelGeneratorImpl final : public c10::GeneratorImpl {
+ public:
+  static constexpr std::size_t kStateBytes = 16;  // seed, offset (little-endian uint64 each)
+
+  explicit AccelGeneratorImpl(c10::DeviceIndex device, uint64_t seed = c10::default_rng_seed_val)
+      : c10::GeneratorImpl(c10::Device(kAccel, device),
+                           c10::DispatchKeySet(c10::DispatchKey::PrivateUse1)),
+        seed_(seed) {}
+
+  void set_current_seed(uint64_t seed) override {
+    seed_ = seed;
+    offset_ = 0;
+  }
+  uint64_t current_seed() const override { return seed_; }
+  uint64_t seed() override {
+    const uint64_t s = c10::detail::getNonDeterministicRandom();
+    set_current_seed(s);
+    return s;
+  }
+  void set_offset(uint64_t offset) override { offset_ = offset; }
+  uint64_t get_offset() const override { return offset_; }
+
+  void set_state(const c10::TensorImpl& state) override {
+    TORCH_CHECK(state.dtype() == caffe2::TypeMeta::Make<uint8_t>() && state.device().is_cpu() &&
+                    state.numel() == static_cast<int64_t>(kStateBytes) && state.is_contiguous(),
+                "accel generator state must be a contiguous CPU torch.uint8 tensor of ",
+                kStateBytes, " bytes (seed and offset), as returned by get_state(); got ",
+                state.numel(), " elements of ", state.dtype().name(), " on ", state.device());
+    const auto* bytes = static_cast<const uint8_t*>(state.data());
+    std::memcpy(&seed_, bytes, 8);
+    std::memcpy(&offset_, bytes + 8, 8);
+  }
+
+  c10::intrusive_ptr<c10::TensorImpl> get_state() const override {
+    at::Tensor t = at::empty({static_cast<int64_t>(kStateBytes)}, at::kByte);
+    auto* bytes = static_cast<uint8_t*>(t.data_ptr());
+    std::memcpy(bytes, &seed_, 8);
+    std::memcpy(bytes + 8, &offset_, 8);
+    return t.getIntrusivePtr();
+  }
+
+  static c10::DeviceType device_type() { return kAccel; }
+
+  // The Mersenne Twister state for the next operator (caller holds mutex_).
+  at::mt19937 next_engine() {
+    at::mt19937_data_pod pod{};
+    uint64_t key = seed_ ^ (offset_ * 0xD1B54A32D192ED03ull) ^ 0x5851F42D4C957F2Dull;
+    uint64_t mix = splitmix64(key) ^ offset_;
+    for (std::size_t i = 0; i < pod.state_.size(); i += 2) {
+      const uint64_t v = splitmix64(mix);
+      pod.state_[i] = static_cast<uint32_t>(v);
+      if (i + 1 < pod.state_.size()) pod.state_[i + 1] = static_cast<uint32_t>(v >> 32);
+    }
+    pod.seed_ = seed_;
+    pod.seeded_ = true;
+    pod.left_ = 1;
+    pod.next_ = 0;
+    ++offset_;
+    at::mt19937 engine;
+    engine.set_data(pod);
+    return engine;
+  }
+
+ private:
+  AccelGeneratorImpl* clone_impl() const override {
+    auto* g = new AccelGeneratorImpl(device().index(), seed_);
+    g->offset_ = offset_;
+    return g;
+  }
+
+  uint64_t seed_;
+  uint64_t offset_ = 0;
+};
+
+struct DefaultGenerators {
+  std::once_flag once;
+  std::deque<at::Generator> generators;  // never reallocates: references stay valid
+};
+
+DefaultGenerators& defaults() {
+  static DefaultGenerators d;
+  return d;
+}
+
+}  // namespace
+
+const at::Generator& default_generator(c10::DeviceIndex index) {
+  const c10::DeviceIndex d = resolve_device(index);
+  DefaultGenerators& g = defaults();
+  std::call_once(g.once, [&] {
+    const int n = call([] { return rt::device_count(); });
+    for (int i = 0; i < n; ++i) {
+      g.generators.push_back(
+          at::make_generator<AccelGeneratorImpl>(static_cast<c10::DeviceIndex>(i)));
+    }
+  });
+  return g.generators.at(static_cast<std::size_t>(d));
+}
+
+at::Generator new_generator(c10::DeviceIndex index) {
+  return at::make_generator<AccelGeneratorImpl>(resolve_device(index));
+}
+
+bool is_accel_generator(const at::Generator& gen) {
+  return gen.defined() && gen.device().type() == kAccel;
+}
+
+at::Generator next_cpu_generator(const at::Generator& gen) {
+  TORCH_CHECK(is_accel_generator(gen), "expected an accel generator, got one for ", gen.device());
+  auto* impl = static_cast<AccelGeneratorImpl*>(gen.unsafeGetGeneratorImpl());
+  at::Generator cpu = at::detail::createCPUGenerator();
+  std::lock_guard<std::mutex> lock(impl->mutex_);
+  cpu.get<at::CPUGeneratorImpl>()->set_engine(impl->next_engine());
+  return cpu;
+}
+
+}  // namespace accel::device

@@ -1,0 +1,76 @@
+// Bindings of the PyTorch integration (torch.accel builds on these).
+#include <ATen/Context.h>
+#include <torch/csrc/Generator.h>
+#include <torch/csrc/utils/device_lazy_init.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include "aten/fallback.h"
+#include "device/common.h"
+#include "device/generator.h"
+#include "python/bindings.h"
+
+namespace py = pybind11;
+namespace rt = accel::rt;
+
+namespace accel::python {
+
+void init_torch_bindings(py::module_& m) {
+  m.def(
+      "_init",
+      [] {
+        // PyTorch marks accel "in a bad fork" in children forked after this point.
+        torch::utils::register_fork_handler_for_device_init(at::kPrivateUse1);
+        device::call([] { rt::init(); });
+        at::globalContext().lazyInitDevice(c10::DeviceType::PrivateUse1);
+      },
+      "Starts the runtime and ATen's accel state (torch.accel._lazy_init calls this).");
+  m.def("_is_in_bad_fork",
+        [] { return rt::in_bad_fork() || torch::utils::is_device_in_bad_fork(at::kPrivateUse1); });
+  m.def(
+      "_get_default_generator",
+      [](int device) {
+        const at::Generator& gen = device::default_generator(static_cast<c10::DeviceIndex>(device));
+        return py::reinterpret_steal<py::object>(THPGenerator_initDefaultGenerator(gen));
+      },
+      py::arg("device"));
+  m.def("_exchange_device", [](int device) {
+    if (device < 0) return -1;
+    return device::call([&] { return rt::exchange_device(device); });
+  });
+
+  // torch.Event.elapsed_time accepts only exact torch.Event objects; torch.accel.Event (a
+  // subclass) measures through the runtime with the events' ids (checked runtime handles).
+  m.def(
+      "_event_elapsed_time",
+      [](uint64_t start, uint64_t end) {
+        if (start == 0 || end == 0) {
+          throw py::value_error("elapsed_time: both events must be recorded first");
+        }
+        return device::call([&] {
+          return rt::event_elapsed_time(rt::Event::from_bits(start), rt::Event::from_bits(end));
+        });
+      },
+      py::arg("start"), py::arg("end"));
+
+  m.def("fallback_stats", [] {
+    py::dict d;
+    for (const auto& [name, count] : aten::fallback_stats()) d[py::str(name)] = count;
+    return d;
+  });
+  m.def("reset_fallback_stats", &aten::reset_fallback_stats);
+  m.def("_get_fallback_mode",
+        [] { return std::string(aten::fallback_mode_name(aten::fallback_mode())); });
+  m.def(
+      "_set_fallback_mode",
+      [](const std::string& mode) {
+        aten::FallbackMode parsed;
+        if (!aten::parse_fallback_mode(mode, &parsed)) {
+          throw py::value_error("fallback mode must be 'warn', 'silent' or 'error', not '" + mode +
+                                "'");
+        }
+        aten::set_fallback_mode(parsed);
+      },
+      py::arg("mode"));
+}
+
+}  // namespace accel::python

@@ -1,0 +1,113 @@
+"""Copies: host<->accel, within and across accel devices, dtypes, layouts, broadcasting."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from helpers import assert_same, same_storage
+
+
+def test_round_trip_every_dtype():
+    for dtype in (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8,
+                  torch.uint8, torch.int16, torch.int32, torch.int64, torch.bool,
+                  torch.complex64, torch.complex128):  # fmt: skip
+        cpu = torch.arange(24).reshape(4, 6).to(dtype)
+        acc = cpu.to("accel")
+        assert acc.dtype == dtype and acc.device == torch.device("accel:0")
+        assert torch.equal(acc.cpu(), cpu), dtype
+
+
+def test_dtype_conversion_in_every_direction():
+    cpu = torch.linspace(-3, 3, 50)
+    assert_same(cpu.to("accel", torch.float64), cpu.double())
+    acc = cpu.to("accel")
+    assert torch.equal(acc.to("cpu", torch.int32), cpu.int())
+    assert_same(acc.to(torch.bfloat16), cpu.bfloat16())
+    out = torch.empty(50, dtype=torch.float16, device="accel:1")
+    out.copy_(acc)
+    assert_same(out, cpu.half())
+
+
+def test_non_contiguous_sources_and_destinations():
+    cpu = torch.arange(60.0).reshape(3, 4, 5)
+    acc = cpu.to("accel")
+    assert_same(acc.permute(2, 0, 1).contiguous(), cpu.permute(2, 0, 1).contiguous())
+    assert torch.equal(acc[:, 1:3, ::2].cpu(), cpu[:, 1:3, ::2])
+    # Strided destination on accel, from the host and from accel.
+    dst = torch.zeros(3, 4, 5, device="accel")
+    dst[:, ::2, 1:].copy_(cpu[:, ::2, 1:] + 100)
+    expected = torch.zeros(3, 4, 5)
+    expected[:, ::2, 1:] = cpu[:, ::2, 1:] + 100
+    assert_same(dst, expected)
+    dst2 = torch.zeros(5, 3, 4, device="accel")
+    dst2.copy_(acc.permute(2, 0, 1))
+    assert_same(dst2, cpu.permute(2, 0, 1).contiguous())
+    # Strided destination on the host.
+    host = torch.zeros(4, 3, 5)
+    host.transpose(0, 1).copy_(acc)
+    assert torch.equal(host, cpu.transpose(0, 1))
+
+
+def test_broadcasting_copy_and_scalar_sources():
+    dst = torch.empty(4, 3, device="accel")
+    dst.copy_(torch.tensor([1.0, 2.0, 3.0]))
+    assert_same(dst, torch.tensor([1.0, 2.0, 3.0]).expand(4, 3).contiguous())
+    dst.copy_(torch.tensor(7.0))
+    assert_same(dst, torch.full((4, 3), 7.0))
+    dst.copy_(torch.tensor([[5.0], [6.0], [7.0], [8.0]], device="accel"))
+    assert_same(dst, torch.tensor([[5.0], [6.0], [7.0], [8.0]]).expand(4, 3).contiguous())
+    with pytest.raises(RuntimeError, match="expanded size"):
+        dst.copy_(torch.ones(5))
+
+
+def test_copies_between_devices():
+    cpu = torch.randn(1000)
+    a0 = cpu.to("accel:0")
+    a1 = a0.to("accel:1")
+    assert a1.device == torch.device("accel:1")
+    assert not same_storage(a0, a1)
+    assert torch.equal(a1.cpu(), cpu)
+    b0 = torch.empty(500, device="accel:0")
+    b0.copy_(a1[::2])
+    assert torch.equal(b0.cpu(), cpu[::2])
+    half = a1.to("accel:0", torch.float16)
+    assert torch.equal(half.cpu(), cpu.half())
+
+
+def test_same_device_copy_is_a_new_buffer():
+    a = torch.arange(10.0, device="accel")
+    b = a.clone()
+    assert not same_storage(a, b)
+    b.add_(1)
+    assert_same(a, torch.arange(10.0))
+    c = torch.empty_like(a)
+    c.copy_(a)
+    assert_same(c, torch.arange(10.0))
+
+
+def test_conjugate_and_negative_views_are_materialized():
+    z = torch.tensor([1 + 2j, 3 - 4j], dtype=torch.complex64)
+    za = z.to("accel")
+    assert torch.equal(za.conj().cpu(), z.conj())
+    out = torch.empty(2, dtype=torch.complex64, device="accel")
+    out.copy_(za.conj())
+    assert_same(out, z.conj().resolve_conj())
+    neg = torch._neg_view(za)
+    assert torch.equal(neg.cpu(), -z)
+
+
+def test_zero_size_and_storage_copies():
+    e = torch.empty(0, 3).to("accel")
+    assert e.shape == (0, 3) and e.cpu().shape == (0, 3)
+    s = torch.UntypedStorage(16)
+    s.fill_(7)
+    sa = s.accel(1)
+    assert sa.device == torch.device("accel:1")
+    assert bytes(sa.cpu()) == bytes(s)
+
+
+def test_internal_overlap_is_refused():
+    dst = torch.zeros(1, device="accel").expand(4)
+    with pytest.raises(RuntimeError, match="more than one element"):
+        dst.copy_(torch.arange(4.0))

@@ -1,0 +1,191 @@
+"""Registration, torch.accel device functions, torch.accelerator, threads, lazy init, autoload."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+from torch.nn.utils.rnn import pack_padded_sequence
+
+import torch_accel
+
+# Every torch.cuda name that issue 3 asks torch.accel to provide.
+TORCH_CUDA_NAMES = [
+    "is_available", "is_initialized", "init", "device_count", "current_device", "set_device",
+    "device", "device_of", "synchronize", "Stream", "Event", "current_stream", "default_stream",
+    "set_stream", "stream", "get_device_name", "get_device_properties", "get_device_capability",
+    "manual_seed", "manual_seed_all", "seed", "seed_all", "initial_seed", "get_rng_state",
+    "get_rng_state_all", "set_rng_state", "set_rng_state_all", "memory_allocated",
+    "max_memory_allocated", "memory_reserved", "empty_cache",
+]  # fmt: skip
+
+
+def test_torch_accel_module_has_the_torch_cuda_names():
+    assert torch.accel is torch_accel.accel
+    missing = [n for n in TORCH_CUDA_NAMES if not hasattr(torch.accel, n)]
+    assert missing == []
+    for name in TORCH_CUDA_NAMES:
+        assert hasattr(torch.cuda, name), name  # the names really are torch.cuda's
+
+
+def test_device_type_is_renamed_and_methods_are_generated():
+    assert torch._C._get_privateuse1_backend_name() == "accel"
+    assert str(torch.device("privateuseone:1")) == "accel:1"
+    t = torch.ones(2)
+    assert not t.is_accel
+    a = t.accel()
+    assert a.is_accel and a.device == torch.device("accel:0")
+    assert t.accel(1).device == torch.device("accel:1")
+    m = torch.nn.Linear(2, 3).accel(1)
+    assert all(p.device == torch.device("accel:1") for p in m.parameters())
+    s = torch.UntypedStorage(8).accel()
+    assert s.is_accel and s.device == torch.device("accel:0")
+    seq = pack_padded_sequence(torch.randn(3, 2, 4), torch.tensor([3, 2]))
+    moved = seq.accel()
+    assert moved.is_accel and moved.data.device.type == "accel"
+    torch.testing.assert_close(moved.data.cpu(), seq.data)
+
+
+def test_device_count_properties_and_capability():
+    assert torch.accel.is_available()
+    assert torch.accel.device_count() == 2
+    props = torch.accel.get_device_properties(1)
+    assert props.name == "accel host device 1" == torch.accel.get_device_name(1)
+    assert props.total_memory == 4 << 30
+    assert props.multi_processor_count >= 1
+    assert props.driver == "host"
+    assert torch.accel.get_device_capability(0) == (props.major, props.minor) == (1, 0)
+    assert "accel host device 1" in repr(props)
+    with pytest.raises(RuntimeError, match="invalid device index 2"):
+        torch.accel.get_device_properties(2)
+    with pytest.raises(ValueError, match="Expected an accel device"):
+        torch.accel.get_device_properties("cuda:0")
+
+
+def test_current_device_and_context_managers():
+    assert torch.accel.current_device() == 0
+    torch.accel.set_device(1)
+    try:
+        assert torch.accel.current_device() == 1
+        assert torch.empty(1, device="accel").device == torch.device("accel:1")
+        with torch.accel.device(0):
+            assert torch.accel.current_device() == 0
+            assert torch.empty(1, device="accel").device == torch.device("accel:0")
+        assert torch.accel.current_device() == 1
+        x = torch.empty(1, device="accel:0")
+        with torch.accel.device_of(x):
+            assert torch.accel.current_device() == 0
+        with torch.accel.device(None):
+            assert torch.accel.current_device() == 1
+        with torch.accel.device_of(torch.empty(1)):  # a CPU tensor changes nothing
+            assert torch.accel.current_device() == 1
+    finally:
+        torch.accel.set_device(0)
+    torch.accel.set_device(-1)  # a negative index does nothing, as in CUDA
+    assert torch.accel.current_device() == 0
+
+
+def test_torch_accelerator_sees_accel():
+    assert torch.accelerator.current_accelerator() == torch.device("accel")
+    assert torch.accelerator.is_available()
+    assert torch.accelerator.device_count() == 2
+    torch.accelerator.set_device_index(1)
+    try:
+        assert torch.accelerator.current_device_index() == 1 == torch.accel.current_device()
+        with torch.accelerator.device_index(0):
+            assert torch.accel.current_device() == 0
+        assert torch.accel.current_device() == 1
+    finally:
+        torch.accelerator.set_device_index(0)
+    x = torch.ones(1000, device="accel") * 2
+    torch.accelerator.synchronize()
+    assert x.sum().item() == 2000
+
+
+def test_bad_device_index_is_a_clear_error_and_the_device_stays_usable():
+    for call in (
+        lambda: torch.empty(1, device="accel:5"),
+        lambda: torch.ones(2).to("accel:2"),
+        lambda: torch.accel.set_device(7),
+        lambda: torch.accelerator.set_device_index(3),
+    ):
+        with pytest.raises(RuntimeError, match=r"invalid device index \d: there are 2 accel"):
+            call()
+    assert torch.accel.current_device() == 0
+    assert torch.ones(3, device="accel").sum().item() == 3
+
+
+def test_four_threads_switch_devices_concurrently():
+    errors: list[str] = []
+
+    def work(seed: int) -> None:
+        try:
+            for i in range(50):
+                d = (seed + i) % 2
+                torch.accel.set_device(d)
+                t = torch.full((8,), float(i), device="accel")
+                if t.device.index != d or torch.accel.current_device() != d:
+                    errors.append(f"thread {seed}: expected accel:{d}, got {t.device}")
+                if t.sum().item() != 8.0 * i:
+                    errors.append(f"thread {seed}: wrong value")
+        except Exception as e:  # noqa: BLE001
+            errors.append(repr(e))
+
+    threads = [threading.Thread(target=work, args=(s,)) for s in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert torch.accel.current_device() == 0  # other threads' devices are their own
+
+
+def test_initialization_is_lazy(run_python):
+    code = """
+import torch
+import torch_accel
+print(torch.accel.is_initialized(), torch_accel._C.is_initialized())
+x = torch.ones(2, device="accel")
+print(torch.accel.is_initialized(), torch_accel._C.is_initialized())
+"""
+    result = run_python(code)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["False", "False", "True", "True"]
+
+
+def test_plain_import_torch_autoloads_and_can_be_disabled(run_python):
+    loaded = run_python("import torch; print(hasattr(torch, 'accel'), torch.accel.device_count())")
+    assert loaded.returncode == 0, loaded.stderr
+    assert loaded.stdout.split() == ["True", "2"]
+    disabled = run_python(
+        "import torch; print(hasattr(torch, 'accel'))", TORCH_DEVICE_BACKEND_AUTOLOAD="0"
+    )
+    assert disabled.returncode == 0, disabled.stderr
+    assert disabled.stdout.strip() == "False"
+    # Importing torch_accel first (whose import of torch autoloads it) also works.
+    first = run_python("import torch_accel, torch; print(torch.accel.device_count())")
+    assert first.returncode == 0, first.stderr
+    assert first.stdout.strip() == "2"
+
+
+def test_unusable_runtime_keeps_import_working(run_python):
+    code = """
+import torch
+print(torch.accel.is_available(), torch.accel.device_count())
+try:
+    torch.ones(2, device="accel")
+except RuntimeError as e:
+    print("error:", e)
+"""
+    result = run_python(code, ACCEL_DRIVER="bogus")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0] == "False 0"
+    assert "ACCEL_DRIVER=bogus" in lines[1]
+
+
+def test_bad_fallback_setting_fails_the_import(run_python):
+    result = run_python("import torch_accel", ACCEL_FALLBACK="sometimes")
+    assert result.returncode != 0
+    assert "ACCEL_FALLBACK='sometimes' is not one of" in result.stderr

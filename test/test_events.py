@@ -1,0 +1,80 @@
+"""Events: record, wait, query, synchronize, elapsed time, through torch.accel and torch.Event."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from helpers import assert_same
+
+
+def test_record_synchronize_query_and_elapsed_time():
+    start = torch.accel.Event(enable_timing=True)
+    end = torch.accel.Event(enable_timing=True)
+    assert isinstance(start, torch.Event)
+    assert start.query()  # never recorded
+    start.record()
+    x = torch.ones(1_000_000, device="accel")
+    for _ in range(10):
+        x.fill_(2.0)
+    end.record()
+    end.synchronize()
+    assert end.query()
+    ms = start.elapsed_time(end)
+    assert ms > 0.0
+    assert start.elapsed_time(end) == pytest.approx(-end.elapsed_time(start))
+
+
+def test_elapsed_time_errors_name_the_problem():
+    untimed = torch.accel.Event()
+    timed = torch.accel.Event(enable_timing=True)
+    with pytest.raises(ValueError, match="both events must be recorded"):
+        untimed.elapsed_time(timed)
+    untimed.record()
+    timed.record()
+    torch.accel.synchronize()
+    with pytest.raises(RuntimeError, match="created without timing"):
+        untimed.elapsed_time(timed)
+
+
+def test_event_wait_orders_streams_and_devices():
+    s0, s1 = torch.accel.Stream(device=0), torch.accel.Stream(device=1)
+    ready = torch.accel.Event()
+    with torch.accel.stream(s0):
+        x = torch.full((50_000,), 2.0, device="accel:0")
+        x.mul_(3)
+        ready.record()
+    ready.wait(s1)
+    with torch.accel.stream(s1):
+        y = x.to("accel:1") + 1  # cross-device copy waits for s0's work
+    s1.synchronize()
+    assert y.device == torch.device("accel:1")
+    assert_same(y, torch.full((50_000,), 7.0))
+
+
+def test_generic_torch_event():
+    e = torch.Event(device="accel", enable_timing=True)
+    f = torch.Event(device="accel", enable_timing=True)
+    e.record()
+    torch.ones(10, device="accel").fill_(1)
+    f.record()
+    f.synchronize()
+    assert e.elapsed_time(f) >= 0.0
+    assert e.device.type == "accel"
+
+
+def test_stream_record_event_and_wait_event():
+    s1, s2 = torch.accel.Stream(), torch.accel.Stream()
+    with torch.accel.stream(s1):
+        x = torch.arange(10.0, device="accel") * 4
+    ev = s1.record_event()
+    s2.wait_event(ev)
+    with torch.accel.stream(s2):
+        y = x - 1
+    s2.synchronize()
+    assert_same(y, torch.arange(10.0) * 4 - 1)
+
+
+def test_interprocess_events_are_not_supported():
+    with pytest.raises(NotImplementedError, match="between processes"):
+        torch.accel.Event(interprocess=True)

@@ -1,0 +1,103 @@
+"""Memory statistics, the caching allocator seen from PyTorch, OOM, pinned memory."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from helpers import assert_same
+
+MiB = 1 << 20
+
+
+def _fresh(device: int) -> None:
+    torch.accel.synchronize(device)
+    torch.accel.empty_cache()
+    torch.accel.reset_peak_memory_stats(device)
+
+
+def test_allocated_reserved_and_peak_follow_tensors():
+    _fresh(1)
+    base = torch.accel.memory_allocated(1)
+    x = torch.empty(3 * MiB, dtype=torch.uint8, device="accel:1")
+    assert torch.accel.memory_allocated(1) == base + 3 * MiB
+    assert torch.accel.memory_reserved(1) >= torch.accel.memory_allocated(1)
+    y = torch.empty(MiB // 4, dtype=torch.float32, device="accel:1")
+    peak = torch.accel.max_memory_allocated(1)
+    assert peak == base + 4 * MiB
+    del x, y
+    assert torch.accel.memory_allocated(1) == base
+    assert torch.accel.max_memory_allocated(1) == peak
+    reserved = torch.accel.memory_reserved(1)
+    torch.accel.empty_cache()
+    assert torch.accel.memory_reserved(1) < reserved
+    torch.accel.reset_peak_memory_stats(1)
+    assert torch.accel.max_memory_allocated(1) == base
+
+
+def test_torch_accelerator_memory_functions_agree():
+    _fresh(0)
+    x = torch.empty(MiB, dtype=torch.uint8, device="accel:0")
+    stats = torch.accelerator.memory_stats(0)
+    assert stats["allocated_bytes.all.current"] == torch.accel.memory_allocated(0)
+    assert torch.accelerator.memory_allocated(0) == torch.accel.memory_allocated(0)
+    assert torch.accelerator.memory_reserved(0) == torch.accel.memory_reserved(0)
+    assert torch.accelerator.max_memory_allocated(0) == torch.accel.max_memory_allocated(0)
+    free, total = torch.accelerator.get_memory_info(0)
+    assert total == 4 << 30 and 0 < free <= total
+    assert torch.accel.mem_get_info(0) == (free, total)
+    assert torch.accel.memory_stats(0) == dict(sorted(stats.items()))
+    del x
+    torch.accelerator.empty_cache()
+    torch.accelerator.reset_peak_memory_stats(0)
+    assert torch.accelerator.max_memory_allocated(0) == torch.accel.memory_allocated(0)
+
+
+def test_out_of_memory_raises_torch_oom_and_memory_can_be_used_after():
+    _fresh(1)
+    with pytest.raises(torch.OutOfMemoryError, match=r"out of memory on device 1.*5\.00 GiB"):
+        torch.empty(5 << 30, dtype=torch.uint8, device="accel:1")
+    a = torch.empty(3 << 30, dtype=torch.uint8, device="accel:1")
+    with pytest.raises(torch.OutOfMemoryError, match="3.00 GiB allocated"):
+        torch.empty(2 << 30, dtype=torch.uint8, device="accel:1")
+    del a
+    b = torch.empty(2 << 30, dtype=torch.uint8, device="accel:1")
+    assert b.numel() == 2 << 30
+    del b
+    assert torch.accel.memory_stats(1)["num_ooms"] == 2
+
+
+def test_pin_memory_and_is_pinned():
+    t = torch.arange(16.0)
+    assert not t.is_pinned()
+    p = t.pin_memory()
+    assert p.is_pinned() and torch.equal(p, t)
+    e = torch.empty(8, pin_memory=True)
+    assert e.is_pinned()
+    with pytest.raises(RuntimeError, match="only dense CPU tensors can be pinned"):
+        torch.ones(2, device="accel").pin_memory()
+    assert not torch.ones(2, device="accel").is_pinned()
+
+
+def test_non_blocking_pinned_copies_are_correct_after_synchronize():
+    src = torch.arange(1 << 20, dtype=torch.float32).pin_memory()
+    s = torch.accel.Stream()
+    with torch.accel.stream(s):
+        dev = src.to("accel", non_blocking=True)
+        dev.mul_(2)
+        back = torch.empty_like(src).pin_memory()
+        back.copy_(dev, non_blocking=True)
+    s.synchronize()
+    torch.testing.assert_close(back, src * 2)
+
+
+def test_dataloader_pins_batches_for_accel():
+    ds = TensorDataset(torch.arange(20.0).view(10, 2), torch.arange(10))
+    loader = DataLoader(ds, batch_size=4, pin_memory=True)
+    total = torch.zeros(2, device="accel")
+    for xb, yb in loader:
+        assert xb.is_pinned() and yb.is_pinned()
+        total += xb.to("accel", non_blocking=True).sum(0)
+    torch.accel.synchronize()
+    assert_same(total, torch.arange(20.0).view(10, 2).sum(0))

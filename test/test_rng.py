@@ -1,0 +1,112 @@
+"""Random number generation on accel: seeding, generators, states, offsets."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+
+def _draw() -> torch.Tensor:
+    return torch.cat(
+        [
+            torch.rand(5, device="accel"),
+            torch.randn(5, device="accel"),
+            torch.randint(0, 100, (5,), device="accel").float(),
+            torch.nn.functional.dropout(torch.ones(8, device="accel"), 0.5),
+        ]
+    ).cpu()
+
+
+def test_manual_seed_makes_random_ops_reproducible():
+    torch.accel.manual_seed(1234)
+    first = _draw()
+    torch.accel.manual_seed(1234)
+    assert torch.equal(_draw(), first)
+    torch.accel.manual_seed(4321)
+    assert not torch.equal(_draw(), first)
+    assert torch.accel.initial_seed() == 4321
+
+
+def test_torch_manual_seed_seeds_accel_too():
+    torch.manual_seed(7)
+    a = torch.rand(4, device="accel").cpu()
+    torch.manual_seed(7)
+    assert torch.equal(torch.rand(4, device="accel").cpu(), a)
+
+
+def test_each_device_has_its_own_generator():
+    torch.accel.manual_seed_all(99)
+    on0 = torch.rand(4, device="accel:0").cpu()
+    on1 = torch.rand(4, device="accel:1").cpu()
+    assert torch.equal(on0, on1)  # same seed, independent generators
+    torch.accel.set_device(1)
+    try:
+        torch.accel.manual_seed(5)  # only the current device
+        assert torch.accel.default_generators[1].initial_seed() == 5
+        assert torch.accel.default_generators[0].initial_seed() == 99
+    finally:
+        torch.accel.set_device(0)
+
+
+def test_rng_state_round_trips():
+    torch.accel.manual_seed(11)
+    torch.rand(3, device="accel")
+    state = torch.accel.get_rng_state()
+    assert state.dtype == torch.uint8 and state.numel() == 16
+    after = _draw()
+    torch.accel.set_rng_state(state)
+    assert torch.equal(_draw(), after)
+    states = torch.accel.get_rng_state_all()
+    assert len(states) == 2
+    x = torch.rand(3, device="accel:1").cpu()
+    torch.accel.set_rng_state_all(states)
+    assert torch.equal(torch.rand(3, device="accel:1").cpu(), x)
+    with pytest.raises(RuntimeError, match="16 bytes"):
+        torch.accel.set_rng_state(torch.zeros(5, dtype=torch.uint8))
+
+
+def test_dropout_masks_are_reproducible_and_scaled():
+    x = torch.ones(10_000, device="accel")
+    torch.accel.manual_seed(21)
+    a = torch.nn.functional.dropout(x, 0.25)
+    torch.accel.manual_seed(21)
+    b = torch.nn.functional.dropout(x, 0.25)
+    assert torch.equal(a.cpu(), b.cpu())
+    values = set(a.unique().cpu().tolist())
+    assert values == {0.0, torch.tensor(1.0 / 0.75).item()}  # the float32 scale
+    kept = (a != 0).float().mean().item()
+    assert 0.72 < kept < 0.78  # 10000 Bernoulli(0.75) draws
+    assert torch.equal(torch.nn.functional.dropout(x, 0.25, training=False).cpu(), x.cpu())
+
+
+def test_explicit_generators_and_offsets():
+    g = torch.Generator(device="accel")
+    assert g.device == torch.device("accel:0")
+    g.manual_seed(3)
+    assert g.get_offset() == 0
+    a = torch.randn(6, device="accel", generator=g).cpu()
+    assert g.get_offset() > 0
+    g.manual_seed(3)
+    assert torch.equal(torch.randn(6, device="accel", generator=g).cpu(), a)
+    offset = g.get_offset()
+    b = torch.rand(4, device="accel", generator=g).cpu()
+    g.set_offset(offset)
+    assert torch.equal(torch.rand(4, device="accel", generator=g).cpu(), b)
+    g1 = torch.Generator(device="accel:1")
+    assert g1.device == torch.device("accel:1")
+    with pytest.raises(RuntimeError, match="no tensor is on accel"):
+        torch.rand(3, generator=g)  # a CPU tensor with an accel generator, as CUDA refuses
+
+
+def test_seed_and_fork_rng():
+    torch.accel.seed()
+    s = torch.accel.initial_seed()
+    torch.accel.seed_all()
+    assert torch.accel.default_generators[0].initial_seed() == (
+        torch.accel.default_generators[1].initial_seed()
+    )
+    assert isinstance(s, int)
+    torch.accel.manual_seed(8)
+    with torch.random.fork_rng(devices=range(torch.accel.device_count()), device_type="accel"):
+        inside = torch.rand(3, device="accel").cpu()
+    assert torch.equal(torch.rand(3, device="accel").cpu(), inside)

@@ -1,0 +1,259 @@
+"""torch.accel: the accel device module, with the names torch.cuda uses wherever they apply.
+
+Registered as ``torch.accel`` by ``import torch_accel`` (or autoload). Initialization is lazy:
+the first call that needs a device starts the runtime. A process forked after that cannot use
+accel (as with CUDA): start subprocesses with the ``spawn`` method instead.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from torch_accel import _C
+from torch_accel.accel import _utils
+from torch_accel.accel._utils import _get_device_index
+from torch_accel.accel.memory import (
+    empty_cache,
+    max_memory_allocated,
+    max_memory_reserved,
+    mem_get_info,
+    memory_allocated,
+    memory_reserved,
+    memory_stats,
+    reset_accumulated_memory_stats,
+    reset_peak_memory_stats,
+)
+from torch_accel.accel.random import (
+    get_rng_state,
+    get_rng_state_all,
+    initial_seed,
+    manual_seed,
+    manual_seed_all,
+    seed,
+    seed_all,
+    set_rng_state,
+    set_rng_state_all,
+)
+from torch_accel.accel.streams import (
+    Event,
+    Stream,
+    StreamContext,
+    current_stream,
+    default_stream,
+    set_stream,
+    stream,
+)
+
+__all__ = [
+    "Event",
+    "Stream",
+    "StreamContext",
+    "current_device",
+    "current_stream",
+    "default_generators",
+    "default_stream",
+    "device",
+    "device_count",
+    "device_of",
+    "empty_cache",
+    "fallback_stats",
+    "get_device_capability",
+    "get_device_name",
+    "get_device_properties",
+    "get_rng_state",
+    "get_rng_state_all",
+    "init",
+    "initial_seed",
+    "is_available",
+    "is_bf16_supported",
+    "is_initialized",
+    "manual_seed",
+    "manual_seed_all",
+    "max_memory_allocated",
+    "max_memory_reserved",
+    "mem_get_info",
+    "memory_allocated",
+    "memory_reserved",
+    "memory_stats",
+    "reset_accumulated_memory_stats",
+    "reset_fallback_stats",
+    "reset_peak_memory_stats",
+    "seed",
+    "seed_all",
+    "set_device",
+    "set_rng_state",
+    "set_rng_state_all",
+    "set_stream",
+    "stream",
+    "synchronize",
+]
+
+_initialized = False  # read by torch.utils.checkpoint
+_initialization_lock = threading.Lock()
+_tls = threading.local()
+default_generators: tuple[torch.Generator, ...] = ()
+
+
+# --- availability and initialization -----------------------------------------------------
+
+
+def is_available() -> bool:
+    """True when the accel runtime can start and has at least one device."""
+    return _C.device_count() > 0
+
+
+def device_count() -> int:
+    """Number of accel devices (0 when the runtime cannot start; see ``_C.init_error()``)."""
+    return _C.device_count()
+
+
+def _is_in_bad_fork() -> bool:
+    return _C._is_in_bad_fork()
+
+
+def is_initialized() -> bool:
+    """True once accel has been initialized in this process (and it was not forked since)."""
+    return _initialized and not _is_in_bad_fork()
+
+
+def _lazy_init() -> None:
+    global _initialized, default_generators
+    if _initialized or getattr(_tls, "is_initializing", False):
+        return
+    with _initialization_lock:
+        if _initialized:
+            return
+        if _is_in_bad_fork():
+            raise RuntimeError(
+                "Cannot re-initialize accel in forked subprocess. To use accel with "
+                "multiprocessing, you must use the 'spawn' start method"
+            )
+        _tls.is_initializing = True
+        try:
+            _C._init()
+            default_generators = tuple(
+                _C._get_default_generator(i) for i in range(_C.device_count())
+            )
+            _initialized = True
+        finally:
+            _tls.is_initializing = False
+
+
+def init() -> None:
+    """Initializes accel now (it otherwise happens on first use)."""
+    _lazy_init()
+
+
+# --- devices --------------------------------------------------------------------------------
+
+
+def current_device() -> int:
+    """Index of the calling thread's current accel device."""
+    _lazy_init()
+    return _C.get_device()
+
+
+def set_device(device: Any) -> None:
+    """Sets the calling thread's current accel device. A negative index does nothing."""
+    index = _get_device_index(device)
+    if index >= 0:
+        _lazy_init()
+        _C.set_device(index)
+
+
+class device:
+    """Context manager that changes the current accel device (``None``/-1: no change)."""
+
+    def __init__(self, device: Any) -> None:
+        self.idx = -1 if device is None else _get_device_index(device, optional=True)
+        self.prev_idx = -1
+
+    def __enter__(self) -> None:
+        if self.idx >= 0:
+            _lazy_init()
+        self.prev_idx = _C._exchange_device(self.idx)
+
+    def __exit__(self, *exc: object) -> None:
+        _C._exchange_device(self.prev_idx)
+
+
+class device_of(device):
+    """Context manager that makes the device of ``obj`` (an accel tensor) current."""
+
+    def __init__(self, obj: torch.Tensor) -> None:
+        super().__init__(obj.get_device() if obj.is_accel else -1)
+
+
+def synchronize(device: Any = None) -> None:
+    """Waits for all work on an accel device."""
+    _lazy_init()
+    _C.synchronize(_get_device_index(device, optional=True))
+
+
+@dataclass(frozen=True)
+class _AccelDeviceProperties:
+    name: str
+    driver: str
+    total_memory: int
+    multi_processor_count: int
+    major: int
+    minor: int
+    is_integrated: bool
+    max_threads_per_multi_processor: int
+
+    def __repr__(self) -> str:
+        return (
+            f"_AccelDeviceProperties(name='{self.name}', driver='{self.driver}', "
+            f"major={self.major}, minor={self.minor}, "
+            f"total_memory={self.total_memory // (1024 * 1024)}MB, "
+            f"multi_processor_count={self.multi_processor_count})"
+        )
+
+
+def get_device_properties(device: Any = None) -> _AccelDeviceProperties:
+    """Name, driver, memory, compute units and capability of an accel device."""
+    _lazy_init()
+    p = _C.get_device_properties(_get_device_index(device, optional=True))
+    return _AccelDeviceProperties(
+        name=p["name"],
+        driver=p["driver"],
+        total_memory=p["total_memory"],
+        multi_processor_count=p["compute_units"],
+        major=p["major"],
+        minor=p["minor"],
+        is_integrated=p["integrated"],
+        max_threads_per_multi_processor=p["max_threads_per_compute_unit"],
+    )
+
+
+def get_device_name(device: Any = None) -> str:
+    return get_device_properties(device).name
+
+
+def get_device_capability(device: Any = None) -> tuple[int, int]:
+    p = get_device_properties(device)
+    return p.major, p.minor
+
+
+def is_bf16_supported(including_emulation: bool = True) -> bool:
+    """bfloat16 works on every accel device (the host driver computes it on the CPU)."""
+    return is_available()
+
+
+# --- the CPU fallback -----------------------------------------------------------------------
+
+
+def fallback_stats() -> dict[str, int]:
+    """How often each operator ran through the copying CPU fallback, by operator name."""
+    return _C.fallback_stats()
+
+
+def reset_fallback_stats() -> None:
+    _C.reset_fallback_stats()
+
+
+_ = _utils  # torch.serialization looks up torch.accel._utils._get_device_index

@@ -1,0 +1,134 @@
+"""Streams and events of torch.accel: the device-generic torch.Stream and torch.Event."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from torch_accel.accel._utils import _get_device_index
+
+_ACCEL_DEVICE_TYPE = 20  # c10::DeviceType::PrivateUse1, as torch.Stream.device_type reports it
+
+
+class Stream(torch.Stream):
+    """An accel stream: an ordered queue of work on one device.
+
+    ``Stream(device=None, priority=0)`` takes a stream from the device's pool (lower priority
+    numbers run first, as in CUDA). ``Stream(stream_id=..., device_index=..., device_type=...)``
+    wraps an existing stream.
+    """
+
+    def __new__(cls, device: Any = None, priority: int = 0, **kwargs: Any) -> Stream:
+        if "stream_id" in kwargs:
+            return super().__new__(cls, **kwargs)
+        from torch_accel.accel import _lazy_init
+
+        _lazy_init()
+        index = _get_device_index(device, optional=True)
+        return super().__new__(cls, device=torch.device("accel", index), priority=priority)
+
+    @staticmethod
+    def _wrap(stream: torch.Stream) -> Stream:
+        return Stream(
+            stream_id=stream.stream_id,
+            device_index=stream.device_index,
+            device_type=stream.device_type,
+        )
+
+    def __repr__(self) -> str:
+        return f"<torch.accel.Stream device={self.device} stream_id={self.stream_id}>"
+
+
+class Event(torch.Event):
+    """An accel event, created on the current accel device.
+
+    ``blocking`` and ``interprocess`` are accepted for torch.cuda compatibility; synchronizing an
+    accel event always blocks the calling thread, and interprocess events are not supported.
+    """
+
+    def __new__(
+        cls, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False
+    ) -> Event:
+        if interprocess:
+            raise NotImplementedError("accel events cannot be shared between processes")
+        from torch_accel.accel import _lazy_init
+
+        _lazy_init()
+        device = torch.device("accel", _get_device_index(None, optional=True))
+        return super().__new__(cls, device=device, enable_timing=enable_timing)
+
+    def elapsed_time(self, end_event: torch.Event) -> float:
+        """Milliseconds between this event and ``end_event``; both must have completed."""
+        from torch_accel import _C
+
+        return _C._event_elapsed_time(self.event_id, end_event.event_id)
+
+    def __repr__(self) -> str:
+        return f"<torch.accel.Event device={self.device} event_id={self.event_id}>"
+
+
+class StreamContext:
+    """Context manager that makes ``stream`` (and its device) current; ``None`` does nothing."""
+
+    def __init__(self, stream: torch.Stream | None) -> None:
+        self.stream = stream
+        self._previous_device = -1
+        self._previous_stream: torch.Stream | None = None
+        self._previous_on_device: torch.Stream | None = None
+
+    def __enter__(self) -> torch.Stream | None:
+        if self.stream is None:
+            return None
+        from torch_accel import _C
+        from torch_accel.accel import _lazy_init
+
+        _lazy_init()
+        index = self.stream.device_index
+        self._previous_device = _C._exchange_device(index)
+        self._previous_stream = torch.accelerator.current_stream(index)
+        if self._previous_device != index:
+            self._previous_on_device = torch.accelerator.current_stream(self._previous_device)
+        torch.accelerator.set_stream(self.stream)
+        return self.stream
+
+    def __exit__(self, *exc: object) -> None:
+        if self.stream is None:
+            return
+        from torch_accel import _C
+
+        assert self._previous_stream is not None
+        torch.accelerator.set_stream(self._previous_stream)
+        if self._previous_on_device is not None:
+            torch.accelerator.set_stream(self._previous_on_device)
+        _C._exchange_device(self._previous_device)
+
+
+def stream(stream: torch.Stream | None) -> StreamContext:
+    """``with torch.accel.stream(s):`` runs the block with ``s`` as the current stream."""
+    return StreamContext(stream)
+
+
+def current_stream(device: Any = None) -> Stream:
+    """The calling thread's current stream on ``device`` (the current device if None)."""
+    from torch_accel.accel import _lazy_init
+
+    _lazy_init()
+    return Stream._wrap(torch.accelerator.current_stream(_get_device_index(device, optional=True)))
+
+
+def default_stream(device: Any = None) -> Stream:
+    """The default stream of ``device`` (stream id 0)."""
+    from torch_accel.accel import _lazy_init
+
+    _lazy_init()
+    index = _get_device_index(device, optional=True)
+    return Stream(stream_id=0, device_index=index, device_type=_ACCEL_DEVICE_TYPE)
+
+
+def set_stream(stream: torch.Stream) -> None:
+    """Makes ``stream`` the current stream of its device for the calling thread."""
+    from torch_accel.accel import _lazy_init
+
+    _lazy_init()
+    torch.accelerator.set_stream(stream)
