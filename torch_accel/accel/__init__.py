@@ -122,10 +122,11 @@ def is_initialized() -> bool:
 
 def _lazy_init() -> None:
     global _initialized, default_generators
-    if _initialized or getattr(_tls, "is_initializing", False):
+    # is_initialized() is False in a forked child, which must reach the error below.
+    if is_initialized() or getattr(_tls, "is_initializing", False):
         return
     with _initialization_lock:
-        if _initialized:
+        if is_initialized():
             return
         if _is_in_bad_fork():
             raise RuntimeError(

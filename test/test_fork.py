@@ -1,0 +1,55 @@
+"""Fork safety: a child forked after the parent initialized accel gets a clear error."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+
+import torch
+
+
+def _child(queue) -> None:
+    queue.put((torch.accel.is_initialized(), torch.accel._is_in_bad_fork()))
+    try:
+        torch.ones(2, device="accel")
+        queue.put("no error")
+    except RuntimeError as e:
+        queue.put(str(e))
+    try:
+        torch.accel.init()
+        queue.put("no error")
+    except RuntimeError as e:
+        queue.put(str(e))
+
+
+def test_forked_child_cannot_use_accel_but_the_parent_can():
+    torch.ones(1, device="accel").add_(1)  # the parent initializes accel
+    ctx = mp.get_context("fork")
+    queue = ctx.Queue()
+    child = ctx.Process(target=_child, args=(queue,))
+    child.start()
+    state = queue.get(timeout=120)
+    op_error = queue.get(timeout=120)
+    init_error = queue.get(timeout=120)
+    child.join(timeout=120)
+    assert child.exitcode == 0
+    assert state == (False, True)
+    for error in (op_error, init_error):  # the message torch.cuda gives, naming the fix
+        assert "Cannot re-initialize accel in forked subprocess" in error
+        assert "'spawn' start method" in error
+    assert torch.accel.is_initialized() and not torch.accel._is_in_bad_fork()
+    assert (torch.ones(3, device="accel") * 2).sum().item() == 6
+
+
+def _spawn_child(queue) -> None:
+    queue.put((torch.ones(4, device="accel") + 1).sum().item())
+
+
+def test_spawned_child_can_use_accel():
+    torch.ones(1, device="accel")
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    child = ctx.Process(target=_spawn_child, args=(queue,))
+    child.start()
+    assert queue.get(timeout=300) == 8.0
+    child.join(timeout=120)
+    assert child.exitcode == 0
