@@ -73,10 +73,14 @@ build-cpp: install
 test-cpp: build-cpp
 	ctest --test-dir $(BUILD_DIR) --output-on-failure -j $(JOBS)
 
+# The Python suites run as configured by default, then with launch blocking, then with device
+# memory protected (a stray host access to device memory crashes there instead of passing).
 test-python: install
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 	$(PY) -m pytest -q test
+	ACCEL_LAUNCH_BLOCKING=1 $(PY) -m pytest -q -p no:cacheprovider test
+	ACCEL_PROTECT_DEVICE_MEMORY=1 $(PY) -m pytest -q -p no:cacheprovider test
 
 sanitize: system-deps deps
 	for san in address thread; do \

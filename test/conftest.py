@@ -1,7 +1,9 @@
 """Shared pytest set-up for the accel test suites.
 
-Every test process starts from the default runtime configuration (no ACCEL_* variables), and the
-CPU fallback is silent unless a test asks otherwise (tests that check warnings set the mode).
+Every test process starts from the default runtime configuration: ACCEL_* variables are removed,
+except the two debug modes the whole suite is also run under (make test-python runs it with
+ACCEL_LAUNCH_BLOCKING=1 and with ACCEL_PROTECT_DEVICE_MEMORY=1 too). The CPU fallback is silent
+unless a test asks otherwise (tests that check warnings set the mode).
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ from collections.abc import Iterator
 
 import pytest
 
-for _name in [n for n in os.environ if n.startswith("ACCEL_")]:
+_KEPT = ("ACCEL_LAUNCH_BLOCKING", "ACCEL_PROTECT_DEVICE_MEMORY")
+for _name in [n for n in os.environ if n.startswith("ACCEL_") and n not in _KEPT]:
     del os.environ[_name]
 
 import torch_accel  # noqa: E402  (after the environment is cleaned)

@@ -87,6 +87,26 @@ TEST(Protect, RuntimeCopiesFillsAndTasksStillWork) {
   stream_destroy(s);
 }
 
+TEST(Protect, TasksMayTouchEveryDevicesMemory) {
+  SKIP_UNLESS_PROTECTING();
+  int* on0 = testing::upload(std::vector<int>{1, 2, 3});
+  set_device(1);
+  int* on1 = static_cast<int*>(malloc(3 * sizeof(int)));
+  set_device(0);
+  Stream s1 = stream_create(1);
+  // A copy between devices runs on one device's stream and reads the other's memory.
+  launch_host_func(s1, [on0, on1] {
+    for (int i = 0; i < 3; ++i) on1[i] = on0[i] * 10;
+  });
+  stream_synchronize(s1);
+  EXPECT_EQ(testing::download(on1, 3), (std::vector<int>{10, 20, 30}));
+  EXPECT_FALSE(host_readable(on0));
+  EXPECT_FALSE(host_readable(on1));
+  free(on0);
+  free(on1);
+  stream_destroy(s1);
+}
+
 TEST(Protect, HostDereferenceOfDevicePointerCrashesAtOnce) {
   SKIP_UNLESS_PROTECTING();
 #if defined(__SANITIZE_THREAD__)

@@ -506,15 +506,17 @@ class HostDriver final : public Driver {
 
   void launch_host_func(DriverStream stream, Task task) override {
     HostStream* s = as_stream(stream);
-    DeviceMemory& mem = devices_[s->device]->memory;
-    if (mem.protecting()) {
-      // The task's footprint is unknown: it may touch any memory of its device.
-      task = Task([t = std::move(task), &mem]() mutable {
-        mem.acquire_all();
+    if (options_.protect_device_memory) {
+      // The task's footprint is unknown: it may touch any device's memory (a copy between
+      // devices runs on one device's stream and reads the other's memory).
+      task = Task([t = std::move(task), this]() mutable {
+        for (auto& d : devices_) d->memory.acquire_all();
         struct Release {
-          DeviceMemory& m;
-          ~Release() { m.release_all(); }
-        } release{mem};
+          HostDriver* driver;
+          ~Release() {
+            for (auto& d : driver->devices_) d->memory.release_all();
+          }
+        } release{this};
         t();
       });
     }
