@@ -101,3 +101,24 @@ def test_dataloader_pins_batches_for_accel():
         total += xb.to("accel", non_blocking=True).sum(0)
     torch.accel.synchronize()
     assert_same(total, torch.arange(20.0).view(10, 2).sum(0))
+
+
+def test_record_stream_keeps_memory_for_the_other_stream():
+    side = torch.accel.Stream()
+    x = torch.arange(1 << 16, dtype=torch.float32, device="accel")
+    with torch.accel.stream(side):
+        y = x * 2  # reads x on another stream
+    x.record_stream(side)
+    del x  # freed, but not reused before `side` passes this point
+    z = torch.zeros(1 << 16, device="accel")
+    side.synchronize()
+    assert_same(y, torch.arange(1 << 16, dtype=torch.float32) * 2)
+    assert_same(z, torch.zeros(1 << 16))
+
+
+def test_non_blocking_upload_from_pageable_memory_is_staged():
+    src = torch.arange(1 << 18, dtype=torch.float32)
+    dst = src.to("accel", non_blocking=True)
+    src.zero_()  # the caller may reuse the source at once
+    torch.accel.synchronize()
+    assert_same(dst, torch.arange(1 << 18, dtype=torch.float32))
