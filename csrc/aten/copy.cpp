@@ -17,6 +17,7 @@
 #include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
 
+#include "AccelNativeFunctions.h"
 #include "aten/device_kernel.h"
 #include "device/common.h"
 
@@ -155,6 +156,8 @@ void copy_accel_to_host(const at::Tensor& dst, const at::Tensor& src, bool non_b
   dst.copy_(host);
 }
 
+}  // namespace
+
 at::Tensor& copy_(at::Tensor& self, const at::Tensor& src, bool non_blocking) {
   TORCH_CHECK(self.defined() && src.defined(), "copy_: undefined tensor");
   TORCH_CHECK(is_accel(self) || self.device().is_cpu(), "copy_: accel cannot copy into a ",
@@ -191,7 +194,7 @@ at::Tensor _copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) 
   return copy_(out, self, /*non_blocking=*/false);
 }
 
-at::Tensor& fill_scalar(at::Tensor& self, const c10::Scalar& value) {
+at::Tensor& fill_Scalar(at::Tensor& self, const c10::Scalar& value) {
   if (self.numel() == 0) return self;
   at::assert_no_internal_overlap(self);
   c10::DeviceGuard guard(self.device());
@@ -200,10 +203,10 @@ at::Tensor& fill_scalar(at::Tensor& self, const c10::Scalar& value) {
   return self;
 }
 
-at::Tensor& fill_tensor(at::Tensor& self, const at::Tensor& value) {
+at::Tensor& fill_Tensor(at::Tensor& self, const at::Tensor& value) {
   TORCH_CHECK(value.dim() == 0, "fill_ only supports 0-dimension value tensor but got tensor with ",
               value.dim(), " dimensions.");
-  return fill_scalar(self, value.item());
+  return fill_Scalar(self, value.item());
 }
 
 at::Tensor& zero_(at::Tensor& self) {
@@ -215,10 +218,10 @@ at::Tensor& zero_(at::Tensor& self) {
     device::call([&] { rt::memset_async(self.data_ptr(), 0, nbytes_of(self), stream); }, "zero_");
     return self;
   }
-  return fill_scalar(self, 0);
+  return fill_Scalar(self, 0);
 }
 
-c10::Scalar local_scalar_dense(const at::Tensor& self) {
+c10::Scalar _local_scalar_dense(const at::Tensor& self) {
   TORCH_CHECK(self.numel() == 1, "a Tensor with ", self.numel(),
               " elements cannot be converted to Scalar");
   c10::DeviceGuard guard(self.device());
@@ -233,18 +236,6 @@ c10::Scalar local_scalar_dense(const at::Tensor& self) {
       },
       "Tensor.item() (aten::_local_scalar_dense)");
   return at::_local_scalar_dense(host);
-}
-
-}  // namespace
-
-TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
-  m.impl("copy_", TORCH_FN(copy_));
-  m.impl("_copy_from", TORCH_FN(_copy_from));
-  m.impl("_copy_from_and_resize", TORCH_FN(_copy_from_and_resize));
-  m.impl("fill_.Scalar", TORCH_FN(fill_scalar));
-  m.impl("fill_.Tensor", TORCH_FN(fill_tensor));
-  m.impl("zero_", TORCH_FN(zero_));
-  m.impl("_local_scalar_dense", TORCH_FN(local_scalar_dense));
 }
 
 }  // namespace accel::aten

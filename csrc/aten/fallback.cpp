@@ -18,6 +18,7 @@
 #include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
 
+#include "aten/dispatch_util.h"
 #include "aten/fallback.h"
 #include "device/common.h"
 #include "device/generator.h"
@@ -39,11 +40,6 @@ std::atomic<int> g_mode{-1};  // -1: not read from the environment yet
 std::mutex g_stats_mutex;
 std::unordered_map<std::string, int64_t> g_counts;
 std::unordered_set<std::string> g_warned;
-
-std::string op_name(const c10::OperatorHandle& op) {
-  const c10::OperatorName& n = op.operator_name();
-  return n.overload_name.empty() ? n.name : n.name + "." + n.overload_name;
-}
 
 // Why an operator must not take the copying fallback ("" if it may).
 std::string denied(const std::string& name) {
@@ -73,54 +69,6 @@ std::string denied(const std::string& name) {
     if (name.rfind(prefix, 0) == 0) return why;
   }
   return {};
-}
-
-// Devices seen in the arguments.
-struct DeviceScan {
-  std::optional<c10::DeviceIndex> device;
-  std::optional<c10::DeviceIndex> other;  // a second accel device, if any
-
-  void see(c10::Device d) {
-    if (d.type() != kAccel) return;
-    const c10::DeviceIndex index = d.has_index() ? d.index() : device::current_device();
-    if (!device) {
-      device = index;
-    } else if (*device != index && !other) {
-      other = index;
-    }
-  }
-  void see(const c10::IValue& v) {
-    if (v.isTensor()) {
-      const at::Tensor& t = v.toTensor();
-      if (t.defined()) see(t.device());
-    } else if (v.isTensorList()) {
-      for (const at::Tensor& t : v.toTensorVector()) {
-        if (t.defined()) see(t.device());
-      }
-    } else if (v.isList()) {
-      for (const c10::IValue& e : v.toListRef()) {
-        if (e.isTensor() && e.toTensor().defined()) see(e.toTensor().device());
-      }
-    } else if (v.isDevice()) {
-      see(v.toDevice());
-    }
-  }
-};
-
-bool is_generator_argument(const c10::Argument& a) {
-  const c10::TypePtr& t = a.type();
-  if (t->kind() == c10::TypeKind::GeneratorType) return true;
-  if (t->kind() == c10::TypeKind::OptionalType) {
-    return t->containedType(0)->kind() == c10::TypeKind::GeneratorType;
-  }
-  return false;
-}
-
-bool returns_view(const c10::FunctionSchema& schema) {
-  for (const c10::Argument& r : schema.returns()) {
-    if (r.alias_info() != nullptr && !r.alias_info()->isWrite()) return true;
-  }
-  return false;
 }
 
 // A meta tensor with the same storage extent, offset, sizes, strides, dtype and bits.
@@ -236,40 +184,13 @@ void accel_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
                               "on the CPU fallback. Set ACCEL_FALLBACK=warn (the default) or "
                               "silent to allow the fallback.");
 
-  const c10::FunctionSchema& schema = op.schema();
-  const size_t n = schema.arguments().size();
-  const size_t begin = stack->size() - n;
-  DeviceScan scan;
-  bool accel_generator = false;
-  for (size_t i = 0; i < n; ++i) {
-    const c10::IValue& v = (*stack)[begin + i];
-    scan.see(v);
-    if (v.isGenerator() && device::is_accel_generator(v.toGenerator())) accel_generator = true;
-  }
-  TORCH_CHECK(!scan.other,
-              "Expected all tensors to be on the same device, but found at least "
-              "two devices, accel:",
-              static_cast<int>(*scan.device), " and accel:", static_cast<int>(*scan.other),
-              "! (when running ", name, ")");
-  TORCH_CHECK(scan.device || !accel_generator, name,
-              ": an accel generator was given but no tensor is on accel; use a generator of the "
-              "tensors' device");
+  const c10::DeviceIndex dev = call_device(op, *stack, name);
   count_and_warn(name, mode);
-  const c10::DeviceIndex dev = scan.device ? *scan.device : device::current_device();
   c10::DeviceGuard guard(c10::Device(kAccel, dev));
-
   // Random operators draw from the accel generator through a CPU generator derived from it.
-  for (size_t i = 0; i < n; ++i) {
-    if (!is_generator_argument(schema.arguments()[i])) continue;
-    c10::IValue& v = (*stack)[begin + i];
-    if (v.isGenerator() && device::is_accel_generator(v.toGenerator())) {
-      v = c10::IValue(device::next_cpu_generator(v.toGenerator()));
-    } else if (v.isNone()) {
-      v = c10::IValue(device::next_cpu_generator(device::default_generator(dev)));
-    }
-  }
+  substitute_generators(op, stack, dev);
 
-  if (returns_view(schema)) {
+  if (returns_view(op.schema())) {
     view_fallback(op, stack, name);
     return;
   }
@@ -298,6 +219,10 @@ FallbackMode mode_from_env() {
 }
 
 }  // namespace
+
+void cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  accel_fallback(op, stack);
+}
 
 bool parse_fallback_mode(const std::string& text, FallbackMode* mode) {
   if (text == "warn") {

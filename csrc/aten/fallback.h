@@ -1,6 +1,9 @@
 // The CPU fallback: operators without an accel kernel run on the CPU, visibly.
 #pragma once
 
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
+
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -9,6 +12,9 @@
 namespace accel::aten {
 
 enum class FallbackMode { Warn, Silent, Error };
+
+// Runs an operator through the CPU fallback (the boxed kernel registered for PrivateUse1).
+void cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack);
 
 // The mode starts from ACCEL_FALLBACK (warn, silent or error; warn by default).
 FallbackMode fallback_mode();

@@ -4,12 +4,12 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty_like.h>
 #include <ATen/ops/ones_like.h>
-#include <torch/library.h>
 
 #include <tuple>
 
+#include "AccelNativeFunctions.h"
+
 namespace accel::aten {
-namespace {
 
 // Dropout as torch.nn.functional.dropout runs it on accelerators: (output, keep mask).
 std::tuple<at::Tensor, at::Tensor> native_dropout(const at::Tensor& input, double p,
@@ -27,12 +27,6 @@ std::tuple<at::Tensor, at::Tensor> native_dropout(const at::Tensor& input, doubl
       at::empty_like(input, input.options().dtype(at::kBool), at::MemoryFormat::Contiguous);
   mask.bernoulli_(keep);  // draws from the accel generator
   return {input.mul(mask).mul_(scale), mask};
-}
-
-}  // namespace
-
-TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
-  m.impl("native_dropout", TORCH_FN(native_dropout));
 }
 
 }  // namespace accel::aten

@@ -10,6 +10,7 @@
 #include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
 
+#include "AccelNativeFunctions.h"
 #include "device/allocator.h"
 #include "device/common.h"
 
@@ -34,6 +35,8 @@ c10::DeviceIndex index_of(std::optional<c10::Device> device) {
   return device::current_device();
 }
 
+}  // namespace
+
 at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<c10::ScalarType> dtype,
                                std::optional<c10::Layout> layout, std::optional<c10::Device> device,
                                std::optional<bool> pin_memory,
@@ -56,6 +59,8 @@ at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride,
                                            c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), st);
 }
 
+namespace {
+
 // Makes sure `storage` holds at least `bytes`, growing it in stream order.
 void ensure_storage(const c10::Storage& storage, size_t bytes) {
   if (bytes <= storage.nbytes()) return;
@@ -69,6 +74,8 @@ size_t needed_bytes(c10::IntArrayRef size, c10::IntArrayRef stride, size_t items
   }
   return at::detail::computeStorageNbytes(size, stride, itemsize, static_cast<size_t>(offset));
 }
+
+}  // namespace
 
 const at::Tensor& resize_(const at::Tensor& self, c10::IntArrayRef size,
                           std::optional<c10::MemoryFormat> memory_format) {
@@ -88,7 +95,8 @@ const at::Tensor& resize_(const at::Tensor& self, c10::IntArrayRef size,
   return self;
 }
 
-at::Tensor& set_storage(at::Tensor& self, c10::Storage source, int64_t storage_offset,
+at::Tensor& set_source_Storage_storage_offset(at::Tensor& self, c10::Storage source,
+                                              int64_t storage_offset,
                         c10::IntArrayRef size, c10::IntArrayRef stride) {
   TORCH_CHECK(source.device() == self.device(), "set_: the storage is on ", source.device(),
               " but the tensor is on ", self.device());
@@ -115,21 +123,21 @@ at::Tensor& set_source_Storage(at::Tensor& self, c10::Storage source) {
   TORCH_CHECK(source.nbytes() % itemsize == 0, "set_: the storage has ", source.nbytes(),
               " bytes, not a multiple of the element size ", itemsize, " of ", self.dtype());
   const int64_t n = static_cast<int64_t>(source.nbytes() / itemsize);
-  return set_storage(self, std::move(source), 0, {n}, {1});
+  return set_source_Storage_storage_offset(self, std::move(source), 0, {n}, {1});
 }
 
 at::Tensor& set_source_Tensor(at::Tensor& self, const at::Tensor& source) {
   if (self.is_same(source)) return self;
   TORCH_CHECK(self.dtype() == source.dtype(), "set_: the source tensor has dtype ", source.dtype(),
               " but the tensor has ", self.dtype());
-  return set_storage(self, source.storage(), source.storage_offset(), source.sizes(),
-                     source.strides());
+  return set_source_Storage_storage_offset(self, source.storage(), source.storage_offset(),
+                                          source.sizes(), source.strides());
 }
 
-at::Tensor& set_empty(at::Tensor& self) {
+at::Tensor& set_(at::Tensor& self) {
   c10::Storage empty(c10::Storage::use_byte_size_t(), 0, device::device_allocator(),
                      /*resizable=*/true);
-  return set_storage(self, std::move(empty), 0, {0}, {});
+  return set_source_Storage_storage_offset(self, std::move(empty), 0, {0}, {});
 }
 
 at::Tensor as_strided(const at::Tensor& self, c10::IntArrayRef size, c10::IntArrayRef stride,
@@ -137,7 +145,19 @@ at::Tensor as_strided(const at::Tensor& self, c10::IntArrayRef size, c10::IntArr
   return at::native::as_strided_tensorimpl(self, size, stride, storage_offset);
 }
 
-at::Tensor pin_memory_error(const at::Tensor& self, std::optional<c10::Device>) {
+at::Tensor view(const at::Tensor& self, c10::IntArrayRef size) {
+  return at::native::view(self, size);
+}
+
+at::Tensor _unsafe_view(const at::Tensor& self, c10::IntArrayRef size) {
+  return at::native::_unsafe_view(self, size);
+}
+
+at::Tensor _reshape_alias(const at::Tensor& self, c10::IntArrayRef size, c10::IntArrayRef stride) {
+  return at::native::_reshape_alias(self, size, stride);
+}
+
+at::Tensor _pin_memory(const at::Tensor& self, std::optional<c10::Device>) {
   TORCH_CHECK(false, "cannot pin '", self.toString(),
               "': only dense CPU tensors can be pinned (accel memory is device memory)");
 }
@@ -146,24 +166,6 @@ void record_stream(at::Tensor& self, c10::Stream stream) {
   void* base = self.storage().mutable_data();
   if (base == nullptr) return;
   device::call([&] { rt::record_stream(base, device::to_rt(stream)); }, "record_stream");
-}
-
-}  // namespace
-
-TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
-  m.impl("empty.memory_format", TORCH_FN(empty_memory_format));
-  m.impl("empty_strided", TORCH_FN(empty_strided));
-  m.impl("as_strided", TORCH_FN(as_strided));
-  m.impl("view", TORCH_FN(at::native::view));
-  m.impl("_unsafe_view", TORCH_FN(at::native::_unsafe_view));
-  m.impl("_reshape_alias", TORCH_FN(at::native::_reshape_alias));
-  m.impl("resize_", TORCH_FN(resize_));
-  m.impl("set_.source_Storage_storage_offset", TORCH_FN(set_storage));
-  m.impl("set_.source_Storage", TORCH_FN(set_source_Storage));
-  m.impl("set_.source_Tensor", TORCH_FN(set_source_Tensor));
-  m.impl("set_", TORCH_FN(set_empty));
-  m.impl("_pin_memory", TORCH_FN(pin_memory_error));
-  m.impl("record_stream", TORCH_FN(record_stream));
 }
 
 }  // namespace accel::aten

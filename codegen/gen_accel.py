@@ -1,0 +1,496 @@
+"""Generates accel's operator registrations and docs/ops.md from yaml/accel_functions.yaml.
+
+Every entry names an ATen operator and its tier. Operator schemas, in-place and out= variants
+and C++ signatures come from PyTorch's own native_functions.yaml (through torchgen), so one
+entry covers the functional, in-place and out= forms of an operator and a native kernel with
+the wrong signature fails to compile. A malformed entry fails the build with a message naming
+the entry.
+
+    python codegen/gen_accel.py --yaml yaml/accel_functions.yaml --out-dir build/generated \
+        --docs docs/ops.md --torch-dir <site-packages>/torch
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+TIERS = ("native", "underlying", "cpu_fallback", "error")
+DRIVERS = ("host", "cuda", "level_zero")
+VARIANTS = ("functional", "inplace", "out")
+KEYS = {
+    "op", "tier", "kernel", "variants", "drivers", "dtypes", "cpu_op", "sync", "metadata_only",
+    "reason",
+}  # fmt: skip
+# c10::ScalarType values.
+DTYPES = {
+    "uint8": 0, "int8": 1, "int16": 2, "int32": 3, "int64": 4, "float16": 5, "float32": 6,
+    "float64": 7, "complex32": 8, "complex64": 9, "complex128": 10, "bool": 11, "bfloat16": 15,
+}  # fmt: skip
+CPP_TIER = {
+    "native": "Tier::Native",
+    "underlying": "Tier::Underlying",
+    "cpu_fallback": "Tier::CpuFallback",
+    "error": "Tier::Error",
+}
+
+
+class EntryError(Exception):
+    pass
+
+
+@dataclass
+class Registration:
+    """One registered operator (an entry expands to up to three: its variants)."""
+
+    name: str  # "add.Tensor"
+    tiers: dict[str, str]
+    kernel: str = ""
+    cpu_op: str = ""
+    out_variant: str = ""
+    functional: str = ""  # out= forms with several outputs: the functional form to run
+    meta: str = ""  # C++ body of a function computing the results on meta tensors ("" = none)
+    meta_header: str = ""
+    sync: bool = False
+    metadata_only: bool = False
+    dtypes: list[str] = field(default_factory=list)
+    reason: str = ""
+    signature: str = ""  # native: the C++ declaration
+    entry: str = ""  # the yaml entry it comes from (for docs)
+
+
+def load_native_functions() -> tuple[dict[str, Any], dict[str, Any]]:
+    """Native functions by name, and the group (functional/inplace/out) each belongs to."""
+    import torchgen
+    from torchgen.gen import get_grouped_native_functions, parse_native_yaml
+    from torchgen.model import NativeFunctionsGroup
+
+    root = Path(torchgen.__file__).parent / "packaged" / "ATen" / "native"
+    parsed = parse_native_yaml(str(root / "native_functions.yaml"), str(root / "tags.yaml"))
+    functions = {str(f.func.name): f for f in parsed.native_functions}
+    groups: dict[str, Any] = {}
+    for g in get_grouped_native_functions(parsed.native_functions):
+        if isinstance(g, NativeFunctionsGroup):
+            for f in g.functions():
+                groups[str(f.func.name)] = g
+    return functions, groups
+
+
+def is_view(f: Any) -> bool:
+    return any(r.annotation is not None and not r.annotation.is_write for r in f.func.returns)
+
+
+def signature(f: Any, name: str) -> str:
+    from torchgen import local
+    from torchgen.api.types import DispatcherSignature
+
+    with local.parametrize(
+        use_const_ref_for_mutable_tensors=f.use_const_ref_for_mutable_tensors,
+        use_ilistref_for_tensor_lists=False,
+    ):
+        return DispatcherSignature.from_schema(f.func, symint=False).decl(name=name)
+
+
+def _norm_decl(decl: str) -> str:
+    return re.sub(r"\s*=[^,)]*", "", decl).replace("TORCH_API ", "").strip().rstrip(";")
+
+
+_meta_headers: dict[str, list[str]] = {}
+_meta_symbols: dict[str, set[int]] | None = None
+
+
+def _arity(params: str) -> int:
+    """Number of top-level parameters in a demangled parameter list."""
+    if not params.strip():
+        return 0
+    depth, count = 0, 1
+    for ch in params:
+        if ch in "<(":
+            depth += 1
+        elif ch in ">)":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            count += 1
+    return count
+
+
+def exported_meta_functions(lib_dir: Path) -> dict[str, set[int]]:
+    """at::meta functions libtorch_cpu exports: name -> parameter counts. Headers declare some
+    that the library does not define, so a declaration alone is not enough."""
+    global _meta_symbols
+    if _meta_symbols is None:
+        _meta_symbols = {}
+        try:
+            out = subprocess.run(
+                ["nm", "-DC", "--defined-only", str(lib_dir / "libtorch_cpu.so")],
+                capture_output=True, text=True, check=True,
+            ).stdout  # fmt: skip
+        except (OSError, subprocess.CalledProcessError) as e:
+            print(f"gen_accel: cannot list libtorch_cpu symbols ({e}); the underlying tier uses "
+                  "the dispatcher's meta kernels", file=sys.stderr)  # fmt: skip
+            out = ""
+        for m in re.finditer(r" at::meta::(\w+)\((.*)\)\s*$", out, re.MULTILINE):
+            _meta_symbols.setdefault(m.group(1), set()).add(_arity(m.group(2)))
+    return _meta_symbols
+
+
+def meta_function(f: Any, include_dir: Path, lib_dir: Path) -> tuple[str, str]:
+    """(header, C++ statements) calling the C++ meta function of `f` on a boxed stack.
+
+    PyTorch overrides many Meta kernels with Python ones (torch/_meta_registrations.py), which
+    cost tens of microseconds per call; the structured C++ meta functions (at::meta::*) compute
+    the same result shapes in a few. Empty if `f` has none.
+    """
+    from torchgen import local
+    from torchgen.api import unboxing
+    from torchgen.api.types import CppSignatureGroup
+
+    header = f"{f.root_name}_meta_dispatch.h"
+    if header not in _meta_headers:
+        path = include_dir / "ATen" / "ops" / header
+        _meta_headers[header] = (
+            [
+                _norm_decl(line)
+                for line in path.read_text().splitlines()
+                if line.startswith("TORCH_API")
+            ]
+            if path.exists()
+            else []
+        )
+    with local.parametrize(
+        use_const_ref_for_mutable_tensors=f.use_const_ref_for_mutable_tensors,
+        use_ilistref_for_tensor_lists=f.part_of_structured_group,
+    ):
+        sig = CppSignatureGroup.from_native_function(f, method=False).most_faithful_signature()
+        if _norm_decl(sig.decl()) not in _meta_headers[header]:
+            return "", ""
+        bindings, code = unboxing.convert_arguments(f)
+        if len(bindings) not in exported_meta_functions(lib_dir).get(sig.name(), set()):
+            return "", ""
+    n = len(bindings)
+    args = ", ".join(b.name for b in bindings)
+    body = [line for line in code if line.strip()]
+    body = [line.replace("peek(stack,", "torch::jit::peek(*stack,") for line in body]
+    call = f"at::meta::{sig.name()}({args})"
+    if f.func.returns:
+        body += [f"auto result_ = {call};", f"torch::jit::drop(*stack, {n});",
+                 "torch::jit::pack(*stack, std::move(result_));"]  # fmt: skip
+    else:
+        body += [f"{call};", f"torch::jit::drop(*stack, {n});"]
+    return f"ATen/ops/{header}", "\n  ".join(body)
+
+
+def same_inputs(functional: Any, out: Any) -> bool:
+    """The out= variant takes the functional arguments (plus its outputs)."""
+    a = [(x.name, str(x.type)) for x in functional.func.arguments.flat_all]
+    b = [
+        (x.name, str(x.type))
+        for x in out.func.arguments.flat_all
+        if x not in out.func.arguments.out
+    ]
+    return a == b
+
+
+def expand(
+    entry: dict[str, Any],
+    functions: dict[str, Any],
+    groups: dict[str, Any],
+    torch_dir: Path,
+) -> list[Registration]:
+    unknown = set(entry) - KEYS
+    if unknown:
+        raise EntryError(f"unknown key(s) {sorted(unknown)}; known keys: {sorted(KEYS)}")
+    op = entry.get("op")
+    if not isinstance(op, str) or not op:
+        raise EntryError("missing 'op'")
+    if op not in functions:
+        raise EntryError(f"unknown operator '{op}' (not in PyTorch's native_functions.yaml)")
+    tier = entry.get("tier")
+    if tier not in TIERS:
+        raise EntryError(f"unknown tier {tier!r}; use one of {', '.join(TIERS)}")
+    drivers = entry.get("drivers", {}) or {}
+    if not isinstance(drivers, dict):
+        raise EntryError("'drivers' must map driver names to tiers")
+    for d, t in drivers.items():
+        if d not in DRIVERS:
+            raise EntryError(f"unknown driver '{d}'; use one of {', '.join(DRIVERS)}")
+        if t not in TIERS or t == "native":
+            raise EntryError(f"driver '{d}': tier must be underlying, cpu_fallback or error")
+    tiers = {d: drivers.get(d, tier) for d in DRIVERS}
+    dtypes = entry.get("dtypes", []) or []
+    for dt in dtypes:
+        if dt not in DTYPES:
+            raise EntryError(f"unknown dtype '{dt}'; use one of {', '.join(DTYPES)}")
+    kernel = entry.get("kernel", "")
+    cpu_op = entry.get("cpu_op", "")
+    sync = bool(entry.get("sync", False))
+    metadata_only = bool(entry.get("metadata_only", False))
+    if sync and metadata_only:
+        raise EntryError("'sync' and 'metadata_only' exclude each other")
+    reason = entry.get("reason", "")
+
+    if tier == "native":
+        if not kernel:
+            raise EntryError("a native operator needs 'kernel' (the C++ function implementing it)")
+        if entry.get("variants") not in (None, ["functional"]):
+            raise EntryError(
+                "a native entry registers exactly its operator; list variants separately"
+            )
+        if drivers or dtypes or cpu_op or sync or metadata_only:
+            raise EntryError(
+                "'drivers', 'dtypes', 'cpu_op', 'sync' and 'metadata_only' apply to underlying "
+                "operators"
+            )
+        f = functions[op]
+        return [Registration(op, {d: "native" for d in DRIVERS}, kernel=kernel,
+                             signature=signature(f, kernel), entry=op)]  # fmt: skip
+    if kernel:
+        raise EntryError("'kernel' is only for the native tier")
+    if tier == "error" and not reason:
+        raise EntryError("an error entry needs a 'reason' users will read")
+    if tier != "underlying" and (cpu_op or sync or metadata_only or dtypes):
+        raise EntryError(
+            "'cpu_op', 'sync', 'metadata_only' and 'dtypes' apply to underlying operators"
+        )
+    if is_view(functions[op]):
+        raise EntryError("view operators must be native (they alias storage)")
+
+    group = groups.get(op)
+    members = {}
+    if group is not None:
+        members = {"functional": group.functional, "inplace": group.inplace, "out": group.out}
+        members = {k: v for k, v in members.items() if v is not None}
+    else:
+        members = {"functional": functions[op]}
+    # A cpu_op runs in place of the functional form only.
+    variants = entry.get("variants", ["functional"] if cpu_op else list(members))
+    for v in variants:
+        if v not in VARIANTS:
+            raise EntryError(f"unknown variant '{v}'; use functional, inplace or out")
+        if v not in members:
+            raise EntryError(f"'{op}' has no {v} variant")
+    if cpu_op:
+        if cpu_op not in functions:
+            raise EntryError(f"unknown cpu_op '{cpu_op}'")
+        if variants != ["functional"]:
+            raise EntryError("'cpu_op' replaces the functional form only (variants: [functional])")
+        a = [(x.name, str(x.type)) for x in functions[op].func.arguments.flat_all]
+        b = [(x.name, str(x.type)) for x in functions[cpu_op].func.arguments.flat_all]
+        if a != b:
+            raise EntryError(f"cpu_op '{cpu_op}' takes other arguments than '{op}'")
+
+    out: list[Registration] = []
+    for v in variants:
+        f = members[v]
+        shape_f = functions[cpu_op] if cpu_op else f
+        meta_header, meta_body = meta_function(shape_f, torch_dir / "include", torch_dir / "lib")
+        name = str(f.func.name)
+        # Kernels returning several Tensor& must not be called boxed with the only references
+        # to their outputs on the stack: PyTorch's boxing wrapper keeps the returned references
+        # and drops the arguments they refer to first. So a functional form runs its out= form
+        # only when that has a single output, and an out= form with several outputs runs the
+        # functional form and copies into its outputs.
+        out_variant = ""
+        functional = ""
+        if (
+            v == "functional"
+            and not cpu_op
+            and "out" in members
+            and same_inputs(f, members["out"])
+            and len(members["out"].func.returns) == 1
+        ):
+            out_variant = "aten::" + str(members["out"].func.name)
+        if (
+            v == "out"
+            and len(f.func.returns) > 1
+            and "functional" in members
+            and same_inputs(members["functional"], f)
+        ):
+            functional = "aten::" + str(members["functional"].func.name)
+        out.append(
+            Registration(
+                name,
+                tiers,
+                cpu_op=("aten::" + cpu_op) if cpu_op else "",
+                out_variant=out_variant,
+                functional=functional,
+                sync=sync,
+                metadata_only=metadata_only,
+                meta=meta_body,
+                meta_header=meta_header,
+                dtypes=list(dtypes),
+                reason=reason,
+                entry=op,
+            )  # fmt: skip
+        )
+    return out
+
+
+def cpp_string(s: str) -> str:
+    return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def write_if_changed(path: Path, text: str) -> None:
+    if path.exists() and path.read_text() == text:
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+def render_cpp(regs: list[Registration]) -> tuple[str, str]:
+    header = [
+        "// Generated by codegen/gen_accel.py from yaml/accel_functions.yaml. Do not edit.",
+        "// The native kernels, declared with the dispatcher signatures of their operators.",
+        "#pragma once",
+        "",
+        "#include <ATen/core/Tensor.h>",
+        "",
+        "namespace accel::aten {",
+    ]
+    header += [f"{r.signature};" for r in regs if r.kernel]
+    header += ["}  // namespace accel::aten", ""]
+
+    boxed = [r for r in regs if not r.kernel]
+    headers = sorted({r.meta_header for r in boxed if r.meta_header})
+    cpp = [
+        "// Generated by codegen/gen_accel.py from yaml/accel_functions.yaml. Do not edit.",
+        "#include <ATen/core/stack.h>",
+        "#include <torch/library.h>",
+        "",
+        *[f"#include <{h}>" for h in headers],
+        "",
+        '#include "AccelNativeFunctions.h"',
+        '#include "aten/underlying.h"',
+        "",
+        "namespace accel::aten {",
+        "namespace {",
+        "",
+        "using torch::jit::Stack;",
+        "",
+    ]
+    for i, r in enumerate(boxed):
+        if r.meta:
+            cpp += [f"// {r.name}", f"void meta_{i}(Stack* stack) {{", f"  {r.meta}", "}", ""]
+    cpp += ["const OpConfig kConfigs[] = {"]
+    for i, r in enumerate(boxed):
+        mask = sum(1 << DTYPES[d] for d in r.dtypes)
+        meta = f"&meta_{i}" if r.meta else "nullptr"
+        t = r.tiers
+        cpp.append(
+            f"    {{{cpp_string('aten::' + r.name)}, {CPP_TIER[t['host']]}, "
+            f"{CPP_TIER[t['cuda']]}, {CPP_TIER[t['level_zero']]}, {cpp_string(r.cpu_op)}, "
+            f"{cpp_string(r.out_variant)}, {cpp_string(r.functional)}, "
+            f"{'true' if r.sync else 'false'}, "
+            f"{'true' if r.metadata_only else 'false'}, {mask}ull, {meta}, "
+            f"{cpp_string(r.reason)}}},"
+        )
+    if not boxed:
+        # C++ has no empty arrays: one unused entry.
+        tiers = ", ".join(["Tier::CpuFallback"] * 3)
+        cpp.append(f'    {{"", {tiers}, "", "", "", false, false, 0ull, nullptr, ""}},')
+    cpp += ["};", "", "}  // namespace", "", "TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {"]
+    for r in regs:
+        if r.kernel:
+            cpp.append(f"  m.impl({cpp_string(r.name)}, TORCH_FN(accel::aten::{r.kernel}));")
+    for i, r in enumerate(boxed):
+        cpp.append(f"  m.impl({cpp_string(r.name)}, make_kernel(kConfigs[{i}]));")
+    cpp += ["}", "", "}  // namespace accel::aten", ""]
+    return "\n".join(header), "\n".join(cpp)
+
+
+def render_docs(regs: list[Registration]) -> str:
+    counts = {t: sum(1 for r in regs if r.tiers["host"] == t) for t in TIERS}
+    lines = [
+        "# Operator coverage",
+        "",
+        "Generated by `codegen/gen_accel.py` from `yaml/accel_functions.yaml` at build time;",
+        "do not edit. Tiers (see DESIGN.md): **native** (an own kernel), **underlying** (the",
+        "ATen kernel of the device underneath, run on accel memory without copying, in stream",
+        "order), **cpu_fallback** (inputs copied to the CPU and results back), **error**",
+        "(refused, with the reason). Operators not listed here take the CPU fallback. The",
+        "`cuda` and `level_zero` drivers do not exist yet; the columns show the tier declared",
+        "for them.",
+        "",
+        f"Registered operators: {len(regs)} ({counts['native']} native, {counts['underlying']} "
+        f"underlying, {counts['cpu_fallback']} cpu_fallback, {counts['error']} error on the host "
+        "driver).",
+        "",
+        "| operator | host | cuda | level_zero | notes |",
+        "|---|---|---|---|---|",
+    ]
+    for r in sorted(regs, key=lambda r: r.name):
+        notes = []
+        if r.kernel:
+            notes.append(f"kernel `{r.kernel}`")
+        if r.out_variant:
+            notes.append(f"runs `{r.out_variant[6:]}`")
+        if r.cpu_op:
+            notes.append(f"runs `{r.cpu_op[6:]}` on the CPU")
+        if r.functional:
+            notes.append(f"runs `{r.functional[6:]}` and copies into the outputs")
+        if r.sync:
+            notes.append("data-dependent result shape: synchronizes")
+        if r.metadata_only:
+            notes.append("reads metadata only: runs on the caller")
+        if r.dtypes:
+            notes.append("dtypes: " + ", ".join(r.dtypes) + " (others: cpu_fallback)")
+        if r.reason:
+            notes.append(r.reason)
+        t = r.tiers
+        lines.append(
+            f"| `{r.name}` | {t['host']} | {t['cuda']} | {t['level_zero']} | {'; '.join(notes)} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--yaml", required=True)
+    parser.add_argument("--out-dir", required=True)
+    parser.add_argument("--docs", required=True)
+    parser.add_argument("--torch-dir", required=True, help="the installed torch package")
+    args = parser.parse_args()
+
+    with open(args.yaml) as fh:
+        entries = yaml.safe_load(fh) or []
+    if not isinstance(entries, list):
+        print(f"{args.yaml}: expected a list of entries", file=sys.stderr)
+        return 1
+    functions, groups = load_native_functions()
+    regs: list[Registration] = []
+    seen: dict[str, str] = {}
+    errors = []
+    for i, entry in enumerate(entries, 1):
+        label = entry.get("op", "?") if isinstance(entry, dict) else "?"
+        try:
+            if not isinstance(entry, dict):
+                raise EntryError("each entry must be a mapping with 'op' and 'tier'")
+            for r in expand(entry, functions, groups, Path(args.torch_dir)):
+                if r.name in seen:
+                    raise EntryError(f"'{r.name}' is already registered by entry '{seen[r.name]}'")
+                seen[r.name] = label
+                regs.append(r)
+        except EntryError as e:
+            errors.append(f"{args.yaml}: entry {i} (op: {label}): {e}")
+    if errors:
+        print("\n".join(errors), file=sys.stderr)
+        return 1
+    header, cpp = render_cpp(regs)
+    out_dir = Path(args.out_dir)
+    write_if_changed(out_dir / "AccelNativeFunctions.h", header)
+    write_if_changed(out_dir / "RegisterAccel.cpp", cpp)
+    write_if_changed(Path(args.docs), render_docs(regs))
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TORCH_DEVICE_BACKEND_AUTOLOAD", "0")
+    sys.exit(main())

@@ -1,0 +1,104 @@
+#include "aten/dispatch_util.h"
+
+#include <ATen/core/Tensor.h>
+
+#include <optional>
+
+#include "device/common.h"
+#include "device/generator.h"
+
+namespace accel::aten {
+namespace {
+
+using device::kAccel;
+
+struct DeviceScan {
+  std::optional<c10::DeviceIndex> device;
+  std::optional<c10::DeviceIndex> other;  // a second accel device, if any
+
+  void see(c10::Device d) {
+    if (d.type() != kAccel) return;
+    const c10::DeviceIndex index = d.has_index() ? d.index() : device::current_device();
+    if (!device) {
+      device = index;
+    } else if (*device != index && !other) {
+      other = index;
+    }
+  }
+  void see(const c10::IValue& v) {
+    if (v.isTensor()) {
+      const at::Tensor& t = v.toTensor();
+      if (t.defined()) see(t.device());
+    } else if (v.isTensorList()) {
+      for (const at::Tensor& t : v.toTensorVector()) {
+        if (t.defined()) see(t.device());
+      }
+    } else if (v.isList()) {
+      for (const c10::IValue& e : v.toListRef()) {
+        if (e.isTensor() && e.toTensor().defined()) see(e.toTensor().device());
+      }
+    } else if (v.isDevice()) {
+      see(v.toDevice());
+    }
+  }
+};
+
+bool is_generator_argument(const c10::Argument& a) {
+  const c10::TypePtr& t = a.type();
+  if (t->kind() == c10::TypeKind::GeneratorType) return true;
+  return t->kind() == c10::TypeKind::OptionalType &&
+         t->containedType(0)->kind() == c10::TypeKind::GeneratorType;
+}
+
+}  // namespace
+
+std::string op_name(const c10::OperatorHandle& op) {
+  const c10::OperatorName& n = op.operator_name();
+  return n.overload_name.empty() ? n.name : n.name + "." + n.overload_name;
+}
+
+c10::DeviceIndex call_device(const c10::OperatorHandle& op, const torch::jit::Stack& stack,
+                             const std::string& name) {
+  const size_t n = op.schema().arguments().size();
+  DeviceScan scan;
+  bool accel_generator = false;
+  for (size_t i = stack.size() - n; i < stack.size(); ++i) {
+    scan.see(stack[i]);
+    if (stack[i].isGenerator() && device::is_accel_generator(stack[i].toGenerator())) {
+      accel_generator = true;
+    }
+  }
+  TORCH_CHECK(!scan.other,
+              "Expected all tensors to be on the same device, but found at least two devices, "
+              "accel:",
+              static_cast<int>(*scan.device), " and accel:", static_cast<int>(*scan.other),
+              "! (when running ", name, ")");
+  TORCH_CHECK(scan.device || !accel_generator, name,
+              ": an accel generator was given but no tensor is on accel; use a generator of the "
+              "tensors' device");
+  return scan.device ? *scan.device : device::current_device();
+}
+
+void substitute_generators(const c10::OperatorHandle& op, torch::jit::Stack* stack,
+                           c10::DeviceIndex device) {
+  const auto& args = op.schema().arguments();
+  const size_t begin = stack->size() - args.size();
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (!is_generator_argument(args[i])) continue;
+    c10::IValue& v = (*stack)[begin + i];
+    if (v.isGenerator() && device::is_accel_generator(v.toGenerator())) {
+      v = c10::IValue(device::next_cpu_generator(v.toGenerator()));
+    } else if (v.isNone()) {
+      v = c10::IValue(device::next_cpu_generator(device::default_generator(device)));
+    }
+  }
+}
+
+bool returns_view(const c10::FunctionSchema& schema) {
+  for (const c10::Argument& r : schema.returns()) {
+    if (r.alias_info() != nullptr && !r.alias_info()->isWrite()) return true;
+  }
+  return false;
+}
+
+}  // namespace accel::aten

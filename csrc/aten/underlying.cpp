@@ -1,0 +1,675 @@
+#include "aten/underlying.h"
+
+#include <ATen/EmptyTensor.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/ops/empty_strided.h>
+#include <c10/core/DeviceGuard.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+
+#include <atomic>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "aten/device_kernel.h"
+#include "aten/dispatch_util.h"
+#include "aten/fallback.h"
+#include "device/allocator.h"
+#include "device/common.h"
+
+namespace accel::aten {
+namespace {
+
+using device::kAccel;
+
+std::atomic<bool> g_force_fallback{false};
+
+// The tier of an operator for the driver this process runs on.
+Tier driver_tier(const OpConfig& c) {
+  static const int driver = [] {
+    const std::string name = device::call([] { return std::string(rt::driver_name()); });
+    return name == "cuda" ? 1 : name == "level_zero" ? 2 : 0;
+  }();
+  return driver == 1 ? c.cuda : driver == 2 ? c.level_zero : c.host;
+}
+
+bool is_accel(const at::Tensor& t) { return t.defined() && t.device().type() == kAccel; }
+
+// One argument of the CPU call, captured by value for the task.
+struct Arg {
+  enum class Kind : uint8_t { Value, Tensor, TensorList, OptionalTensorList };
+  Kind kind = Kind::Value;
+  c10::IValue value;
+  Layout tensor;
+  std::vector<Layout> list;
+  std::vector<std::optional<Layout>> optional_list;
+
+  c10::IValue materialize() const {
+    switch (kind) {
+      case Kind::Tensor:
+        return tensor.cpu_view();
+      case Kind::TensorList: {
+        std::vector<at::Tensor> views;
+        views.reserve(list.size());
+        for (const Layout& l : list) views.push_back(l.cpu_view());
+        return views;
+      }
+      case Kind::OptionalTensorList: {
+        c10::List<std::optional<at::Tensor>> views;
+        for (const auto& l : optional_list) {
+          views.push_back(l ? std::optional<at::Tensor>(l->cpu_view()) : std::nullopt);
+        }
+        return views;
+      }
+      case Kind::Value:
+        break;
+    }
+    return value;
+  }
+};
+
+bool is_optional_tensor_list(const c10::IValue& v) {
+  if (!v.isList()) return false;
+  const c10::TypePtr elem = v.toList().elementType();
+  return elem->kind() == c10::TypeKind::OptionalType &&
+         elem->containedType(0)->kind() == c10::TypeKind::TensorType;
+}
+
+// CPU tensors given to an accel operator are copied at enqueue time, like CUDA reads them at
+// launch: the caller may change them as soon as the call returns.
+at::Tensor snapshot(const at::Tensor& cpu) { return cpu.clone(); }
+
+Arg capture(const c10::IValue& v) {
+  Arg a;
+  if (v.isTensor()) {
+    const at::Tensor& t = v.toTensor();
+    if (is_accel(t)) {
+      a.kind = Arg::Kind::Tensor;
+      a.tensor = Layout::of(t);
+    } else {
+      a.value = t.defined() ? c10::IValue(snapshot(t)) : v;
+    }
+  } else if (v.isTensorList()) {
+    std::vector<at::Tensor> ts = v.toTensorVector();
+    bool all_accel = true;
+    for (const at::Tensor& t : ts) all_accel = all_accel && is_accel(t);
+    if (all_accel) {
+      a.kind = Arg::Kind::TensorList;
+      for (const at::Tensor& t : ts) a.list.push_back(Layout::of(t));
+    } else {
+      std::vector<at::Tensor> copies;
+      for (const at::Tensor& t : ts) copies.push_back(is_accel(t) ? t : snapshot(t));
+      a.value = copies;  // mixed lists take the synchronous path before reaching here
+    }
+  } else if (is_optional_tensor_list(v)) {
+    a.kind = Arg::Kind::OptionalTensorList;
+    for (const c10::IValue& e : v.toListRef()) {
+      if (e.isNone()) {
+        a.optional_list.emplace_back(std::nullopt);
+      } else {
+        a.optional_list.emplace_back(Layout::of(e.toTensor()));
+      }
+    }
+  } else {
+    a.value = v;
+  }
+  return a;
+}
+
+// A meta tensor with the layout and dtype of `t` (built directly: no dispatcher round trip).
+at::Tensor meta_like(const at::Tensor& t) {
+  at::Tensor m = at::detail::empty_strided_meta(t.sizes(), t.strides(), t.scalar_type(),
+                                                std::nullopt, std::nullopt, std::nullopt);
+  if (t.is_conj()) m._set_conj(true);
+  if (t.is_neg()) m._set_neg(true);
+  return m;
+}
+
+// The argument for the meta pass; false if it cannot be represented (a CPU tensor with
+// elements, or a CPU tensor inside a list): such calls take the synchronous path.
+bool to_meta(const c10::IValue& v, c10::IValue* out) {
+  if (v.isTensor()) {
+    const at::Tensor& t = v.toTensor();
+    if (!t.defined()) {
+      *out = v;
+    } else if (is_accel(t)) {
+      *out = meta_like(t);
+    } else if (t.device().is_cpu() && t.dim() == 0) {
+      *out = v;  // CPU scalars combine with any device
+    } else {
+      return false;
+    }
+    return true;
+  }
+  if (v.isTensorList()) {
+    std::vector<at::Tensor> metas;
+    for (const at::Tensor& t : v.toTensorVector()) {
+      if (!is_accel(t)) return false;
+      metas.push_back(meta_like(t));
+    }
+    *out = metas;
+    return true;
+  }
+  if (is_optional_tensor_list(v)) {
+    c10::List<std::optional<at::Tensor>> metas;
+    for (const c10::IValue& e : v.toListRef()) {
+      if (e.isNone()) {
+        metas.push_back(std::nullopt);
+      } else if (is_accel(e.toTensor())) {
+        metas.push_back(meta_like(e.toTensor()));
+      } else {
+        return false;
+      }
+    }
+    *out = metas;
+    return true;
+  }
+  if (v.isDevice() && v.toDevice().type() == kAccel) {
+    *out = c10::Device(c10::kMeta);
+    return true;
+  }
+  *out = v;
+  return true;
+}
+
+bool returns_only_tensors(const c10::FunctionSchema& schema) {
+  for (const c10::Argument& r : schema.returns()) {
+    const auto kind = r.type()->kind();
+    if (kind == c10::TypeKind::TensorType) continue;
+    if (kind == c10::TypeKind::ListType &&
+        r.type()->containedType(0)->kind() == c10::TypeKind::TensorType) {
+      continue;
+    }
+    return false;
+  }
+  return true;
+}
+
+// The argument a write-aliasing result refers to.
+std::optional<size_t> aliased_argument(const c10::FunctionSchema& schema,
+                                       const c10::Argument& result) {
+  const c10::AliasInfo* alias = result.alias_info();
+  if (alias == nullptr || !alias->isWrite()) return std::nullopt;
+  for (size_t i = 0; i < schema.arguments().size(); ++i) {
+    const c10::AliasInfo* a = schema.arguments()[i].alias_info();
+    if (a == nullptr) continue;
+    for (const auto& set : alias->beforeSets()) {
+      if (a->beforeSets().count(set) != 0) return i;
+    }
+  }
+  return std::nullopt;
+}
+
+bool has_write_arguments(const c10::FunctionSchema& schema) {
+  for (const c10::Argument& a : schema.arguments()) {
+    if (a.alias_info() != nullptr && a.alias_info()->isWrite()) return true;
+  }
+  return false;
+}
+
+
+// Result metadata of an operator call, cached by the metadata (and non-tensor values) of its
+// arguments: a repeated call allocates its results without running any meta kernel (PyTorch
+// implements many in Python, tens of microseconds each). Shapes that depend on tensor data never
+// come here (those operators are marked `sync`).
+struct TensorMeta {
+  c10::SmallVector<int64_t, 5> sizes;
+  c10::SmallVector<int64_t, 5> strides;
+  c10::ScalarType dtype;
+  bool conj;
+  bool neg;
+
+  static TensorMeta of(const at::Tensor& t) {
+    return {c10::SmallVector<int64_t, 5>(t.sizes().begin(), t.sizes().end()),
+            c10::SmallVector<int64_t, 5>(t.strides().begin(), t.strides().end()),
+            t.scalar_type(), t.is_conj(), t.is_neg()};
+  }
+};
+
+// A new accel tensor on the current device (the caller's guard selects it).
+at::Tensor allocate(const TensorMeta& m) {
+  at::Tensor t = at::detail::empty_strided_generic(
+      m.sizes, m.strides, device::device_allocator(),
+      c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), m.dtype);
+  if (m.conj) t._set_conj(true);
+  if (m.neg) t._set_neg(true);
+  return t;
+}
+
+at::Tensor allocate(const at::Tensor& like) { return allocate(TensorMeta::of(like)); }
+
+struct CachedResult {
+  // Per result: one TensorMeta (tensor result) or several (tensor list result).
+  std::vector<std::vector<TensorMeta>> results;
+  std::vector<bool> result_is_list;
+  // Per argument: the metadata after the call (write arguments may be resized).
+  std::vector<std::optional<TensorMeta>> written;
+};
+
+// Appends a binary description of `v` to `key` (fixed-size fields, lengths before lists and
+// strings, so distinct argument lists never describe alike); false if `v` cannot be described.
+bool describe(const c10::IValue& v, std::string& key) {
+  const auto put = [&](const void* p, size_t n) { key.append(static_cast<const char*>(p), n); };
+  const auto put_int = [&](int64_t x) { put(&x, sizeof(x)); };
+  const auto tensor = [&](const at::Tensor& t) {
+    if (!t.defined()) {
+      key.push_back('U');
+      return;
+    }
+    key.push_back(t.device().type() == kAccel ? 'A' : 'C');
+    const int64_t dim = t.dim();
+    put_int(dim);
+    put(t.sizes().data(), sizeof(int64_t) * dim);
+    put(t.strides().data(), sizeof(int64_t) * dim);
+    key.push_back(static_cast<char>(t.scalar_type()));
+    // Wrapped Python numbers take part in type promotion differently from 0-dim tensors.
+    key.push_back(static_cast<char>(t.is_conj() | (t.is_neg() << 1) |
+                                    (t.unsafeGetTensorImpl()->is_wrapped_number() << 2)));
+  };
+  if (v.isTensor()) {
+    tensor(v.toTensor());
+  } else if (v.isTensorList()) {
+    key.push_back('L');
+    const auto ts = v.toTensorVector();
+    put_int(static_cast<int64_t>(ts.size()));
+    for (const at::Tensor& t : ts) tensor(t);
+  } else if (v.isNone()) {
+    key.push_back('N');
+  } else if (v.isInt()) {
+    key.push_back('i');
+    put_int(v.toInt());
+  } else if (v.isDouble()) {
+    key.push_back('d');
+    const double x = v.toDouble();
+    put(&x, sizeof(x));
+  } else if (v.isBool()) {
+    key.push_back(v.toBool() ? 'T' : 'F');
+  } else if (v.isComplexDouble()) {
+    key.push_back('c');
+    const c10::complex<double> x = v.toComplexDouble();
+    put(&x, sizeof(x));
+  } else if (v.isIntList()) {
+    key.push_back('I');
+    const auto xs = v.toIntVector();
+    put_int(static_cast<int64_t>(xs.size()));
+    for (int64_t x : xs) put_int(x);
+  } else if (v.isString()) {
+    key.push_back('s');
+    put_int(static_cast<int64_t>(v.toStringRef().size()));
+    key.append(v.toStringRef());
+  } else if (v.isDevice()) {
+    key.push_back('D');
+    const c10::Device d = v.toDevice();
+    key.push_back(static_cast<char>(d.type()));
+    key.push_back(static_cast<char>(d.index()));
+  } else if (v.isGenerator()) {
+    key.push_back('G');  // draws do not change result shapes
+  } else if (v.isList()) {
+    key.push_back('l');
+    const auto& xs = v.toListRef();
+    put_int(static_cast<int64_t>(xs.size()));
+    for (const c10::IValue& e : xs) {
+      if (!describe(e, key)) return false;
+    }
+  } else {
+    return false;
+  }
+  return true;
+}
+
+class MetaCache {
+ public:
+  static constexpr size_t kMaxEntries = 4096;
+
+  std::shared_ptr<const CachedResult> find(const std::string& key) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = entries_.find(key);
+    return it == entries_.end() ? nullptr : it->second;
+  }
+  void insert(std::string key, std::shared_ptr<const CachedResult> value) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (entries_.size() >= kMaxEntries) entries_.clear();
+    entries_.emplace(std::move(key), std::move(value));
+  }
+
+ private:
+  std::mutex mutex_;
+  std::unordered_map<std::string, std::shared_ptr<const CachedResult>> entries_;
+};
+
+// The work of one operator call on the stream.
+struct Work {
+  c10::OperatorHandle op;
+  std::vector<Arg> args;
+  std::vector<Layout> copy_into;  // functional results without an out= variant
+
+  void operator()() const {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    torch::jit::Stack stack;
+    stack.reserve(args.size());
+    for (const Arg& a : args) stack.push_back(a.materialize());
+    op.callBoxed(&stack);
+    for (size_t i = 0; i < copy_into.size(); ++i) {
+      copy_into[i].cpu_view().copy_(stack[i].toTensor());
+    }
+  }
+};
+
+class UnderlyingKernel final : public c10::OperatorKernel {
+ public:
+  explicit UnderlyingKernel(const OpConfig* config) : config_(config) {}
+
+  void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
+    const OpConfig& c = *config_;
+    switch (driver_tier(c)) {
+      case Tier::Error:
+        TORCH_CHECK_NOT_IMPLEMENTED(false, c.name, " is not supported on accel: ", c.reason);
+      case Tier::CpuFallback:
+      case Tier::Native:  // a native operator has its own kernel; never registered here
+        cpu_fallback(op, stack);
+        return;
+      case Tier::Underlying:
+        break;
+    }
+    if (g_force_fallback.load(std::memory_order_relaxed) || !host_accessible() ||
+        !dtype_allowed(c, op, *stack)) {
+      cpu_fallback(op, stack);
+      return;
+    }
+    resolve_ops(op);
+    const c10::DeviceIndex device = call_device(op, *stack, c.name);
+    c10::DeviceGuard guard(c10::Device(kAccel, device));
+    substitute_generators(op, stack, device);
+    const c10::FunctionSchema& schema = op.schema();
+    if (c.metadata_only) {
+      run_on_caller(op, stack, device, /*synchronize=*/false);
+    } else if (c.sync || !returns_only_tensors(schema) || !enqueue(op, stack, device)) {
+      run_on_caller(op, stack, device, /*synchronize=*/true);
+    }
+  }
+
+ private:
+  static bool host_accessible() {
+    static const bool ok = device::call([] { return rt::device_memory_host_accessible(); });
+    return ok;
+  }
+
+  static bool dtype_allowed(const OpConfig& c, const c10::OperatorHandle& op,
+                            const torch::jit::Stack& stack) {
+    if (c.dtypes == 0) return true;
+    const size_t n = op.schema().arguments().size();
+    for (size_t i = stack.size() - n; i < stack.size(); ++i) {
+      const c10::IValue& v = stack[i];
+      c10::ScalarType st = c10::ScalarType::Undefined;
+      if (v.isTensor() && v.toTensor().defined()) {
+        st = v.toTensor().scalar_type();
+      } else if (v.isTensorList() && !v.toTensorList().empty()) {
+        st = v.toTensorVector().front().scalar_type();
+      } else {
+        continue;
+      }
+      return (c.dtypes >> static_cast<int>(st)) & 1u;
+    }
+    return true;
+  }
+
+  void resolve_ops(const c10::OperatorHandle& op) {
+    std::call_once(resolved_, [&] {
+      const auto find = [](const char* full) -> std::optional<c10::OperatorHandle> {
+        if (full == nullptr || *full == '\0') return std::nullopt;
+        std::string name(full);
+        std::string overload;
+        if (name.rfind("aten::", 0) == 0) name = name.substr(6);
+        if (const auto dot = name.find('.'); dot != std::string::npos) {
+          overload = name.substr(dot + 1);
+          name = name.substr(0, dot);
+        }
+        return c10::Dispatcher::singleton().findSchemaOrThrow(("aten::" + name).c_str(),
+                                                              overload.c_str());
+      };
+      cpu_op_ = find(config_->cpu_op);
+      out_op_ = find(config_->out_variant);
+      functional_op_ = find(config_->functional);
+      (void)op;
+    });
+  }
+
+  // The meta pass, the allocation of results and the task. False if the call cannot be
+  // enqueued (no meta kernel, CPU tensors with elements among the arguments).
+  bool enqueue(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10::DeviceIndex device) {
+    const c10::FunctionSchema& schema = op.schema();
+    const size_t n = schema.arguments().size();
+    const size_t begin = stack->size() - n;
+    const c10::OperatorHandle& shape_op = cpu_op_ ? *cpu_op_ : op;
+
+    const std::shared_ptr<const CachedResult> shapes = result_metadata(shape_op, *stack, begin);
+    if (!shapes) return false;
+
+    // Results: arguments written in place (out=, in-place) or new tensors.
+    const auto& returns = schema.returns();
+    std::vector<c10::IValue> results(returns.size());
+    std::vector<Layout> fresh;  // new results, in order
+    for (size_t j = 0; j < returns.size(); ++j) {
+      if (const auto arg = aliased_argument(schema, returns[j])) {
+        results[j] = (*stack)[begin + *arg];
+        continue;
+      }
+      if (!shapes->result_is_list[j]) {
+        at::Tensor t = allocate(shapes->results[j].front());
+        fresh.push_back(Layout::of(t));
+        results[j] = std::move(t);
+      } else {
+        std::vector<at::Tensor> ts;
+        for (const TensorMeta& m : shapes->results[j]) {
+          ts.push_back(allocate(m));
+          fresh.push_back(Layout::of(ts.back()));
+        }
+        results[j] = std::move(ts);
+      }
+    }
+    // out= arguments the meta pass resized get the same shape on accel.
+    for (size_t i = 0; i < n; ++i) {
+      const c10::AliasInfo* alias = schema.arguments()[i].alias_info();
+      if (alias == nullptr || !alias->isWrite() || !shapes->written[i]) continue;
+      const TensorMeta& m = *shapes->written[i];
+      const at::Tensor& t = (*stack)[begin + i].toTensor();
+      if (c10::IntArrayRef(m.sizes) != t.sizes() || c10::IntArrayRef(m.strides) != t.strides()) {
+        t.resize_(m.sizes);
+        t.unsafeGetTensorImpl()->set_sizes_and_strides(m.sizes, m.strides);
+      }
+    }
+
+    Work work{cpu_op_ ? *cpu_op_ : op, {}, {}};
+    work.args.reserve(n + fresh.size());
+    if (functional_op_) {
+      // An out= form with several outputs: run the functional form and copy into the outputs
+      // (see codegen/gen_accel.py for why it is not called boxed).
+      work.op = *functional_op_;
+      for (size_t i = 0; i < n; ++i) {
+        const c10::AliasInfo* alias = schema.arguments()[i].alias_info();
+        if (alias == nullptr || !alias->isWrite()) work.args.push_back(capture((*stack)[begin + i]));
+      }
+      for (const c10::Argument& r : returns) {
+        work.copy_into.push_back(Layout::of((*stack)[begin + *aliased_argument(schema, r)].toTensor()));
+      }
+    } else {
+      for (size_t i = begin; i < stack->size(); ++i) work.args.push_back(capture((*stack)[i]));
+    }
+    if (!fresh.empty()) {
+      if (out_op_ && !cpu_op_) {
+        work.op = *out_op_;  // results are written straight into the new tensors
+        for (const Layout& l : fresh) {
+          Arg a;
+          a.kind = Arg::Kind::Tensor;
+          a.tensor = l;
+          work.args.push_back(std::move(a));
+        }
+      } else {
+        work.copy_into = std::move(fresh);
+      }
+    }
+    launch(device, config_->name, std::move(work));
+
+    torch::jit::drop(*stack, n);
+    for (c10::IValue& r : results) stack->push_back(std::move(r));
+    return true;
+  }
+
+  // Runs the CPU kernel on the calling thread, after the stream has drained: for results
+  // whose shapes depend on the data, non-tensor results, and calls the meta pass cannot
+  // represent. Operators that read no tensor data (metadata_only) do not wait.
+  void run_on_caller(const c10::OperatorHandle& op, torch::jit::Stack* stack,
+                     c10::DeviceIndex device, bool synchronize) {
+    const c10::FunctionSchema& schema = op.schema();
+    if (has_write_arguments(schema)) {
+      cpu_fallback(op, stack);  // in-place results cannot be re-homed; the fallback handles it
+      return;
+    }
+    const size_t n = schema.arguments().size();
+    const size_t begin = stack->size() - n;
+    if (synchronize) {
+      device::call([&] { rt::stream_synchronize(rt::current_stream(device)); }, config_->name);
+    }
+    std::vector<std::unique_ptr<rt::HostAccessGuard>> access;
+    torch::jit::Stack cpu;
+    cpu.reserve(n);
+    const auto view = [&](const at::Tensor& t) {
+      access.push_back(std::make_unique<rt::HostAccessGuard>(t.storage().data(), t.storage().nbytes()));
+      return Layout::of(t).cpu_view();
+    };
+    for (size_t i = begin; i < stack->size(); ++i) {
+      const c10::IValue& v = (*stack)[i];
+      if (v.isTensor() && is_accel(v.toTensor())) {
+        cpu.emplace_back(view(v.toTensor()));
+      } else if (v.isTensorList()) {
+        std::vector<at::Tensor> ts;
+        for (const at::Tensor& t : v.toTensorVector()) ts.push_back(is_accel(t) ? view(t) : t);
+        cpu.emplace_back(std::move(ts));
+      } else if (is_optional_tensor_list(v)) {
+        c10::List<std::optional<at::Tensor>> ts;
+        for (const c10::IValue& e : v.toListRef()) {
+          if (e.isNone()) {
+            ts.push_back(std::nullopt);
+          } else {
+            const at::Tensor& t = e.toTensor();
+            ts.push_back(is_accel(t) ? view(t) : t);
+          }
+        }
+        cpu.emplace_back(std::move(ts));
+      } else if (v.isDevice() && v.toDevice().type() == kAccel) {
+        cpu.emplace_back(c10::Device(c10::kCPU));
+      } else {
+        cpu.push_back(v);
+      }
+    }
+    {
+      at::AutoDispatchBelowADInplaceOrView below_autograd;
+      (cpu_op_ ? *cpu_op_ : op).callBoxed(&cpu);
+    }
+    access.clear();
+    torch::jit::drop(*stack, n);
+    const auto to_accel = [&](const at::Tensor& r) {
+      if (!r.defined()) return r;
+      at::Tensor dense = r.contiguous();
+      at::Tensor out = allocate(dense);
+      const size_t bytes = static_cast<size_t>(dense.numel()) * dense.itemsize();
+      if (bytes > 0) {
+        device::call(
+            [&] { rt::memcpy(out.data_ptr(), dense.data_ptr(), bytes, rt::CopyKind::HostToDevice); },
+            config_->name);
+      }
+      return out;
+    };
+    for (c10::IValue& r : cpu) {
+      if (r.isTensor()) {
+        stack->emplace_back(to_accel(r.toTensor()));
+      } else if (r.isTensorList()) {
+        std::vector<at::Tensor> ts;
+        for (const at::Tensor& t : r.toTensorVector()) ts.push_back(to_accel(t));
+        stack->emplace_back(std::move(ts));
+      } else {
+        stack->push_back(std::move(r));
+      }
+    }
+  }
+
+  // The metadata of the call's results, and of its arguments after the call (out= arguments may
+  // be resized): from the cache, else computed on meta tensors (the C++ meta function where
+  // there is one, else the dispatcher's Meta kernel) and cached. Null if the call cannot be
+  // represented on meta tensors or the meta computation fails.
+  std::shared_ptr<const CachedResult> result_metadata(const c10::OperatorHandle& shape_op,
+                                                      const torch::jit::Stack& stack,
+                                                      size_t begin) {
+    const size_t n = stack.size() - begin;
+    std::string key;
+    key.reserve(48 * n);
+    bool cacheable = true;
+    for (size_t i = begin; i < stack.size() && cacheable; ++i) cacheable = describe(stack[i], key);
+    if (cacheable) {
+      if (auto hit = cache_.find(key)) return hit;
+    }
+    torch::jit::Stack meta;
+    meta.reserve(n);
+    for (size_t i = begin; i < stack.size(); ++i) {
+      c10::IValue m;
+      if (!to_meta(stack[i], &m)) return nullptr;
+      meta.push_back(std::move(m));
+    }
+    const std::vector<c10::IValue> meta_args(meta.begin(), meta.end());
+    try {
+      if (config_->meta != nullptr) {
+        config_->meta(&meta);
+      } else {
+        shape_op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta), &meta);
+      }
+    } catch (...) {
+      // No meta kernel, a data-dependent shape, or an error in the call: the synchronous path
+      // runs the CPU kernel, which raises a genuine error exactly as on the CPU.
+      return nullptr;
+    }
+    auto r = std::make_shared<CachedResult>();
+    for (const c10::IValue& v : meta) {
+      if (v.isTensor()) {
+        r->results.push_back({TensorMeta::of(v.toTensor())});
+        r->result_is_list.push_back(false);
+      } else if (v.isTensorList()) {
+        std::vector<TensorMeta> ms;
+        for (const at::Tensor& t : v.toTensorVector()) ms.push_back(TensorMeta::of(t));
+        r->results.push_back(std::move(ms));
+        r->result_is_list.push_back(true);
+      } else {
+        return nullptr;  // results other than tensors: run synchronously
+      }
+    }
+    for (const c10::IValue& v : meta_args) {
+      if (v.isTensor() && v.toTensor().defined()) {
+        r->written.emplace_back(TensorMeta::of(v.toTensor()));
+      } else {
+        r->written.emplace_back(std::nullopt);
+      }
+    }
+    if (cacheable) cache_.insert(std::move(key), r);
+    return r;
+  }
+
+  const OpConfig* config_;
+  MetaCache cache_;
+  std::once_flag resolved_;
+  std::optional<c10::OperatorHandle> cpu_op_;
+  std::optional<c10::OperatorHandle> out_op_;
+  std::optional<c10::OperatorHandle> functional_op_;
+};
+
+}  // namespace
+
+torch::CppFunction make_kernel(const OpConfig& config) {
+  return torch::CppFunction::makeFromBoxedFunctor(std::make_unique<UnderlyingKernel>(&config));
+}
+
+void set_force_fallback(bool force) { g_force_fallback.store(force); }
+bool force_fallback() { return g_force_fallback.load(); }
+
+}  // namespace accel::aten

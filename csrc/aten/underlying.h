@@ -1,0 +1,49 @@
+// The operator tiers of yaml/accel_functions.yaml and the kernel behind the `underlying` tier.
+//
+// Underlying: the ATen CPU kernel runs on accel memory (the host driver's device memory is host
+// memory), without copying inputs or outputs, in stream order:
+//  1. the output shapes, dtypes and strides are computed on the issuing thread by running the
+//     operator on meta tensors (for out= operators this also computes the resize);
+//  2. the outputs are allocated on the issuing thread (stream-ordered caching allocator);
+//  3. one task on the current stream builds CPU tensors over the accel buffers and runs the CPU
+//     kernel (the out= variant for functional operators, so results land in place).
+// Operators whose result shapes depend on data (nonzero, masked_select, unique) synchronize the
+// stream and run on the issuing thread instead.
+#pragma once
+
+#include <torch/library.h>
+
+#include <cstdint>
+
+namespace accel::aten {
+
+enum class Tier : uint8_t { Native, Underlying, CpuFallback, Error };
+
+// One generated entry per registered operator (see codegen/gen_accel.py).
+struct OpConfig {
+  const char* name;         // "aten::add.Tensor"
+  Tier host;                // the tier per driver
+  Tier cuda;
+  Tier level_zero;
+  const char* cpu_op;       // underlying: the operator to run on the CPU ("" = this one)
+  const char* out_variant;  // underlying functional operators: the out= overload ("" = none)
+  const char* functional;   // underlying out= operators with several outputs: the functional
+                            // overload to run, copying into the outputs ("" = none)
+  bool sync;                // underlying: the result shapes depend on the data
+  bool metadata_only;       // underlying: reads no tensor data (runs on the caller, no wait)
+  uint64_t dtypes;          // bit i: ScalarType i of the first tensor argument runs underlying;
+                            // 0 = every dtype; other dtypes take the CPU fallback
+  // Computes the results on meta tensors through the C++ meta function (a boxed call on the
+  // stack); nullptr: through the dispatcher's Meta kernel.
+  void (*meta)(torch::jit::Stack* stack);
+  const char* reason;       // error tier: why the operator is refused
+};
+
+// The boxed kernel registered for an operator of the underlying, cpu_fallback or error tier.
+torch::CppFunction make_kernel(const OpConfig& config);
+
+// For benchmarks: route every underlying operator through the CPU fallback instead.
+void set_force_fallback(bool force);
+bool force_fallback();
+
+}  // namespace accel::aten
