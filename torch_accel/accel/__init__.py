@@ -14,8 +14,9 @@ from typing import Any
 import torch
 
 from torch_accel import _C
-from torch_accel.accel import _utils
+from torch_accel.accel import _utils, amp
 from torch_accel.accel._utils import _get_device_index
+from torch_accel.accel.amp import get_amp_supported_dtype
 from torch_accel.accel.memory import (
     empty_cache,
     max_memory_allocated,
@@ -90,6 +91,8 @@ __all__ = [
     "set_stream",
     "stream",
     "synchronize",
+    "amp",
+    "get_amp_supported_dtype",
 ]
 
 _initialized = False  # read by torch.utils.checkpoint
