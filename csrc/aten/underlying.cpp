@@ -352,8 +352,15 @@ struct Work {
     stack.reserve(args.size());
     for (const Arg& a : args) stack.push_back(a.materialize());
     op.callBoxed(&stack);
-    for (size_t i = 0; i < copy_into.size(); ++i) {
-      copy_into[i].cpu_view().copy_(stack[i].toTensor());
+    // The results in order, tensor lists flattened, as copy_into lists them.
+    size_t k = 0;
+    for (const c10::IValue& r : stack) {
+      if (k == copy_into.size()) break;
+      if (r.isTensorList()) {
+        for (const at::Tensor& t : r.toTensorVector()) copy_into[k++].cpu_view().copy_(t);
+      } else {
+        copy_into[k++].cpu_view().copy_(r.toTensor());
+      }
     }
   }
 };

@@ -3,7 +3,8 @@
 // Underlying: the ATen CPU kernel runs on accel memory (the host driver's device memory is host
 // memory), without copying inputs or outputs, in stream order:
 //  1. the output shapes, dtypes and strides are computed on the issuing thread by running the
-//     operator on meta tensors (for out= operators this also computes the resize);
+//     operator on meta tensors (for out= operators this also computes the resize), and cached
+//     per operator by the arguments' metadata so repeated calls skip the meta kernel;
 //  2. the outputs are allocated on the issuing thread (stream-ordered caching allocator);
 //  3. one task on the current stream builds CPU tensors over the accel buffers and runs the CPU
 //     kernel (the out= variant for functional operators, so results land in place).

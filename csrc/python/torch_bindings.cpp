@@ -5,6 +5,7 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include "aten/fallback.h"
+#include "aten/underlying.h"
 #include "device/common.h"
 #include "device/generator.h"
 #include "python/bindings.h"
@@ -71,6 +72,10 @@ void init_torch_bindings(py::module_& m) {
         aten::set_fallback_mode(parsed);
       },
       py::arg("mode"));
+  // Benchmarks and tests compare the underlying tier with the copying CPU fallback.
+  m.def("_set_force_fallback", &aten::set_force_fallback, py::arg("force"),
+        "Sends underlying-tier operators through the CPU fallback (for comparisons).");
+  m.def("_get_force_fallback", &aten::force_fallback);
 }
 
 }  // namespace accel::python
