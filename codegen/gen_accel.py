@@ -28,7 +28,7 @@ DRIVERS = ("host", "cuda", "level_zero")
 VARIANTS = ("functional", "inplace", "out")
 KEYS = {
     "op", "tier", "kernel", "variants", "drivers", "dtypes", "cpu_op", "sync", "metadata_only",
-    "reason",
+    "out_equivalent", "structured_meta", "reason",
 }  # fmt: skip
 # c10::ScalarType values.
 DTYPES = {
@@ -233,6 +233,8 @@ def expand(
     cpu_op = entry.get("cpu_op", "")
     sync = bool(entry.get("sync", False))
     metadata_only = bool(entry.get("metadata_only", False))
+    out_equivalent = bool(entry.get("out_equivalent", False))
+    structured_meta = bool(entry.get("structured_meta", True))
     if sync and metadata_only:
         raise EntryError("'sync' and 'metadata_only' exclude each other")
     reason = entry.get("reason", "")
@@ -244,11 +246,13 @@ def expand(
             raise EntryError(
                 "a native entry registers exactly its operator; list variants separately"
             )
-        if drivers or dtypes or cpu_op or sync or metadata_only:
+        if drivers or dtypes or cpu_op or sync or metadata_only or out_equivalent:
             raise EntryError(
-                "'drivers', 'dtypes', 'cpu_op', 'sync' and 'metadata_only' apply to underlying "
-                "operators"
+                "'drivers', 'dtypes', 'cpu_op', 'sync', 'metadata_only' and 'out_equivalent' "
+                "apply to underlying operators"
             )
+        if not structured_meta:
+            raise EntryError("'structured_meta' applies to underlying operators")
         f = functions[op]
         return [Registration(op, {d: "native" for d in DRIVERS}, kernel=kernel,
                              signature=signature(f, kernel), entry=op)]  # fmt: skip
@@ -256,9 +260,12 @@ def expand(
         raise EntryError("'kernel' is only for the native tier")
     if tier == "error" and not reason:
         raise EntryError("an error entry needs a 'reason' users will read")
-    if tier != "underlying" and (cpu_op or sync or metadata_only or dtypes):
+    if tier != "underlying" and not structured_meta:
+        raise EntryError("'structured_meta' applies to underlying operators")
+    if tier != "underlying" and (cpu_op or sync or metadata_only or dtypes or out_equivalent):
         raise EntryError(
-            "'cpu_op', 'sync', 'metadata_only' and 'dtypes' apply to underlying operators"
+            "'cpu_op', 'sync', 'metadata_only', 'dtypes' and 'out_equivalent' apply to "
+            "underlying operators"
         )
     if is_view(functions[op]):
         raise EntryError("view operators must be native (they alias storage)")
@@ -277,6 +284,14 @@ def expand(
             raise EntryError(f"unknown variant '{v}'; use functional, inplace or out")
         if v not in members:
             raise EntryError(f"'{op}' has no {v} variant")
+    if out_equivalent:
+        fn, fo = members.get("functional"), members.get("out")
+        if fn is None or fo is None or not same_inputs(fn, fo) or len(fo.func.returns) != 1:
+            raise EntryError("'out_equivalent' needs a functional form and a one-output out= form")
+        if fn.structured_delegate == fo.func.name:
+            raise EntryError("'out_equivalent' is implied: the functional form is structured")
+        if cpu_op:
+            raise EntryError("'out_equivalent' and 'cpu_op' exclude each other")
     if cpu_op:
         if cpu_op not in functions:
             raise EntryError(f"unknown cpu_op '{cpu_op}'")
@@ -291,19 +306,29 @@ def expand(
     for v in variants:
         f = members[v]
         shape_f = functions[cpu_op] if cpu_op else f
-        meta_header, meta_body = meta_function(shape_f, torch_dir / "include", torch_dir / "lib")
+        meta_header, meta_body = (
+            meta_function(shape_f, torch_dir / "include", torch_dir / "lib")
+            if structured_meta
+            else ("", "")
+        )
         name = str(f.func.name)
         # Kernels returning several Tensor& must not be called boxed with the only references
         # to their outputs on the stack: PyTorch's boxing wrapper keeps the returned references
         # and drops the arguments they refer to first. So a functional form runs its out= form
         # only when that has a single output, and an out= form with several outputs runs the
         # functional form and copies into its outputs.
+        # A functional form is known to compute what its out= form computes when it is the
+        # structured delegate of it, or when the entry says so (out_equivalent: the functional
+        # kernel is written as a call of the out= kernel); mse_loss.out, for one, reduces
+        # differently from mse_loss.
         out_variant = ""
         functional = ""
         if (
             v == "functional"
             and not cpu_op
             and "out" in members
+            and structured_meta
+            and (out_equivalent or f.structured_delegate == members["out"].func.name)
             and same_inputs(f, members["out"])
             and len(members["out"].func.returns) == 1
         ):

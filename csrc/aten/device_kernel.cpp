@@ -6,6 +6,7 @@ namespace accel::aten {
 
 Layout Layout::of(const at::Tensor& t) {
   Layout l;
+  if (!t.defined()) return l;  // dtype Undefined
   l.data = t.data_ptr();
   l.sizes.assign(t.sizes().begin(), t.sizes().end());
   l.strides.assign(t.strides().begin(), t.strides().end());
@@ -16,6 +17,7 @@ Layout Layout::of(const at::Tensor& t) {
 }
 
 at::Tensor Layout::cpu_view() const {
+  if (dtype == c10::ScalarType::Undefined) return at::Tensor();
   at::Tensor t = at::from_blob(data, sizes, strides, at::TensorOptions().dtype(dtype));
   if (conj) t._set_conj(true);
   if (neg) t._set_neg(true);

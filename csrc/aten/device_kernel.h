@@ -24,6 +24,7 @@ struct Layout {
   bool conj = false;
   bool neg = false;
 
+  // An undefined tensor has dtype Undefined, and its cpu_view() is undefined too.
   static Layout of(const at::Tensor& t);
   // A CPU tensor over this memory (valid on the host only where device memory is host memory).
   at::Tensor cpu_view() const;

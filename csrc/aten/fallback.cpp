@@ -173,6 +173,23 @@ void count_and_warn(const std::string& name, FallbackMode mode) {
   }
 }
 
+// Runs the operator on the CPU with copies of its accel arguments (no policy checks), then
+// counts the call: calls that raise (a user error the CPU kernel reports) are not counted.
+void copying_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack,
+                      const std::string& name, FallbackMode mode) {
+  const c10::DeviceIndex dev = call_device(op, *stack, name);
+  c10::DeviceGuard guard(c10::Device(kAccel, dev));
+  // Random operators draw from the accel generator through a CPU generator derived from it.
+  substitute_generators(op, stack, dev);
+
+  if (returns_view(op.schema())) {
+    view_fallback(op, stack, name);
+  } else {
+    at::native::cpu_fallback(op, stack, /*error_on_views=*/true);
+  }
+  count_and_warn(name, mode);
+}
+
 void accel_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const std::string name = op_name(op);
   const std::string why = denied(name);
@@ -183,18 +200,7 @@ void accel_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
                               " has no accel kernel, and ACCEL_FALLBACK=error forbids running it "
                               "on the CPU fallback. Set ACCEL_FALLBACK=warn (the default) or "
                               "silent to allow the fallback.");
-
-  const c10::DeviceIndex dev = call_device(op, *stack, name);
-  count_and_warn(name, mode);
-  c10::DeviceGuard guard(c10::Device(kAccel, dev));
-  // Random operators draw from the accel generator through a CPU generator derived from it.
-  substitute_generators(op, stack, dev);
-
-  if (returns_view(op.schema())) {
-    view_fallback(op, stack, name);
-    return;
-  }
-  at::native::cpu_fallback(op, stack, /*error_on_views=*/true);
+  copying_fallback(op, stack, name, mode);
 }
 
 void unsupported_fallback(const char* what, const c10::OperatorHandle& op, torch::jit::Stack*) {
@@ -222,6 +228,12 @@ FallbackMode mode_from_env() {
 
 void cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   accel_fallback(op, stack);
+}
+
+void copying_path(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const FallbackMode mode = fallback_mode();
+  copying_fallback(op, stack, op_name(op),
+                   mode == FallbackMode::Error ? FallbackMode::Silent : mode);
 }
 
 bool parse_fallback_mode(const std::string& text, FallbackMode* mode) {

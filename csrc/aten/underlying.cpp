@@ -222,7 +222,10 @@ struct TensorMeta {
   bool conj;
   bool neg;
 
+  // Undefined results (backward operators whose output_mask leaves a gradient out) have dtype
+  // Undefined and allocate as undefined tensors.
   static TensorMeta of(const at::Tensor& t) {
+    if (!t.defined()) return {{}, {}, c10::ScalarType::Undefined, false, false};
     return {c10::SmallVector<int64_t, 5>(t.sizes().begin(), t.sizes().end()),
             c10::SmallVector<int64_t, 5>(t.strides().begin(), t.strides().end()),
             t.scalar_type(), t.is_conj(), t.is_neg()};
@@ -231,6 +234,7 @@ struct TensorMeta {
 
 // A new accel tensor on the current device (the caller's guard selects it).
 at::Tensor allocate(const TensorMeta& m) {
+  if (m.dtype == c10::ScalarType::Undefined) return at::Tensor();
   at::Tensor t = at::detail::empty_strided_generic(
       m.sizes, m.strides, device::device_allocator(),
       c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), m.dtype);
@@ -340,6 +344,10 @@ class MetaCache {
   std::unordered_map<std::string, std::shared_ptr<const CachedResult>> entries_;
 };
 
+void copy_result(const Layout& into, const at::Tensor& result) {
+  if (into.dtype != c10::ScalarType::Undefined && result.defined()) into.cpu_view().copy_(result);
+}
+
 // The work of one operator call on the stream.
 struct Work {
   c10::OperatorHandle op;
@@ -357,9 +365,9 @@ struct Work {
     for (const c10::IValue& r : stack) {
       if (k == copy_into.size()) break;
       if (r.isTensorList()) {
-        for (const at::Tensor& t : r.toTensorVector()) copy_into[k++].cpu_view().copy_(t);
+        for (const at::Tensor& t : r.toTensorVector()) copy_result(copy_into[k++], t);
       } else {
-        copy_into[k++].cpu_view().copy_(r.toTensor());
+        copy_result(copy_into[k++], r.toTensor());
       }
     }
   }
@@ -367,7 +375,8 @@ struct Work {
 
 class UnderlyingKernel final : public c10::OperatorKernel {
  public:
-  explicit UnderlyingKernel(const OpConfig* config) : config_(config) {}
+  explicit UnderlyingKernel(const OpConfig* config)
+      : config_(config), foreach_(std::string(config->name).rfind("aten::_foreach_", 0) == 0) {}
 
   void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
     const OpConfig& c = *config_;
@@ -388,6 +397,7 @@ class UnderlyingKernel final : public c10::OperatorKernel {
     }
     resolve_ops(op);
     const c10::DeviceIndex device = call_device(op, *stack, c.name);
+    check_no_cpu_tensors(op, *stack, device);
     c10::DeviceGuard guard(c10::Device(kAccel, device));
     substitute_generators(op, stack, device);
     const c10::FunctionSchema& schema = op.schema();
@@ -399,6 +409,23 @@ class UnderlyingKernel final : public c10::OperatorKernel {
   }
 
  private:
+  // Like CUDA kernels, accel kernels take CPU tensors only as 0-dim scalars (lists of tensors,
+  // such as indices, and the scalar lists of _foreach_ operators excepted).
+  void check_no_cpu_tensors(const c10::OperatorHandle& op, const torch::jit::Stack& stack,
+                            c10::DeviceIndex device) const {
+    const size_t n = op.schema().arguments().size();
+    for (size_t i = stack.size() - n; i < stack.size(); ++i) {
+      if (!stack[i].isTensor()) continue;
+      const at::Tensor& t = stack[i].toTensor();
+      if (!t.defined() || !t.device().is_cpu() || t.dim() == 0 || foreach_) continue;
+      TORCH_CHECK(false,
+                  "Expected all tensors to be on the same device, but found at least two "
+                  "devices, accel:",
+                  static_cast<int>(device), " and cpu! (when running ", config_->name,
+                  "; CPU tensors combine with accel tensors only as 0-dim scalars)");
+    }
+  }
+
   static bool host_accessible() {
     static const bool ok = device::call([] { return rt::device_memory_host_accessible(); });
     return ok;
@@ -532,7 +559,7 @@ class UnderlyingKernel final : public c10::OperatorKernel {
                      c10::DeviceIndex device, bool synchronize) {
     const c10::FunctionSchema& schema = op.schema();
     if (has_write_arguments(schema)) {
-      cpu_fallback(op, stack);  // in-place results cannot be re-homed; the fallback handles it
+      copying_path(op, stack);  // CPU results of in-place/out= calls must be copied back
       return;
     }
     const size_t n = schema.arguments().size();
@@ -663,6 +690,7 @@ class UnderlyingKernel final : public c10::OperatorKernel {
   }
 
   const OpConfig* config_;
+  const bool foreach_;
   MetaCache cache_;
   std::once_flag resolved_;
   std::optional<c10::OperatorHandle> cpu_op_;

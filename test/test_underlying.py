@@ -1,0 +1,413 @@
+"""The underlying tier: ATen CPU kernels on accel memory, in stream order, without copies."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import torch_accel
+from helpers import assert_same
+
+LAUNCH_BLOCKING = os.environ.get("ACCEL_LAUNCH_BLOCKING") == "1"
+
+
+@pytest.fixture
+def no_fallback() -> Iterator[None]:
+    """The test body must not take the copying CPU fallback."""
+    torch.accel.reset_fallback_stats()
+    yield
+    assert torch.accel.fallback_stats() == {}
+
+
+def inputs(seed: int = 0) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return {
+        "a": torch.randn(4, 5, generator=g),
+        "b": torch.randn(4, 5, generator=g),
+        "row": torch.randn(5, generator=g),  # broadcasts against a
+        "pos": torch.rand(4, 5, generator=g) + 0.1,
+        "i": torch.randint(-5, 5, (4, 5), generator=g),
+        "mask": torch.rand(4, 5, generator=g) > 0.5,
+        "m1": torch.randn(3, 4, generator=g),
+        "m2": torch.randn(4, 6, generator=g),
+        "b1": torch.randn(2, 3, 4, generator=g),
+        "b2": torch.randn(2, 4, 5, generator=g),
+        "idx": torch.tensor([3, 0, 2, 0], dtype=torch.long),
+    }
+
+
+Case = Callable[[dict[str, torch.Tensor]], object]
+
+# Each case runs on CPU tensors and on accel copies; results must agree.
+CASES: dict[str, Case] = {
+    # pointwise with broadcasting and type promotion
+    "add": lambda t: t["a"] + t["row"],
+    "add_alpha": lambda t: torch.add(t["a"], t["b"], alpha=2.5),
+    "sub_int_float": lambda t: t["i"] - t["a"],
+    "mul_scalar": lambda t: t["a"] * 3,
+    "div": lambda t: t["a"] / t["pos"],
+    "div_floor_int": lambda t: torch.div(t["i"], 3, rounding_mode="floor"),
+    "pow": lambda t: t["pos"] ** t["b"],
+    "maximum": lambda t: torch.maximum(t["a"], t["row"]),
+    "minimum": lambda t: torch.minimum(t["a"], t["b"]),
+    "where": lambda t: torch.where(t["mask"], t["a"], t["row"]),
+    "clamp": lambda t: t["a"].clamp(-0.5, 0.5),
+    "comparisons": lambda t: (t["a"] < t["b"], t["a"] >= 0, t["i"] == 2, t["a"] != t["b"]),
+    "logical": lambda t: (t["mask"] & (t["a"] > 0), t["mask"].logical_or(t["a"] > 0), ~t["mask"]),
+    "unary": lambda t: [
+        f(t["pos"]) for f in (torch.exp, torch.log, torch.sqrt, torch.rsqrt, torch.tanh)
+    ],
+    "activations": lambda t: [
+        f(t["a"]) for f in (torch.sigmoid, torch.relu, F.gelu, F.silu, torch.abs, torch.neg)
+    ],
+    "trig": lambda t: [f(t["a"]) for f in (torch.sin, torch.cos, torch.erf)],
+    "ternary": lambda t: (
+        torch.addcmul(t["a"], t["b"], t["pos"], value=0.5),
+        t["a"].lerp(t["b"], 0.3),
+    ),
+    # reductions
+    "sum_mean": lambda t: (t["a"].sum(), t["a"].sum(1), t["a"].mean(0, keepdim=True)),
+    "amax_amin": lambda t: (t["a"].amax(1), t["a"].amin(0)),
+    "argmax": lambda t: (t["a"].argmax(), t["a"].argmin(1)),
+    "var_std": lambda t: (t["a"].var(0), t["a"].std(1, correction=0)),
+    "norm": lambda t: (t["a"].norm(), torch.linalg.vector_norm(t["a"], 3, dim=1)),
+    "cumsum_prod": lambda t: (t["a"].cumsum(1), t["pos"].prod(0)),
+    "any_all": lambda t: (t["mask"].any(), t["mask"].all(1)),
+    "int_sum": lambda t: t["i"].sum(),  # int64 result
+    # matrix products
+    "mm": lambda t: t["m1"] @ t["m2"],
+    "bmm": lambda t: torch.bmm(t["b1"], t["b2"]),
+    "addmm": lambda t: torch.addmm(t["m2"][0], t["m1"], t["m2"], beta=0.5),
+    "baddbmm": lambda t: torch.baddbmm(t["b1"].new_zeros(2, 3, 5), t["b1"], t["b2"], alpha=2),
+    "matmul": lambda t: torch.matmul(t["b1"], t["m2"]),
+    "linear": lambda t: F.linear(t["a"], t["b2"][0, :3], t["row"][:3]),
+    # softmax and norms
+    "softmax": lambda t: (t["a"].softmax(1), t["a"].log_softmax(0)),
+    "layer_norm": lambda t: F.layer_norm(t["a"], (5,), t["row"], t["pos"][0]),
+    "rms_norm": lambda t: F.rms_norm(t["a"], (5,), t["pos"][0]),
+    # indexing
+    "embedding": lambda t: F.embedding(t["idx"], t["a"]),
+    "index_select": lambda t: t["a"].index_select(0, t["idx"]),
+    "gather": lambda t: t["a"].gather(1, t["idx"].view(4, 1).expand(4, 3) % 5),
+    "scatter": lambda t: t["a"].new_zeros(4, 5).scatter(1, t["idx"].view(4, 1) % 5, t["a"]),
+    "scatter_add": lambda t: t["a"].new_zeros(5, 5).scatter_add(0, t["i"].abs() % 5, t["a"]),
+    "index_add": lambda t: t["a"].new_zeros(5, 5).index_add(0, t["idx"], t["a"]),
+    "index": lambda t: t["a"][t["idx"]],
+    "index_put": lambda t: t["a"].clone().index_put_((t["idx"],), t["row"], accumulate=True),
+    "masked_fill": lambda t: t["a"].masked_fill(t["mask"], -1.0),
+    # building and reordering
+    "cat_stack": lambda t: (torch.cat([t["a"], t["b"]], 1), torch.stack([t["a"], t["b"]])),
+    "split_chunk": lambda t: [c * 1 for c in t["a"].split(2) + t["a"].chunk(3, 1)],
+    "flip_roll": lambda t: (t["a"].flip(0), t["a"].roll(2, 1)),
+    "tril_triu": lambda t: (t["a"].tril(), t["a"].triu(1)),
+    "sort_topk": lambda t: (t["a"].sort(1), t["a"].topk(2, 1)),
+    "like": lambda t: (
+        torch.ones_like(t["a"]),
+        torch.zeros_like(t["i"]),
+        torch.full_like(t["a"], 7),
+    ),
+    # losses
+    "cross_entropy": lambda t: F.cross_entropy(t["a"], t["idx"] % 5),
+    "nll_loss": lambda t: F.nll_loss(t["a"].log_softmax(1), t["idx"], reduction="sum"),
+    "mse": lambda t: F.mse_loss(t["a"], t["b"]),
+    # attention, convolution, pooling
+    "sdpa": lambda t: F.scaled_dot_product_attention(
+        t["b1"][:, None], t["b1"][:, None], t["b1"][:, None], is_causal=True
+    ),
+    "conv2d": lambda t: F.conv2d(t["b1"][None], t["b1"][:, None, :2, :2].repeat(1, 2, 1, 1)),
+    "max_pool": lambda t: F.max_pool2d(t["b1"][None], 2),
+    "avg_pool": lambda t: F.adaptive_avg_pool2d(t["b1"][None], 1),
+}
+
+
+def to_accel(value: object) -> object:
+    if isinstance(value, torch.Tensor):
+        return value.to("accel")
+    return value
+
+
+def check_same(actual: object, expected: object) -> None:
+    if isinstance(expected, torch.Tensor):
+        assert isinstance(actual, torch.Tensor)
+        assert_same(actual, expected, exact=False)
+    elif isinstance(expected, (list, tuple)):
+        assert len(actual) == len(expected)  # type: ignore[arg-type]
+        for x, y in zip(actual, expected, strict=True):  # type: ignore[call-overload]
+            check_same(x, y)
+    else:
+        assert actual == expected
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_listed_ops_match_cpu_without_fallback(name: str, no_fallback: None) -> None:
+    cpu = inputs()
+    expected = CASES[name](cpu)
+    actual = CASES[name]({k: to_accel(v) for k, v in cpu.items()})
+    check_same(actual, expected)
+
+
+@pytest.mark.parametrize("name", ["add", "softmax", "mm", "layer_norm", "sort_topk", "index"])
+def test_forced_fallback_gives_the_same_results(name: str) -> None:
+    cpu = inputs(1)
+    expected = CASES[name](cpu)
+    check_same(CASES[name]({k: to_accel(v) for k, v in cpu.items()}), expected)
+    torch_accel._C._set_force_fallback(True)
+    try:
+        torch.accel.reset_fallback_stats()
+        forced = CASES[name]({k: to_accel(v) for k, v in cpu.items()})
+        assert torch.accel.fallback_stats() != {}  # it really went through the fallback
+    finally:
+        torch_accel._C._set_force_fallback(False)
+    check_same(forced, expected)
+
+
+def test_backward_of_listed_ops(no_fallback: None) -> None:
+    g = torch.Generator().manual_seed(2)
+    x0 = torch.randn(6, 8, generator=g)
+    w0 = torch.randn(8, 8, generator=g)
+    idx0 = torch.randint(0, 8, (6,), generator=g)
+    grads = {}
+    for dev in ("cpu", "accel"):
+        x = x0.to(dev).detach().requires_grad_()
+        w = w0.to(dev).detach().requires_grad_()
+        emb = torch.randn(10, 8, generator=torch.Generator().manual_seed(3)).to(dev)
+        emb.requires_grad_()
+        h = F.layer_norm(x @ w + F.embedding(idx0.to(dev) % 10, emb), (8,))
+        h = F.rms_norm(F.gelu(h), (8,))
+        q = h.view(1, 2, 3, 8)
+        h = F.scaled_dot_product_attention(q, q, q).reshape(6, 8)
+        loss = F.cross_entropy(h.log_softmax(1).softmax(1), idx0.to(dev))
+        loss.backward()
+        grads[dev] = (loss.detach(), x.grad, w.grad, emb.grad)
+    for a, c in zip(grads["accel"], grads["cpu"], strict=True):
+        assert_same(a, c, exact=False)
+
+
+def test_conv2d_backward_matches_cpu(no_fallback: None) -> None:
+    g = torch.Generator().manual_seed(4)
+    x0, w0, b0 = torch.randn(2, 3, 9, 9, generator=g), torch.randn(4, 3, 3, 3, generator=g), None
+    b0 = torch.randn(4, generator=g)
+    res = {}
+    for dev in ("cpu", "accel"):
+        x, w, b = (t.to(dev).detach().requires_grad_() for t in (x0, w0, b0))
+        y = F.max_pool2d(F.conv2d(x, w, b, stride=2, padding=1), 2)
+        y.square().sum().backward()
+        res[dev] = (y.detach(), x.grad, w.grad, b.grad)
+    for a, c in zip(res["accel"], res["cpu"], strict=True):
+        assert_same(a, c, exact=False)
+
+
+def test_inplace_and_out_variants_write_into_their_arguments(no_fallback: None) -> None:
+    a = torch.arange(6.0, device="accel").view(2, 3)
+    ptr = a.data_ptr()
+    assert a.add_(1).data_ptr() == ptr
+    a.mul_(torch.tensor(2.0))  # a CPU scalar tensor
+    a.clamp_(max=10)
+    assert a.data_ptr() == ptr
+    assert_same(a, ((torch.arange(6.0).view(2, 3) + 1) * 2).clamp(max=10))
+    # out= of the right size is written in place
+    out = torch.empty(2, 3, device="accel")
+    out_ptr = out.data_ptr()
+    r = torch.mul(a, 3, out=out)
+    assert r is out and out.data_ptr() == out_ptr
+    assert_same(out, a.cpu() * 3)
+    # out= of size 0 is resized like on the CPU
+    out = torch.empty(0, device="accel")
+    torch.matmul(a, a.T, out=out)
+    assert out.shape == (2, 2)
+    assert_same(out, a.cpu() @ a.cpu().T)
+    # in-place through a non-contiguous view writes through to the base
+    base = torch.zeros(4, 4, device="accel")
+    base[:, 1].add_(torch.arange(4.0, device="accel"))
+    expected = torch.zeros(4, 4)
+    expected[:, 1] = torch.arange(4.0)
+    assert_same(base, expected)
+    # multi-output out= forms
+    values, indices = (
+        torch.empty(0, device="accel"),
+        torch.empty(0, dtype=torch.long, device="accel"),
+    )
+    torch.sort(a, 1, descending=True, out=(values, indices))
+    ev, ei = torch.sort(a.cpu(), 1, descending=True)
+    assert_same(values, ev)
+    assert_same(indices, ei)
+
+
+def test_out_argument_with_wrong_dtype_raises_the_cpu_error() -> None:
+    a = torch.ones(3, device="accel")
+    with pytest.raises(
+        RuntimeError, match="result type Float can't be cast to the desired output type Long"
+    ):
+        torch.add(a, a, out=torch.empty(3, dtype=torch.int64, device="accel"))
+    assert_same(a + 1, torch.full((3,), 2.0))
+
+
+def test_user_errors_have_the_cpu_messages() -> None:
+    a = torch.randn(3, 4, device="accel")
+    with pytest.raises(
+        RuntimeError, match=r"mat1 and mat2 shapes cannot be multiplied \(3x4 and 3x4\)"
+    ):
+        a @ a
+    with pytest.raises(RuntimeError, match="The size of tensor a \\(4\\) must match"):
+        a + torch.randn(5, device="accel")
+    with pytest.raises(RuntimeError, match="found at least two devices, accel:0 and accel:1"):
+        a + torch.randn(3, 4, device="accel:1")
+    with pytest.raises(RuntimeError, match="found at least two devices, accel:0 and cpu"):
+        a + torch.randn(3, 4)
+    assert_same(a + torch.tensor(1.0), a.cpu() + 1)  # 0-dim CPU tensors are scalars
+    assert_same((a * 2).sum(), a.cpu().mul(2).sum(), exact=False)
+
+
+def test_asynchronous_kernel_failure_surfaces_at_synchronize_and_device_recovers() -> None:
+    a = torch.randn(3, 4, device="accel")
+    bad = torch.tensor([7], device="accel")
+    # The index is only read by the kernel on the stream: the error comes at the next sync
+    # (an AccelError), or at the call itself under ACCEL_LAUNCH_BLOCKING=1 (the CPU's IndexError).
+    with pytest.raises((RuntimeError, IndexError), match="index out of range in self"):
+        a.index_select(0, bad)
+        torch.accel.synchronize()
+    assert_same(a.index_select(0, torch.tensor([2, 0], device="accel")), a.cpu()[[2, 0]])
+    with pytest.raises(RuntimeError, match="index 9 is out of bounds"):
+        torch.zeros(4, device="accel").scatter_(0, torch.tensor([9], device="accel"), 1.0).cpu()
+    assert_same(torch.ones(2, device="accel") * 3, torch.full((2,), 3.0))
+
+
+def test_data_dependent_ops_wait_for_pending_work(no_fallback: None) -> None:
+    s = torch.accel.Stream()
+    with torch.accel.stream(s):
+        big = torch.randn(512, 512, device="accel")
+        x = (big @ big).sum(1)  # queued work the data-dependent ops must wait for
+        mask = x > 0
+        nz = torch.nonzero(mask)
+        sel = torch.masked_select(x, mask)
+        uniq = torch.unique(torch.tensor([3, 1, 3, 2, 1], device="accel"))
+        filtered = x[mask]
+    xc = x.cpu()
+    assert torch.equal(nz.cpu(), torch.nonzero(xc > 0))
+    assert torch.equal(sel.cpu(), xc[xc > 0])
+    assert torch.equal(filtered.cpu(), xc[xc > 0])
+    assert torch.equal(uniq.cpu(), torch.tensor([1, 2, 3]))
+
+
+def test_kernels_run_in_stream_order_and_asynchronously() -> None:
+    s1, s2 = torch.accel.Stream(), torch.accel.Stream()
+    big = torch.randn(1024, 1024, device="accel")
+    torch.accel.synchronize()
+    with torch.accel.stream(s1):
+        y = big @ big  # long enough to still be running below
+        running = not s1.query()
+        y.mul_(0.5).add_(1.0)  # queued after the product, never before it
+        done = torch.accel.Event()
+        done.record(s1)
+    with torch.accel.stream(s2):
+        s2.wait_event(done)
+        z = y.sum(0)  # reads y only after s1's work
+    if not LAUNCH_BLOCKING:
+        assert running  # the call returned before the kernel finished
+    expected_y = (big.cpu() @ big.cpu()) * 0.5 + 1.0
+    s2.synchronize()
+    torch.testing.assert_close(z.cpu(), expected_y.sum(0), rtol=1e-4, atol=1e-2)
+    torch.testing.assert_close(y.cpu(), expected_y, rtol=1e-4, atol=1e-3)
+
+
+def test_later_writes_do_not_overtake_earlier_reads() -> None:
+    x = torch.ones(256, 256, device="accel")
+    w = torch.randn(256, 256, device="accel")
+    reads = [(x @ w).sum() for _ in range(3)]  # each reads x before the write below
+    x.zero_()
+    total = sum(r.item() for r in reads)
+    expected = 3 * (torch.ones(256, 256) @ w.cpu()).sum().item()
+    assert total == pytest.approx(expected, rel=1e-4)
+    assert x.abs().sum().item() == 0
+
+
+def test_cpu_arguments_are_read_when_the_call_is_made() -> None:
+    # Like a CUDA launch: the CPU scalar is captured at the call, later changes do not leak in.
+    host = torch.tensor(2.0)
+    a = torch.ones(3, device="accel")
+    s = torch.accel.Stream()
+    with torch.accel.stream(s):
+        torch.randn(512, 512, device="accel").matmul(torch.randn(512, 512, device="accel"))
+        r = a * host
+    host.fill_(100.0)
+    s.synchronize()
+    assert_same(r, torch.full((3,), 2.0))
+
+
+def test_random_ops_use_the_accel_generator(no_fallback: None) -> None:
+    def draw() -> list[torch.Tensor]:
+        torch.accel.manual_seed(123)
+        x = torch.empty(1000, device="accel")
+        return [
+            x.uniform_(-1, 1).clone(),
+            x.normal_(2, 0.5).clone(),
+            torch.bernoulli(torch.full((1000,), 0.3, device="accel")),
+            F.dropout(torch.ones(1000, device="accel"), 0.5),
+            torch.randperm(50, device="accel"),
+            torch.multinomial(torch.tensor([0.1, 0.2, 0.7], device="accel"), 200, replacement=True),
+        ]
+
+    first, second = draw(), draw()
+    for a, b in zip(first, second, strict=True):
+        assert torch.equal(a.cpu(), b.cpu())  # reproducible under manual_seed
+    u, n, bern, drop, perm, multi = (t.cpu() for t in first)
+    assert -1 <= u.min() and u.max() <= 1 and abs(u.mean().item()) < 0.1
+    assert abs(n.mean().item() - 2) < 0.1 and abs(n.std().item() - 0.5) < 0.1
+    assert abs(bern.mean().item() - 0.3) < 0.06
+    assert set(drop.unique().tolist()) == {0.0, 2.0}
+    assert sorted(perm.tolist()) == list(range(50))
+    assert abs((multi == 2).float().mean().item() - 0.7) < 0.1
+
+
+@pytest.mark.parametrize("name", ["SGD", "Adam", "AdamW"])
+@pytest.mark.parametrize("foreach", [True, False])
+def test_optimizers_match_cpu_without_fallback(name: str, foreach: bool, no_fallback: None) -> None:
+    params = {}
+    for dev in ("cpu", "accel"):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
+        model.to(dev)
+        kwargs: dict[str, object] = {"lr": 0.01, "foreach": foreach}
+        if name == "SGD":
+            kwargs.update(momentum=0.9, weight_decay=1e-3, nesterov=True)
+        opt = getattr(torch.optim, name)(model.parameters(), **kwargs)
+        x = torch.randn(4, 8, generator=torch.Generator().manual_seed(1)).to(dev)
+        for _ in range(4):
+            opt.zero_grad()
+            model(x).square().mean().backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5, foreach=foreach)
+            opt.step()
+        params[dev] = [p.detach() for p in model.parameters()]
+    for a, c in zip(params["accel"], params["cpu"], strict=True):
+        assert_same(a, c, exact=False)
+
+
+def test_foreach_ops_write_every_tensor(no_fallback: None) -> None:
+    xs = [torch.randn(n) for n in (3, 5, 7)]
+    ys = [torch.randn(n) for n in (3, 5, 7)]
+    ax, ay = [x.to("accel") for x in xs], [y.to("accel") for y in ys]
+    ptrs = [t.data_ptr() for t in ax]
+    torch._foreach_add_(ax, ay, alpha=2)
+    torch._foreach_mul_(ax, 0.5)
+    assert [t.data_ptr() for t in ax] == ptrs
+    expected = [(x + 2 * y) * 0.5 for x, y in zip(xs, ys, strict=True)]
+    for a, e in zip(ax, expected, strict=True):
+        assert_same(a, e, exact=False)
+    for a, e in zip(torch._foreach_sqrt(torch._foreach_abs(ax)), expected, strict=True):
+        assert_same(a, e.abs().sqrt(), exact=False)
+    for a, e in zip(torch._foreach_norm(ax), expected, strict=True):
+        assert_same(a, e.norm(), exact=False)
+
+
+def test_listed_ops_keep_results_on_the_callers_device(no_fallback: None) -> None:
+    with torch.accel.device(1):
+        a = torch.randn(3, 3, device="accel:1")
+        r = (a @ a).relu().sum(0)
+        assert r.device == torch.device("accel:1")
+    b = torch.randn(3, device="accel:1")  # current device 0, tensors on 1
+    assert (b * 2).device == torch.device("accel:1")
+    assert_same(b * 2, b.cpu() * 2)
