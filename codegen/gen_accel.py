@@ -323,8 +323,10 @@ def expand(
         # differently from mse_loss.
         out_variant = ""
         functional = ""
+        underlying = "underlying" in tiers.values()
         if (
-            v == "functional"
+            underlying
+            and v == "functional"
             and not cpu_op
             and "out" in members
             and structured_meta
@@ -334,7 +336,8 @@ def expand(
         ):
             out_variant = "aten::" + str(members["out"].func.name)
         if (
-            v == "out"
+            underlying
+            and v == "out"
             and len(f.func.returns) > 1
             and "functional" in members
             and same_inputs(members["functional"], f)

@@ -1,0 +1,113 @@
+"""codegen/gen_accel.py: registrations and docs from yaml/accel_functions.yaml, and clear errors
+for malformed entries (the build runs the same script and stops on its exit status)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+GENERATOR = ROOT / "codegen" / "gen_accel.py"
+TORCH_DIR = Path(torch.__file__).parent
+
+
+def generate(tmp_path: Path, text: str) -> subprocess.CompletedProcess[str]:
+    spec = tmp_path / "ops.yaml"
+    spec.write_text(text)
+    return subprocess.run(
+        [
+            sys.executable,
+            str(GENERATOR),
+            "--yaml",
+            str(spec),
+            "--out-dir",
+            str(tmp_path / "out"),
+            "--docs",
+            str(tmp_path / "ops.md"),
+            "--torch-dir",
+            str(TORCH_DIR),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+MALFORMED = [
+    ("{op: not_an_op, tier: underlying}", "unknown operator 'not_an_op'"),
+    ("{op: add.Tensor, tier: fast}", "unknown tier 'fast'"),
+    ("{op: empty_strided, tier: native}", "a native operator needs 'kernel'"),
+    ("{op: add.Tensor, tier: underlying, speed: 3}", "unknown key(s) ['speed']"),
+    ("{op: add.Tensor, tier: underlying, drivers: {tpu: error}}", "unknown driver 'tpu'"),
+    ("{op: add.Tensor, tier: underlying, dtypes: [float8]}", "unknown dtype 'float8'"),
+    ("{op: add.Tensor, tier: error}", "an error entry needs a 'reason'"),
+    ("{op: transpose.int, tier: underlying}", "view operators must be native"),
+    ("{op: add.Tensor, tier: underlying, variants: [sideways]}", "unknown variant 'sideways'"),
+    ("{op: relu, tier: cpu_fallback, sync: true}", "apply to underlying operators"),
+    ("{op: mm, tier: underlying, cpu_op: add.Tensor}", "takes other arguments"),
+    ("{op: nonzero, tier: underlying, sync: true, metadata_only: true}", "exclude each other"),
+    ("{op: add.Tensor, tier: underlying, out_equivalent: true}", "'out_equivalent' is implied"),
+    ("add.Tensor", "each entry must be a mapping"),
+]
+
+
+def test_malformed_entries_fail_naming_each_entry(tmp_path: Path) -> None:
+    # One run reports every malformed entry (the generator checks them all before failing).
+    text = "- {op: mul.Tensor, tier: underlying}\n" + "".join(f"- {e}\n" for e, _ in MALFORMED)
+    result = generate(tmp_path, text)
+    assert result.returncode == 1
+    lines = result.stderr.splitlines()
+    assert len(lines) == len(MALFORMED), result.stderr
+    for number, ((_, message), line) in enumerate(zip(MALFORMED, lines, strict=True), 2):
+        assert f"entry {number} " in line and message in line, line
+    assert not (tmp_path / "out" / "RegisterAccel.cpp").exists()  # nothing half-generated
+
+
+def test_an_operator_registered_twice_is_an_error(tmp_path: Path) -> None:
+    result = generate(
+        tmp_path, "- {op: add.Tensor, tier: underlying}\n- {op: add_.Tensor, tier: cpu_fallback}\n"
+    )
+    assert result.returncode == 1
+    # An entry covers the operator's whole group: add_.Tensor's includes add.Tensor.
+    assert "entry 2 (op: add_.Tensor): 'add.Tensor' is already registered" in result.stderr
+
+
+def test_one_entry_registers_functional_inplace_and_out(tmp_path: Path) -> None:
+    result = generate(
+        tmp_path,
+        "- {op: add.Tensor, tier: underlying}\n"
+        "- {op: relu, tier: underlying, drivers: {cuda: cpu_fallback}}\n"
+        "- {op: sum.dim_IntList, tier: error, reason: not yet}\n"
+        "- {op: empty_strided, tier: native, kernel: empty_strided}\n",
+    )
+    assert result.returncode == 0, result.stderr
+    cpp = (tmp_path / "out" / "RegisterAccel.cpp").read_text()
+    for name in ("add.Tensor", "add_.Tensor", "add.out", "relu", "relu_", "sum.dim_IntList"):
+        assert f'm.impl("{name}", make_kernel(' in cpp, name
+    assert 'm.impl("empty_strided", TORCH_FN(accel::aten::empty_strided));' in cpp
+    # The functional add runs its structured out= form straight into the new result.
+    assert '"aten::add.Tensor", Tier::Underlying, Tier::Underlying, Tier::Underlying, "", ' in cpp
+    assert '"aten::add.out"' in cpp
+    header = (tmp_path / "out" / "AccelNativeFunctions.h").read_text()
+    assert "empty_strided(" in header
+    docs = (tmp_path / "ops.md").read_text()
+    assert "| `relu` | underlying | cpu_fallback | underlying |" in docs
+    assert "| `sum.dim_IntList` | error | error | error | not yet |" in docs
+    assert "| `empty_strided` | native | native | native | kernel `empty_strided` |" in docs
+
+
+def test_the_project_yaml_generates_and_documents_every_tier(tmp_path: Path) -> None:
+    result = generate(tmp_path, (ROOT / "yaml" / "accel_functions.yaml").read_text())
+    assert result.returncode == 0, result.stderr
+    docs = (tmp_path / "ops.md").read_text()
+    assert "| `add.out` | underlying |" in docs
+    assert "| `copy_` | native |" in docs
+    assert "| `nonzero` | underlying |" in docs and "data-dependent result shape" in docs
+    # The registrations compiled into this build come from the same file.
+    torch.accel.reset_fallback_stats()
+    a = torch.ones(2, device="accel")
+    torch.add(a, a, out=torch.empty(2, device="accel"))
+    assert torch.accel.fallback_stats() == {}
