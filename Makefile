@@ -1,6 +1,7 @@
 # torch_accel: set-up, build, tests, demo and benchmarks. README.md explains each target.
 #
-#   make demo      set up .venv, install torch and the package, run the quickstart
+#   make demo      set up .venv, install torch and the package, run the quickstart (a small
+#                  transformer trained on accel and checked against the CPU)
 #   make test      set up, then run every test suite (C++ GoogleTest via ctest, then pytest)
 #   make install   set up and build only
 #   make sanitize  build the runtime tests with ASan+UBSan and with TSan and run them
@@ -32,7 +33,7 @@ DEPS_STAMP := $(VENV)/.deps-$(shell sha1sum $(REQUIREMENTS) | cut -c1-12)
 .PHONY: demo test install sanitize bench system-deps deps test-cpp test-python build-cpp clean
 
 demo: install
-	$(PY) examples/quickstart.py
+	$(PY) examples/transformer_lm.py
 
 test: test-cpp test-python
 

@@ -227,9 +227,9 @@ def test_forked_child_gets_a_clear_error():
     assert not _C.in_bad_fork()  # the parent is unaffected
 
 
-def test_quickstart_example_runs():
+def test_runtime_example_runs():
     result = subprocess.run(
-        [sys.executable, str(ROOT / "examples" / "quickstart.py")],
+        [sys.executable, str(ROOT / "examples" / "runtime_streams.py")],
         capture_output=True,
         text=True,
         timeout=300,

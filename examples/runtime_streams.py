@@ -1,10 +1,10 @@
-"""Quickstart: the accel runtime from Python.
+"""The accel runtime from Python (torch_accel._C._rt, below the PyTorch device).
 
 Allocates device memory, copies data in, runs y += a * x on two streams at once, times each
 stream with events, copies the results back and checks them against numpy. Runs on the
 default driver (`host` on a machine without a GPU).
 
-    python examples/quickstart.py
+    python examples/runtime_streams.py
 """
 
 from __future__ import annotations

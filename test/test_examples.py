@@ -1,0 +1,26 @@
+"""The examples run as documented: the transformer quickstart of `make demo` trains on accel with
+no CPU fallback and the CPU's losses, in float32 and under bfloat16 autocast."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.parametrize("flags", [[], ["--amp"]], ids=["float32", "bf16-autocast"])
+def test_transformer_example_trains_like_the_cpu(flags: list[str]) -> None:
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "transformer_lm.py"), "--steps", "20", *flags],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[-1] == "OK"
+    assert lines[-2].endswith("CPU fallback calls: 0")
