@@ -95,6 +95,7 @@ sanitize: system-deps deps
 bench: build-cpp
 	mkdir -p benchmarks/results
 	$(BUILD_DIR)/runtime_bench benchmarks/results/runtime.json
+	$(PY) benchmarks/eager_ops.py --json benchmarks/results/eager_ops.json
 
 clean:
 	rm -rf $(BUILD_DIR) $(BUILD_DIR)-address $(BUILD_DIR)-thread torch_accel/_C*.so torch_accel/lib

@@ -380,22 +380,25 @@ class UnderlyingKernel final : public c10::OperatorKernel {
 
   void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
     const OpConfig& c = *config_;
+    resolve_ops(op);
+    // The CPU fallback runs the cpu_op where there is one (the CPU has no kernel for
+    // convolution_overrideable, for one).
+    const c10::OperatorHandle& fallback_op = cpu_op_ ? *cpu_op_ : op;
     switch (driver_tier(c)) {
       case Tier::Error:
         TORCH_CHECK_NOT_IMPLEMENTED(false, c.name, " is not supported on accel: ", c.reason);
       case Tier::CpuFallback:
       case Tier::Native:  // a native operator has its own kernel; never registered here
-        cpu_fallback(op, stack);
+        cpu_fallback(fallback_op, stack);
         return;
       case Tier::Underlying:
         break;
     }
     if (g_force_fallback.load(std::memory_order_relaxed) || !host_accessible() ||
         !dtype_allowed(c, op, *stack)) {
-      cpu_fallback(op, stack);
+      cpu_fallback(fallback_op, stack);
       return;
     }
-    resolve_ops(op);
     const c10::DeviceIndex device = call_device(op, *stack, c.name);
     check_no_cpu_tensors(op, *stack, device);
     c10::DeviceGuard guard(c10::Device(kAccel, device));
@@ -559,7 +562,7 @@ class UnderlyingKernel final : public c10::OperatorKernel {
                      c10::DeviceIndex device, bool synchronize) {
     const c10::FunctionSchema& schema = op.schema();
     if (has_write_arguments(schema)) {
-      copying_path(op, stack);  // CPU results of in-place/out= calls must be copied back
+      copying_path(cpu_op_ ? *cpu_op_ : op, stack);  // CPU results of in-place/out= calls must be copied back
       return;
     }
     const size_t n = schema.arguments().size();
