@@ -8,9 +8,11 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 
 #include <atomic>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <unordered_map>
 #include <vector>
 
@@ -348,19 +350,64 @@ void copy_result(const Layout& into, const at::Tensor& result) {
   if (into.dtype != c10::ScalarType::Undefined && result.defined()) into.cpu_view().copy_(result);
 }
 
-// The work of one operator call on the stream.
-struct Work {
-  c10::OperatorHandle op;
+// The arguments of one call, filled on the calling thread and read by the task.
+struct WorkBuffers {
   std::vector<Arg> args;
   std::vector<Layout> copy_into;  // functional results without an out= variant
+};
+
+// Buffers go back to a pool when their task is destroyed (on the stream's worker) and are
+// reused by later calls: freeing on the worker what the caller allocated would make the two
+// threads contend for the caller's malloc arena on every call.
+class BufferPool {
+ public:
+  std::unique_ptr<WorkBuffers> take() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (!free_.empty()) {
+        std::unique_ptr<WorkBuffers> b = std::move(free_.back());
+        free_.pop_back();
+        return b;
+      }
+    }
+    return std::make_unique<WorkBuffers>();
+  }
+  void give(WorkBuffers* b) {
+    std::unique_ptr<WorkBuffers> owned(b);
+    owned->args.clear();  // keeps the capacity
+    owned->copy_into.clear();
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (free_.size() < kMaxPooled) free_.push_back(std::move(owned));
+  }
+
+ private:
+  static constexpr size_t kMaxPooled = 256;
+  std::mutex mutex_;
+  std::vector<std::unique_ptr<WorkBuffers>> free_;
+};
+
+BufferPool& buffer_pool() {
+  static BufferPool* pool = new BufferPool;  // never destroyed: workers may run at exit
+  return *pool;
+}
+
+struct Recycle {
+  void operator()(WorkBuffers* b) const noexcept { buffer_pool().give(b); }
+};
+
+// The work of one operator call on the stream (small enough for the Task's inline storage).
+struct Work {
+  c10::OperatorHandle op;
+  std::unique_ptr<WorkBuffers, Recycle> buf;
 
   void operator()() const {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     torch::jit::Stack stack;
-    stack.reserve(args.size());
-    for (const Arg& a : args) stack.push_back(a.materialize());
+    stack.reserve(buf->args.size());
+    for (const Arg& a : buf->args) stack.push_back(a.materialize());
     op.callBoxed(&stack);
     // The results in order, tensor lists flattened, as copy_into lists them.
+    const std::vector<Layout>& copy_into = buf->copy_into;
     size_t k = 0;
     for (const c10::IValue& r : stack) {
       if (k == copy_into.size()) break;
@@ -372,6 +419,8 @@ struct Work {
     }
   }
 };
+static_assert(sizeof(Work) <= rt::Task::kInlineSize && std::is_nothrow_move_constructible_v<Work>,
+              "Work must fit a Task's inline storage (no allocation per call)");
 
 class UnderlyingKernel final : public c10::OperatorKernel {
  public:
@@ -519,21 +568,23 @@ class UnderlyingKernel final : public c10::OperatorKernel {
       }
     }
 
-    Work work{cpu_op_ ? *cpu_op_ : op, {}, {}};
-    work.args.reserve(n + fresh.size());
+    Work work{cpu_op_ ? *cpu_op_ : op,
+              std::unique_ptr<WorkBuffers, Recycle>(buffer_pool().take().release())};
+    std::vector<Arg>& args = work.buf->args;
+    args.reserve(n + fresh.size());
     if (functional_op_) {
       // An out= form with several outputs: run the functional form and copy into the outputs
       // (see codegen/gen_accel.py for why it is not called boxed).
       work.op = *functional_op_;
       for (size_t i = 0; i < n; ++i) {
         const c10::AliasInfo* alias = schema.arguments()[i].alias_info();
-        if (alias == nullptr || !alias->isWrite()) work.args.push_back(capture((*stack)[begin + i]));
+        if (alias == nullptr || !alias->isWrite()) args.push_back(capture((*stack)[begin + i]));
       }
       for (const c10::Argument& r : returns) {
-        work.copy_into.push_back(Layout::of((*stack)[begin + *aliased_argument(schema, r)].toTensor()));
+        work.buf->copy_into.push_back(Layout::of((*stack)[begin + *aliased_argument(schema, r)].toTensor()));
       }
     } else {
-      for (size_t i = begin; i < stack->size(); ++i) work.args.push_back(capture((*stack)[i]));
+      for (size_t i = begin; i < stack->size(); ++i) args.push_back(capture((*stack)[i]));
     }
     if (!fresh.empty()) {
       if (out_op_ && !cpu_op_) {
@@ -542,10 +593,10 @@ class UnderlyingKernel final : public c10::OperatorKernel {
           Arg a;
           a.kind = Arg::Kind::Tensor;
           a.tensor = l;
-          work.args.push_back(std::move(a));
+          args.push_back(std::move(a));
         }
       } else {
-        work.copy_into = std::move(fresh);
+        work.buf->copy_into.assign(fresh.begin(), fresh.end());
       }
     }
     launch(device, config_->name, std::move(work));
