@@ -28,7 +28,7 @@ DRIVERS = ("host", "cuda", "level_zero")
 VARIANTS = ("functional", "inplace", "out")
 KEYS = {
     "op", "tier", "kernel", "variants", "drivers", "dtypes", "cpu_op", "sync", "metadata_only",
-    "out_equivalent", "structured_meta", "reason",
+    "out_equivalent", "structured_meta", "into", "reason",
 }  # fmt: skip
 # c10::ScalarType values.
 DTYPES = {
@@ -65,6 +65,7 @@ class Registration:
     reason: str = ""
     signature: str = ""  # native: the C++ declaration
     entry: str = ""  # the yaml entry it comes from (for docs)
+    into: str = ""  # underlying functional form: the task function writing into the results
 
 
 def load_native_functions() -> tuple[dict[str, Any], dict[str, Any]]:
@@ -235,6 +236,7 @@ def expand(
     metadata_only = bool(entry.get("metadata_only", False))
     out_equivalent = bool(entry.get("out_equivalent", False))
     structured_meta = bool(entry.get("structured_meta", True))
+    into = entry.get("into", "")
     if sync and metadata_only:
         raise EntryError("'sync' and 'metadata_only' exclude each other")
     reason = entry.get("reason", "")
@@ -251,8 +253,8 @@ def expand(
                 "'drivers', 'dtypes', 'cpu_op', 'sync', 'metadata_only' and 'out_equivalent' "
                 "apply to underlying operators"
             )
-        if not structured_meta:
-            raise EntryError("'structured_meta' applies to underlying operators")
+        if not structured_meta or into:
+            raise EntryError("'structured_meta' and 'into' apply to underlying operators")
         f = functions[op]
         return [Registration(op, {d: "native" for d in DRIVERS}, kernel=kernel,
                              signature=signature(f, kernel), entry=op)]  # fmt: skip
@@ -260,8 +262,12 @@ def expand(
         raise EntryError("'kernel' is only for the native tier")
     if tier == "error" and not reason:
         raise EntryError("an error entry needs a 'reason' users will read")
-    if tier != "underlying" and not structured_meta:
-        raise EntryError("'structured_meta' applies to underlying operators")
+    if tier != "underlying" and (not structured_meta or into):
+        raise EntryError("'structured_meta' and 'into' apply to underlying operators")
+    if into and not re.fullmatch(r"[A-Za-z_]\w*", str(into)):
+        raise EntryError(f"'into' must name a C++ function in accel::aten, not {into!r}")
+    if into and cpu_op:
+        raise EntryError("'into' and 'cpu_op' exclude each other")
     if tier != "underlying" and (cpu_op or sync or metadata_only or dtypes or out_equivalent):
         raise EntryError(
             "'cpu_op', 'sync', 'metadata_only', 'dtypes' and 'out_equivalent' apply to "
@@ -354,6 +360,7 @@ def expand(
                 metadata_only=metadata_only,
                 meta=meta_body,
                 meta_header=meta_header,
+                into=into if v == "functional" else "",
                 dtypes=list(dtypes),
                 reason=reason,
                 entry=op,
@@ -380,10 +387,18 @@ def render_cpp(regs: list[Registration]) -> tuple[str, str]:
         "#pragma once",
         "",
         "#include <ATen/core/Tensor.h>",
+        "#include <ATen/core/stack.h>",
+        "",
+        "#include <vector>",
         "",
         "namespace accel::aten {",
     ]
     header += [f"{r.signature};" for r in regs if r.kernel]
+    header += [
+        f"void {r.into}(torch::jit::Stack& args, const std::vector<at::Tensor>& results);"
+        for r in regs
+        if r.into
+    ]
     header += ["}  // namespace accel::aten", ""]
 
     boxed = [r for r in regs if not r.kernel]
@@ -418,12 +433,12 @@ def render_cpp(regs: list[Registration]) -> tuple[str, str]:
             f"{cpp_string(r.out_variant)}, {cpp_string(r.functional)}, "
             f"{'true' if r.sync else 'false'}, "
             f"{'true' if r.metadata_only else 'false'}, {mask}ull, {meta}, "
-            f"{cpp_string(r.reason)}}},"
+            f"{'&' + r.into if r.into else 'nullptr'}, {cpp_string(r.reason)}}},"
         )
     if not boxed:
         # C++ has no empty arrays: one unused entry.
         tiers = ", ".join(["Tier::CpuFallback"] * 3)
-        cpp.append(f'    {{"", {tiers}, "", "", "", false, false, 0ull, nullptr, ""}},')
+        cpp.append(f'    {{"", {tiers}, "", "", "", false, false, 0ull, nullptr, nullptr, ""}},')
     cpp += ["};", "", "}  // namespace", "", "TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {"]
     for r in regs:
         if r.kernel:
@@ -464,6 +479,8 @@ def render_docs(regs: list[Registration]) -> str:
             notes.append(f"runs `{r.cpu_op[6:]}` on the CPU")
         if r.functional:
             notes.append(f"runs `{r.functional[6:]}` and copies into the outputs")
+        if r.into:
+            notes.append(f"task `{r.into}` writes the results")
         if r.sync:
             notes.append("data-dependent result shape: synchronizes")
         if r.metadata_only:

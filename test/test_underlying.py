@@ -411,3 +411,46 @@ def test_listed_ops_keep_results_on_the_callers_device(no_fallback: None) -> Non
     b = torch.randn(3, device="accel:1")  # current device 0, tensors on 1
     assert (b * 2).device == torch.device("accel:1")
     assert_same(b * 2, b.cpu() * 2)
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["contiguous", "transposed", "no_affine", "bf16_float_params", "bf16", "empty_rows", "3d"],
+)
+def test_layer_norm_computes_into_its_results(case: str, no_fallback: None) -> None:
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(6, 8, generator=g)
+    w, b = torch.randn(8, generator=g), torch.randn(8, generator=g)
+    shape: tuple[int, ...] = (8,)
+    if case == "transposed":
+        x = torch.randn(8, 6, generator=g).T  # not contiguous
+    elif case == "no_affine":
+        w = b = None
+    elif case == "bf16_float_params":
+        x = x.bfloat16()
+    elif case == "bf16":
+        x, w, b = x.bfloat16(), w.bfloat16(), b.bfloat16()
+    elif case == "empty_rows":
+        x = torch.randn(0, 8)
+    elif case == "3d":
+        x, shape = torch.randn(2, 3, 4, 8, generator=g), (4, 8)
+        w, b = torch.randn(shape, generator=g), torch.randn(shape, generator=g)
+    res = {}
+    for dev in ("cpu", "accel"):
+        xd = x.to(dev).detach().requires_grad_()
+        wd = None if w is None else w.to(dev).detach().requires_grad_()
+        bd = None if b is None else b.to(dev).detach().requires_grad_()
+        out, mean, rstd = torch.native_layer_norm(xd, shape, wd, bd, 1e-5)
+        (out.float() * torch.arange(out.numel(), device=dev).view(out.shape)).sum().backward()
+        grads = [t.grad for t in (xd, wd, bd) if t is not None]
+        res[dev] = [out.detach(), mean, rstd, *grads]
+    for i, (a, c) in enumerate(zip(res["accel"], res["cpu"], strict=True)):
+        assert a.shape == c.shape and a.stride() == c.stride()
+        if case == "bf16" and i in (1, 2):
+            # mean and rstd of bfloat16 inputs: float on accel (PyTorch's meta function, as on
+            # CUDA), bfloat16 on the CPU
+            assert a.dtype == torch.float32 and c.dtype == torch.bfloat16
+            torch.testing.assert_close(a.cpu().bfloat16(), c, rtol=2e-2, atol=2e-2)
+            continue
+        assert a.dtype == c.dtype
+        assert_same(a, c, exact=False)

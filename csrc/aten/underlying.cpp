@@ -399,12 +399,21 @@ struct Recycle {
 struct Work {
   c10::OperatorHandle op;
   std::unique_ptr<WorkBuffers, Recycle> buf;
+  // Computes into the results (copy_into) instead of running `op` (OpConfig::into).
+  void (*into)(torch::jit::Stack& args, const std::vector<at::Tensor>& results) = nullptr;
 
   void operator()() const {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     torch::jit::Stack stack;
     stack.reserve(buf->args.size());
     for (const Arg& a : buf->args) stack.push_back(a.materialize());
+    if (into != nullptr) {
+      std::vector<at::Tensor> results;
+      results.reserve(buf->copy_into.size());
+      for (const Layout& l : buf->copy_into) results.push_back(l.cpu_view());
+      into(stack, results);
+      return;
+    }
     op.callBoxed(&stack);
     // The results in order, tensor lists flattened, as copy_into lists them.
     const std::vector<Layout>& copy_into = buf->copy_into;
@@ -587,7 +596,10 @@ class UnderlyingKernel final : public c10::OperatorKernel {
       for (size_t i = begin; i < stack->size(); ++i) args.push_back(capture((*stack)[i]));
     }
     if (!fresh.empty()) {
-      if (out_op_ && !cpu_op_) {
+      if (config_->into != nullptr) {
+        work.into = config_->into;  // computes straight into the new tensors
+        work.buf->copy_into.assign(fresh.begin(), fresh.end());
+      } else if (out_op_ && !cpu_op_) {
         work.op = *out_op_;  // results are written straight into the new tensors
         for (const Layout& l : fresh) {
           Arg a;

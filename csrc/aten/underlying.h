@@ -15,6 +15,7 @@
 #include <torch/library.h>
 
 #include <cstdint>
+#include <vector>
 
 namespace accel::aten {
 
@@ -37,6 +38,10 @@ struct OpConfig {
   // Computes the results on meta tensors through the C++ meta function (a boxed call on the
   // stack); nullptr: through the dispatcher's Meta kernel.
   void (*meta)(torch::jit::Stack* stack);
+  // Underlying functional operators with several results: the task calls this with CPU views
+  // of the arguments and of the results allocated for them, and it computes straight into the
+  // results (nullptr: the task runs the CPU operator and copies its results).
+  void (*into)(torch::jit::Stack& args, const std::vector<at::Tensor>& results);
   const char* reason;       // error tier: why the operator is refused
 };
 
