@@ -335,10 +335,10 @@ class MetaCache {
     auto it = entries_.find(key);
     return it == entries_.end() ? nullptr : it->second;
   }
-  void insert(std::string key, std::shared_ptr<const CachedResult> value) {
+  void insert(const std::string& key, std::shared_ptr<const CachedResult> value) {
     std::lock_guard<std::mutex> lock(mutex_);
     if (entries_.size() >= kMaxEntries) entries_.clear();
-    entries_.emplace(std::move(key), std::move(value));
+    entries_.emplace(key, std::move(value));
   }
 
  private:
@@ -460,11 +460,10 @@ class UnderlyingKernel final : public c10::OperatorKernel {
     const c10::DeviceIndex device = call_device(op, *stack, c.name);
     check_no_cpu_tensors(op, *stack, device);
     c10::DeviceGuard guard(c10::Device(kAccel, device));
-    substitute_generators(op, stack, device);
-    const c10::FunctionSchema& schema = op.schema();
+    if (info_.has_generator) substitute_generators(op, stack, device);
     if (c.metadata_only) {
       run_on_caller(op, stack, device, /*synchronize=*/false);
-    } else if (c.sync || !returns_only_tensors(schema) || !enqueue(op, stack, device)) {
+    } else if (c.sync || !info_.tensor_returns_only || !enqueue(op, stack, device)) {
       run_on_caller(op, stack, device, /*synchronize=*/true);
     }
   }
@@ -511,8 +510,29 @@ class UnderlyingKernel final : public c10::OperatorKernel {
     return true;
   }
 
+  // What the kernel needs to know about the operator's schema, computed once.
+  struct SchemaInfo {
+    std::vector<std::optional<size_t>> return_alias;  // per result: the argument it writes
+    std::vector<bool> write_argument;                  // per argument: written (out=, in-place)
+    bool tensor_returns_only = true;                   // results are tensors or tensor lists
+    bool has_generator = false;
+  };
+
   void resolve_ops(const c10::OperatorHandle& op) {
     std::call_once(resolved_, [&] {
+      const c10::FunctionSchema& schema = op.schema();
+      for (const c10::Argument& r : schema.returns()) {
+        info_.return_alias.push_back(aliased_argument(schema, r));
+      }
+      for (const c10::Argument& a : schema.arguments()) {
+        info_.write_argument.push_back(a.alias_info() != nullptr && a.alias_info()->isWrite());
+        const c10::TypePtr& t = a.type();
+        info_.has_generator = info_.has_generator ||
+                              t->kind() == c10::TypeKind::GeneratorType ||
+                              (t->kind() == c10::TypeKind::OptionalType &&
+                               t->containedType(0)->kind() == c10::TypeKind::GeneratorType);
+      }
+      info_.tensor_returns_only = returns_only_tensors(schema);
       const auto find = [](const char* full) -> std::optional<c10::OperatorHandle> {
         if (full == nullptr || *full == '\0') return std::nullopt;
         std::string name(full);
@@ -528,7 +548,6 @@ class UnderlyingKernel final : public c10::OperatorKernel {
       cpu_op_ = find(config_->cpu_op);
       out_op_ = find(config_->out_variant);
       functional_op_ = find(config_->functional);
-      (void)op;
     });
   }
 
@@ -544,11 +563,11 @@ class UnderlyingKernel final : public c10::OperatorKernel {
     if (!shapes) return false;
 
     // Results: arguments written in place (out=, in-place) or new tensors.
-    const auto& returns = schema.returns();
-    std::vector<c10::IValue> results(returns.size());
-    std::vector<Layout> fresh;  // new results, in order
-    for (size_t j = 0; j < returns.size(); ++j) {
-      if (const auto arg = aliased_argument(schema, returns[j])) {
+    const size_t n_returns = info_.return_alias.size();
+    c10::SmallVector<c10::IValue, 3> results(n_returns);
+    c10::SmallVector<Layout, 3> fresh;  // new results, in order
+    for (size_t j = 0; j < n_returns; ++j) {
+      if (const auto arg = info_.return_alias[j]) {
         results[j] = (*stack)[begin + *arg];
         continue;
       }
@@ -567,8 +586,7 @@ class UnderlyingKernel final : public c10::OperatorKernel {
     }
     // out= arguments the meta pass resized get the same shape on accel.
     for (size_t i = 0; i < n; ++i) {
-      const c10::AliasInfo* alias = schema.arguments()[i].alias_info();
-      if (alias == nullptr || !alias->isWrite() || !shapes->written[i]) continue;
+      if (!info_.write_argument[i] || !shapes->written[i]) continue;
       const TensorMeta& m = *shapes->written[i];
       const at::Tensor& t = (*stack)[begin + i].toTensor();
       if (c10::IntArrayRef(m.sizes) != t.sizes() || c10::IntArrayRef(m.strides) != t.strides()) {
@@ -586,11 +604,10 @@ class UnderlyingKernel final : public c10::OperatorKernel {
       // (see codegen/gen_accel.py for why it is not called boxed).
       work.op = *functional_op_;
       for (size_t i = 0; i < n; ++i) {
-        const c10::AliasInfo* alias = schema.arguments()[i].alias_info();
-        if (alias == nullptr || !alias->isWrite()) args.push_back(capture((*stack)[begin + i]));
+        if (!info_.write_argument[i]) args.push_back(capture((*stack)[begin + i]));
       }
-      for (const c10::Argument& r : returns) {
-        work.buf->copy_into.push_back(Layout::of((*stack)[begin + *aliased_argument(schema, r)].toTensor()));
+      for (const std::optional<size_t>& arg : info_.return_alias) {
+        work.buf->copy_into.push_back(Layout::of((*stack)[begin + *arg].toTensor()));
       }
     } else {
       for (size_t i = begin; i < stack->size(); ++i) args.push_back(capture((*stack)[i]));
@@ -704,13 +721,14 @@ class UnderlyingKernel final : public c10::OperatorKernel {
                                                       const torch::jit::Stack& stack,
                                                       size_t begin) {
     const size_t n = stack.size() - begin;
-    std::string key;
-    key.reserve(48 * n);
+    thread_local std::string key;  // reused: no allocation per call
+    key.clear();
     bool cacheable = true;
     for (size_t i = begin; i < stack.size() && cacheable; ++i) cacheable = describe(stack[i], key);
     if (cacheable) {
       if (auto hit = cache_.find(key)) return hit;
     }
+    const std::string miss_key = key;  // the meta pass below may run operators on this thread
     torch::jit::Stack meta;
     meta.reserve(n);
     for (size_t i = begin; i < stack.size(); ++i) {
@@ -751,12 +769,13 @@ class UnderlyingKernel final : public c10::OperatorKernel {
         r->written.emplace_back(std::nullopt);
       }
     }
-    if (cacheable) cache_.insert(std::move(key), r);
+    if (cacheable) cache_.insert(miss_key, r);
     return r;
   }
 
   const OpConfig* config_;
   const bool foreach_;
+  SchemaInfo info_;  // set by resolve_ops
   MetaCache cache_;
   std::once_flag resolved_;
   std::optional<c10::OperatorHandle> cpu_op_;
