@@ -6,6 +6,8 @@
 #   make install   set up and build only
 #   make sanitize  build the runtime tests with ASan+UBSan and with TSan and run them
 #   make bench     set up, then run the benchmarks (tables on stdout, JSON in benchmarks/results)
+#   make opinfo    set up, then PyTorch's whole OpInfo database on accel against the CPU
+#                  (make test runs a fast subset)
 #
 # Wheels are kept in $(WHEELHOUSE) (outside the checkout), so a fresh clone on the same
 # machine installs torch from there instead of downloading it again.
@@ -30,7 +32,7 @@ APT_PACKAGES := g++ ccache googletest libgtest-dev
 REQUIREMENTS := requirements-dev.txt
 DEPS_STAMP := $(VENV)/.deps-$(shell sha1sum $(REQUIREMENTS) | cut -c1-12)
 
-.PHONY: demo test install sanitize bench system-deps deps test-cpp test-python build-cpp clean
+.PHONY: demo test install sanitize bench opinfo system-deps deps test-cpp test-python build-cpp clean
 
 demo: install
 	$(PY) examples/transformer_lm.py
@@ -96,6 +98,9 @@ bench: build-cpp
 	mkdir -p benchmarks/results
 	$(BUILD_DIR)/runtime_bench benchmarks/results/runtime.json
 	$(PY) benchmarks/eager_ops.py --json benchmarks/results/eager_ops.json
+
+opinfo: install
+	OPINFO_FULL=1 $(PY) -m pytest -q -p no:cacheprovider test/test_opinfo.py
 
 clean:
 	rm -rf $(BUILD_DIR) $(BUILD_DIR)-address $(BUILD_DIR)-thread torch_accel/_C*.so torch_accel/lib

@@ -454,3 +454,23 @@ def test_layer_norm_computes_into_its_results(case: str, no_fallback: None) -> N
             continue
         assert a.dtype == c.dtype
         assert_same(a, c, exact=False)
+
+
+def test_factory_operators_build_on_accel(no_fallback: None) -> None:
+    # Operators with no tensor argument: the device argument selects accel; the task builds the
+    # result with the CPU kernel in accel memory.
+    for dev in ("accel:0", "accel:1"):
+        cases = [
+            (torch.arange(1, 10, 3, device=dev), torch.arange(1, 10, 3)),
+            (torch.arange(5.0, device=dev), torch.arange(5.0)),
+            (torch.eye(3, 4, device=dev), torch.eye(3, 4)),
+            (torch.linspace(-2, 3, 7, device=dev), torch.linspace(-2, 3, 7)),
+            (torch.full((2, 3), 1.5, device=dev), torch.full((2, 3), 1.5)),
+            (torch.zeros(4, dtype=torch.int32, device=dev), torch.zeros(4, dtype=torch.int32)),
+        ]
+        for actual, expected in cases:
+            assert actual.device == torch.device(dev)
+            assert_same(actual, expected)
+    torch.accel.manual_seed(0)
+    perm = torch.randperm(20, device="accel")
+    assert sorted(perm.tolist()) == list(range(20))

@@ -115,6 +115,8 @@ Arg capture(const c10::IValue& v) {
         a.optional_list.emplace_back(Layout::of(e.toTensor()));
       }
     }
+  } else if (v.isDevice() && v.toDevice().type() == kAccel) {
+    a.value = c10::Device(c10::kCPU);  // factory operators build their result on the CPU
   } else {
     a.value = v;
   }

@@ -33,6 +33,25 @@ TEST(Stream, TasksRunInSubmissionOrder) {
   stream_destroy(s);
 }
 
+TEST(Stream, ATaskMaySubmitWorkToItsOwnStream) {
+  // Queued behind the running task, or (launch blocking) run at once; never a deadlock.
+  Stream s = stream_create();
+  std::vector<int> order;
+  launch_host_func(s, [&] {
+    order.push_back(1);
+    launch_host_func(s, [&order] { order.push_back(3); });
+    order.push_back(2);
+  });
+  stream_synchronize(s);  // the first task and everything submitted before this call
+  stream_synchronize(s);  // the task it submitted
+  if (launch_blocking()) {
+    EXPECT_EQ(order, (std::vector<int>{1, 3, 2}));
+  } else {
+    EXPECT_EQ(order, (std::vector<int>{1, 2, 3}));
+  }
+  stream_destroy(s);
+}
+
 TEST(Stream, SubmissionIsAsynchronousAndQueryIsCorrectWhileATaskRuns) {
   SKIP_IF_LAUNCH_BLOCKING();
   Stream s = stream_create();

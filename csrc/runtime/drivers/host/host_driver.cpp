@@ -169,7 +169,9 @@ struct HostStream {
   std::shared_ptr<Capture> capture;
   std::vector<uint32_t> frontier;
 
-  std::mutex inline_mutex;  // serializes inline execution in launch-blocking mode
+  // Serializes inline execution in launch-blocking mode; recursive so that a task enqueuing
+  // more work on its own stream runs it at once instead of deadlocking.
+  std::recursive_mutex inline_mutex;
 
   ~HostStream() { shutdown(); }
 
@@ -215,7 +217,7 @@ struct HostStream {
   }
 
   void run_inline(Task& task) {
-    std::lock_guard<std::mutex> lock(inline_mutex);
+    std::lock_guard<std::recursive_mutex> lock(inline_mutex);
     submitted.fetch_add(1, std::memory_order_seq_cst);
     struct Done {
       HostStream* s;
