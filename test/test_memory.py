@@ -106,6 +106,7 @@ def test_dataloader_pins_batches_for_accel():
 def test_record_stream_keeps_memory_for_the_other_stream():
     side = torch.accel.Stream()
     x = torch.arange(1 << 16, dtype=torch.float32, device="accel")
+    side.wait_stream(torch.accel.current_stream())  # x is written on the current stream
     with torch.accel.stream(side):
         y = x * 2  # reads x on another stream
     x.record_stream(side)

@@ -79,8 +79,8 @@ void native_layer_norm_into(torch::jit::Stack& args, const std::vector<at::Tenso
 
   Output y(results[0]);
   // mean and rstd have the leading dimensions of the input and 1s after; the kernel writes
-  // them as M values of stats_dtype(). The results have the dtype of PyTorch's meta function
-  // (float for reduced-precision inputs, as on CUDA).
+  // them as M values of stats_dtype() (the results have that dtype too: the first call of a
+  // signature runs the CPU operator and later calls allocate what it returned).
   const c10::ScalarType stats = stats_dtype(x, gamma);
   Output mean(results[1], stats);
   Output rstd(results[2], stats);

@@ -259,7 +259,12 @@ struct CachedResult {
 
 // Appends a binary description of `v` to `key` (fixed-size fields, lengths before lists and
 // strings, so distinct argument lists never describe alike); false if `v` cannot be described.
-bool describe(const c10::IValue& v, std::string& key) {
+// Floating-point numbers are described by their type only unless `float_values` (they decide
+// result shapes only in arange; learning rates and the like change every step and would miss
+// the cache every time). Numbers inside generic lists are described by their type only when
+// `list_values` is false (the scalar lists of _foreach_ operators).
+bool describe(const c10::IValue& v, std::string& key, bool list_values = true,
+              bool float_values = false) {
   const auto put = [&](const void* p, size_t n) { key.append(static_cast<const char*>(p), n); };
   const auto put_int = [&](int64_t x) { put(&x, sizeof(x)); };
   const auto tensor = [&](const at::Tensor& t) {
@@ -291,14 +296,18 @@ bool describe(const c10::IValue& v, std::string& key) {
     put_int(v.toInt());
   } else if (v.isDouble()) {
     key.push_back('d');
-    const double x = v.toDouble();
-    put(&x, sizeof(x));
+    if (float_values) {
+      const double x = v.toDouble();
+      put(&x, sizeof(x));
+    }
   } else if (v.isBool()) {
     key.push_back(v.toBool() ? 'T' : 'F');
   } else if (v.isComplexDouble()) {
     key.push_back('c');
-    const c10::complex<double> x = v.toComplexDouble();
-    put(&x, sizeof(x));
+    if (float_values) {
+      const c10::complex<double> x = v.toComplexDouble();
+      put(&x, sizeof(x));
+    }
   } else if (v.isIntList()) {
     key.push_back('I');
     const auto xs = v.toIntVector();
@@ -320,7 +329,11 @@ bool describe(const c10::IValue& v, std::string& key) {
     const auto& xs = v.toListRef();
     put_int(static_cast<int64_t>(xs.size()));
     for (const c10::IValue& e : xs) {
-      if (!describe(e, key)) return false;
+      if (!list_values && (e.isDouble() || e.isInt() || e.isBool() || e.isComplexDouble())) {
+        key.push_back(e.isDouble() ? 'd' : e.isInt() ? 'i' : e.isBool() ? 'b' : 'c');
+      } else if (!describe(e, key, list_values, float_values)) {
+        return false;
+      }
     }
   } else {
     return false;
@@ -436,7 +449,9 @@ static_assert(sizeof(Work) <= rt::Task::kInlineSize && std::is_nothrow_move_cons
 class UnderlyingKernel final : public c10::OperatorKernel {
  public:
   explicit UnderlyingKernel(const OpConfig* config)
-      : config_(config), foreach_(std::string(config->name).rfind("aten::_foreach_", 0) == 0) {}
+      : config_(config),
+        foreach_(std::string(config->name).rfind("aten::_foreach_", 0) == 0),
+        float_shapes_(std::string(config->name).rfind("aten::arange", 0) == 0) {}
 
   void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
     const OpConfig& c = *config_;
@@ -517,6 +532,7 @@ class UnderlyingKernel final : public c10::OperatorKernel {
     std::vector<std::optional<size_t>> return_alias;  // per result: the argument it writes
     std::vector<bool> write_argument;                  // per argument: written (out=, in-place)
     bool tensor_returns_only = true;                   // results are tensors or tensor lists
+    bool has_write_arguments = false;
     bool has_generator = false;
   };
 
@@ -528,6 +544,7 @@ class UnderlyingKernel final : public c10::OperatorKernel {
       }
       for (const c10::Argument& a : schema.arguments()) {
         info_.write_argument.push_back(a.alias_info() != nullptr && a.alias_info()->isWrite());
+        info_.has_write_arguments = info_.has_write_arguments || info_.write_argument.back();
         const c10::TypePtr& t = a.type();
         info_.has_generator = info_.has_generator ||
                               t->kind() == c10::TypeKind::GeneratorType ||
@@ -561,8 +578,24 @@ class UnderlyingKernel final : public c10::OperatorKernel {
     const size_t begin = stack->size() - n;
     const c10::OperatorHandle& shape_op = cpu_op_ ? *cpu_op_ : op;
 
-    const std::shared_ptr<const CachedResult> shapes = result_metadata(shape_op, *stack, begin);
+    thread_local std::string miss_key;
+    const std::shared_ptr<const CachedResult> shapes =
+        result_metadata(shape_op, *stack, begin, &miss_key);
     if (!shapes) return false;
+    if (!miss_key.empty()) {
+      // First call with this signature. PyTorch's meta functions do not always describe what
+      // the CPU kernel returns (batch norm's statistics in eval mode, layer norm's in bfloat16,
+      // strides): a call without written arguments runs once on the caller and its actual
+      // results are what later calls allocate. The meta pass above still had to succeed, which
+      // tells that the result shapes do not depend on the data.
+      std::string key = std::move(miss_key);
+      if (!info_.has_write_arguments && !capturing(device)) {
+        run_on_caller(op, stack, device, /*synchronize=*/true);
+        cache_.insert(key, observed(*stack, info_.return_alias.size(), n));
+        return true;
+      }
+      cache_.insert(key, shapes);
+    }
 
     // Results: arguments written in place (out=, in-place) or new tensors.
     const size_t n_returns = info_.return_alias.size();
@@ -637,6 +670,31 @@ class UnderlyingKernel final : public c10::OperatorKernel {
     return true;
   }
 
+  static bool capturing(c10::DeviceIndex device) {
+    return device::call([&] { return rt::device_is_capturing(device); });
+  }
+
+  // The metadata of the `n_results` results on top of the stack (for a call of `n_args`
+  // arguments, none of them written).
+  static std::shared_ptr<const CachedResult> observed(const torch::jit::Stack& stack,
+                                                      size_t n_results, size_t n_args) {
+    auto r = std::make_shared<CachedResult>();
+    for (size_t i = stack.size() - n_results; i < stack.size(); ++i) {
+      const c10::IValue& v = stack[i];
+      if (v.isTensorList()) {
+        std::vector<TensorMeta> ms;
+        for (const at::Tensor& t : v.toTensorVector()) ms.push_back(TensorMeta::of(t));
+        r->results.push_back(std::move(ms));
+        r->result_is_list.push_back(true);
+      } else {
+        r->results.push_back({TensorMeta::of(v.toTensor())});
+        r->result_is_list.push_back(false);
+      }
+    }
+    r->written.assign(n_args, std::nullopt);
+    return r;
+  }
+
   // Runs the CPU kernel on the calling thread, after the stream has drained: for results
   // whose shapes depend on the data, non-tensor results, and calls the meta pass cannot
   // represent. Operators that read no tensor data (metadata_only) do not wait.
@@ -692,7 +750,8 @@ class UnderlyingKernel final : public c10::OperatorKernel {
     torch::jit::drop(*stack, n);
     const auto to_accel = [&](const at::Tensor& r) {
       if (!r.defined()) return r;
-      at::Tensor dense = r.contiguous();
+      // The CPU result's layout where it is dense (channels-last stays channels-last).
+      at::Tensor dense = r.is_non_overlapping_and_dense() ? r : r.contiguous();
       at::Tensor out = allocate(dense);
       const size_t bytes = static_cast<size_t>(dense.numel()) * dense.itemsize();
       if (bytes > 0) {
@@ -717,20 +776,25 @@ class UnderlyingKernel final : public c10::OperatorKernel {
 
   // The metadata of the call's results, and of its arguments after the call (out= arguments may
   // be resized): from the cache, else computed on meta tensors (the C++ meta function where
-  // there is one, else the dispatcher's Meta kernel) and cached. Null if the call cannot be
-  // represented on meta tensors or the meta computation fails.
+  // there is one, else the dispatcher's Meta kernel), and then `miss_key` is the key to cache
+  // it under (empty on a hit, or if the call cannot be cached). Null if the call cannot be
+  // represented on meta tensors or the meta computation fails (no meta kernel, or a result
+  // shape that depends on the data).
   std::shared_ptr<const CachedResult> result_metadata(const c10::OperatorHandle& shape_op,
                                                       const torch::jit::Stack& stack,
-                                                      size_t begin) {
+                                                      size_t begin, std::string* miss_key) {
     const size_t n = stack.size() - begin;
     thread_local std::string key;  // reused: no allocation per call
     key.clear();
     bool cacheable = true;
-    for (size_t i = begin; i < stack.size() && cacheable; ++i) cacheable = describe(stack[i], key);
+    for (size_t i = begin; i < stack.size() && cacheable; ++i) {
+      cacheable = describe(stack[i], key, /*list_values=*/!foreach_, float_shapes_);
+    }
+    miss_key->clear();
     if (cacheable) {
       if (auto hit = cache_.find(key)) return hit;
+      *miss_key = key;  // copied: the meta pass below may run operators on this thread
     }
-    const std::string miss_key = key;  // the meta pass below may run operators on this thread
     torch::jit::Stack meta;
     meta.reserve(n);
     for (size_t i = begin; i < stack.size(); ++i) {
@@ -771,12 +835,12 @@ class UnderlyingKernel final : public c10::OperatorKernel {
         r->written.emplace_back(std::nullopt);
       }
     }
-    if (cacheable) cache_.insert(miss_key, r);
     return r;
   }
 
   const OpConfig* config_;
   const bool foreach_;
+  const bool float_shapes_;  // floating-point arguments decide result shapes (arange)
   SchemaInfo info_;  // set by resolve_ops
   MetaCache cache_;
   std::once_flag resolved_;
