@@ -7,7 +7,7 @@
 #   make sanitize  build the runtime tests with ASan+UBSan and with TSan and run them
 #   make bench     set up, then run the benchmarks (tables on stdout, JSON in benchmarks/results)
 #   make opinfo    set up, then PyTorch's whole OpInfo database on accel against the CPU
-#                  (make test runs a fast subset)
+#                  (make test runs it once, and a fast subset in each configuration)
 #
 # Wheels are kept in $(WHEELHOUSE) (outside the checkout), so a fresh clone on the same
 # machine installs torch from there instead of downloading it again.
@@ -32,7 +32,7 @@ APT_PACKAGES := g++ ccache googletest libgtest-dev
 REQUIREMENTS := requirements-dev.txt
 DEPS_STAMP := $(VENV)/.deps-$(shell sha1sum $(REQUIREMENTS) | cut -c1-12)
 
-.PHONY: demo test install sanitize bench opinfo system-deps deps test-cpp test-python build-cpp clean
+.PHONY: demo test install sanitize bench opinfo opinfo-sweep system-deps deps test-cpp test-python build-cpp clean
 
 demo: install
 	$(PY) examples/transformer_lm.py
@@ -84,6 +84,7 @@ test-python: install
 	$(PY) -m pytest -q test
 	ACCEL_LAUNCH_BLOCKING=1 $(PY) -m pytest -q -p no:cacheprovider test
 	ACCEL_PROTECT_DEVICE_MEMORY=1 $(PY) -m pytest -q -p no:cacheprovider test
+	$(MAKE) --no-print-directory opinfo-sweep
 
 sanitize: system-deps deps
 	for san in address thread; do \
@@ -99,7 +100,10 @@ bench: build-cpp
 	$(BUILD_DIR)/runtime_bench benchmarks/results/runtime.json
 	$(PY) benchmarks/eager_ops.py --json benchmarks/results/eager_ops.json
 
-opinfo: install
+# The whole OpInfo database (about a minute here); the suites above run a fast subset of it.
+opinfo: install opinfo-sweep
+
+opinfo-sweep:
 	OPINFO_FULL=1 $(PY) -m pytest -q -p no:cacheprovider test/test_opinfo.py
 
 clean:

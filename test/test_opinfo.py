@@ -1,0 +1,794 @@
+"""PyTorch's OpInfo database over accel.
+
+Every sample input of an OpInfo (op_db in torch.testing._internal.common_methods_invocations)
+whose CPU run succeeds is moved to accel (tensors keep their strides and storage offset), run
+there, and the accel result is compared with the CPU one. Modes:
+
+* forward: float32 samples; the results, and the samples' tensors afterwards (in-place ops);
+* backward: float32 samples with requires_grad, for ops that support autograd: the gradients
+  of the inputs for a fixed seeded grad_output per differentiable output;
+* bf16: bfloat16 samples, only for ops whose float32 forward ran with no CPU fallback (native
+  or underlying on accel; the fallback runs the CPU kernel itself).
+
+Random operators and operators that return uninitialized memory (empty and the like) are
+compared by shape and dtype only. A sample whose CPU run raises is skipped.
+
+By default a curated subset (FAST_OPS: about 100 common ops, 10-20 s) runs with the rest of
+the suite; there a known failure that passes fails its test (xpass). OPINFO_FULL=1 sweeps every
+OpInfo (make opinfo: about 41000 samples, 1-3 minutes on 2 cores); there an xpass is reported
+without failing (OPINFO_STRICT=1: fails). OPINFO_OPS=a,b runs the named OpInfos only, and
+OPINFO_MAX_SAMPLES=n the first n samples of each op and mode only; OPINFO_REFERENCE=1 runs the
+OpInfos' reference_inputs instead of their sample_inputs. test_summary prints the
+counts and asserts that at least 98% of the samples match; the full sweep and OPINFO_OPS also
+write them, with every failure, to build/opinfo_summary.json.
+
+Known failures are in opinfo_known_failures.yaml, by OpInfo full name (name.variant) and mode,
+each with its reason; reasons of bugs in the backend start with "BUG:".
+
+The ops run in a worker process (this file run as a script), one op at a time: some failures
+leave the device unusable for the rest of the process, and a crash or a hang must not take the
+suite with it. The worker is started again after any of these.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import select
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import yaml
+from torch.utils import _pytree as pytree
+
+ROOT = Path(__file__).resolve().parent.parent
+KNOWN_FAILURES_FILE = Path(__file__).with_name("opinfo_known_failures.yaml")
+FULL = os.environ.get("OPINFO_FULL", "") not in ("", "0")
+ONLY = [n for n in os.environ.get("OPINFO_OPS", "").split(",") if n]
+# reference_inputs instead of sample_inputs: more samples (extremal values, noncontiguous
+# tensors), about 1.7 times as many; they begin with the sample_inputs.
+REFERENCE = os.environ.get("OPINFO_REFERENCE", "") not in ("", "0")
+STRICT = not (FULL or ONLY) or os.environ.get("OPINFO_STRICT", "") not in ("", "0")
+MAX_SAMPLES = int(os.environ.get("OPINFO_MAX_SAMPLES", 0)) or 1_000_000
+TARGET = 0.98
+MODES = ("forward", "backward", "bf16")
+ACCEL = torch.device("accel")
+# A sample that runs longer than this is taken for a hang: the worker is killed.
+HANG_SECONDS = 120.0 if (FULL or ONLY) else 30.0
+
+# The subset that runs in `make test`: common operators of every family, fast ones.
+FAST_OPS = """
+    abs neg exp log sqrt rsqrt sigmoid tanh sin erf floor sign nan_to_num clamp
+    add sub mul div.no_rounding_mode pow maximum eq lt where lerp addcmul
+    nn.functional.relu nn.functional.gelu nn.functional.silu nn.functional.leaky_relu
+    nn.functional.hardtanh nn.functional.softplus softmax log_softmax
+    sum mean amax argmax var std norm cumsum logsumexp max.reduction_with_dim sort topk
+    mm bmm matmul addmm einsum nn.functional.linear linalg.vector_norm
+    nn.functional.conv2d nn.functional.max_pool2d nn.functional.avg_pool2d
+    nn.functional.adaptive_avg_pool2d nn.functional.batch_norm nn.functional.layer_norm
+    nn.functional.group_norm nn.functional.embedding nn.functional.dropout
+    nn.functional.cross_entropy nn.functional.mse_loss nn.functional.scaled_dot_product_attention
+    nn.functional.pad.constant nn.functional.interpolate.nearest
+    cat stack reshape permute transpose expand flatten split chunk narrow index_select gather
+    scatter_add index_put masked_fill masked_select nonzero tril flip roll repeat unique
+    to clone contiguous
+    arange linspace zeros_like full empty randn_like bernoulli multinomial
+""".split()
+
+# Random operators, compared by shape and dtype (accel's generator is not the CPU's).
+_RANDOM = {
+    "bernoulli",
+    "cauchy",
+    "exponential",
+    "geometric",
+    "log_normal",
+    "multinomial",
+    "normal",
+    "normal.in_place",
+    "normal.number_mean",
+    "uniform",
+    "rand_like",
+    "randint",
+    "randint_like",
+    "randn",
+    "randn_like",
+    "nn.functional.alpha_dropout",
+    "nn.functional.dropout",
+    "nn.functional.dropout2d",
+    "nn.functional.dropout3d",
+    "nn.functional.feature_alpha_dropout.with_train",
+    "nn.functional.fractional_max_pool2d",
+    "nn.functional.fractional_max_pool3d",
+    "nn.functional.rrelu",
+    "pca_lowrank",  # random projections
+    "svd_lowrank",
+}
+# Operators whose results are uninitialized memory, compared by shape and dtype.
+_UNINITIALIZED_PARTS = ("empty",)
+
+
+# Samples that are random: dropout in attention.
+_RANDOM_SAMPLES: dict[str, Callable[[Any], bool]] = {
+    "nn.functional.scaled_dot_product_attention": lambda s: s.kwargs.get("dropout_p", 0.0) > 0,
+    "nn.functional.multi_head_attention_forward": lambda s: bool(s.kwargs.get("training")),
+}
+# Arguments that stay on the CPU (PyTorch wants them there): positions in the sample's args.
+_CPU_ARGS = {"tensor_split": (0,)}
+
+
+def is_random(op: Any) -> bool:
+    return op.full_name in _RANDOM
+
+
+def values_are_defined(op: Any) -> bool:
+    return not is_random(op) and not any(part in op.name for part in _UNINITIALIZED_PARTS)
+
+
+# --- op_db and the known failures --------------------------------------------------------------
+
+
+def _load_op_db() -> list[Any]:
+    """Imports op_db (torch's testing utilities; they need expecttest, in requirements-dev)."""
+    backends = torch.backends.flags_frozen.__globals__  # the module's own globals
+    frozen = backends["__allow_nonbracketed_mutation_flag"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from torch.testing._internal.common_methods_invocations import op_db
+    # The import freezes the torch.backends flags, for torch's own suites: not for ours.
+    backends["__allow_nonbracketed_mutation_flag"] = frozen
+    return op_db
+
+
+_OP_DB: dict[str, Any] | None = None
+
+
+def op_db() -> dict[str, Any]:
+    global _OP_DB
+    if _OP_DB is None:
+        _OP_DB = {op.full_name: op for op in _load_op_db()}
+    return _OP_DB
+
+
+@dataclass(frozen=True)
+class Known:
+    reason: str
+    samples: frozenset[int] | None  # the failing samples' indices; None: any sample may fail
+
+
+def load_known_failures() -> dict[str, dict[str, Known]]:
+    """{OpInfo full name: {mode: Known}} from opinfo_known_failures.yaml."""
+    data = yaml.safe_load(KNOWN_FAILURES_FILE.read_text()) or {}
+    known: dict[str, dict[str, Known]] = {}
+    for name, modes in data.items():
+        assert isinstance(modes, dict) and modes, f"{name}: expected mode: {{reason: ...}}"
+        for mode, entry in modes.items():
+            assert mode in MODES, f"{name}: unknown mode {mode!r}"
+            assert isinstance(entry, dict) and entry.get("reason"), f"{name} {mode}: no reason"
+            assert set(entry) <= {"reason", "samples", "inputs"}, f"{name} {mode}: unknown keys"
+            assert entry.get("inputs", "reference") == "reference", f"{name} {mode}: inputs"
+            if entry.get("inputs") == "reference" and not REFERENCE:
+                continue  # a failure of a reference input only
+            samples = entry.get("samples")
+            samples = None if samples is None else frozenset(int(i) for i in samples)
+            known.setdefault(name, {})[mode] = Known(str(entry["reason"]), samples)
+    return known
+
+
+# --- moving samples ----------------------------------------------------------------------------
+
+
+class UnsupportedSample(Exception):
+    """A sample this sweep does not move to accel (a sparse or quantized tensor)."""
+
+
+def tensor_to_accel(t: torch.Tensor) -> torch.Tensor:
+    """The tensor on accel with the same values, sizes, strides and storage offset."""
+    if t.layout != torch.strided or t.is_quantized:
+        raise UnsupportedSample(f"{t.layout} tensor")
+    src = t.detach()
+    if (src.is_contiguous() and src.storage_offset() == 0) or src.numel() == 0:
+        out = src.to(ACCEL)
+    else:
+        # Copies the part of the storage the tensor spans and views it the same way: keeps
+        # overlapping (expanded) and non-dense tensors as they are.
+        extent = src.storage_offset() + 1
+        extent += sum((n - 1) * s for n, s in zip(src.shape, src.stride(), strict=True))
+        flat = src.as_strided((extent,), (1,), 0).to(ACCEL)
+        out = flat.as_strided(src.shape, src.stride(), src.storage_offset())
+    return out.requires_grad_(t.requires_grad)
+
+
+def to_accel(x: Any) -> Any:
+    """A sample's argument on accel: tensors moved, CPU device arguments turned into accel."""
+    if isinstance(x, torch.Tensor):
+        return tensor_to_accel(x)
+    if isinstance(x, torch.device):
+        return ACCEL if x.type == "cpu" else x
+    if isinstance(x, str) and x == "cpu":
+        return "accel"
+    if isinstance(x, list):
+        return [to_accel(v) for v in x]
+    if isinstance(x, tuple):
+        values = [to_accel(v) for v in x]
+        return type(x)(*values) if hasattr(x, "_fields") else type(x)(values)
+    if isinstance(x, dict):
+        return {k: to_accel(v) for k, v in x.items()}
+    return x
+
+
+# --- comparing results -------------------------------------------------------------------------
+
+
+class Mismatch(AssertionError):
+    pass
+
+
+def compare(
+    actual: Any, expected: Any, values: bool, path: str = "result", devices: bool = True
+) -> None:
+    """Raises Mismatch where the accel result `actual` differs from the CPU one `expected`;
+    values=False compares types, dtypes and shapes only; devices=False does not check that
+    tensors are on accel."""
+    if isinstance(expected, torch.Tensor):
+        if not isinstance(actual, torch.Tensor):
+            raise Mismatch(f"{path}: {_brief(actual)}, CPU {_brief(expected)}")
+        if devices and expected.device.type == "cpu" and actual.device.type != "accel":
+            raise Mismatch(f"{path}: on {actual.device}, expected accel")
+        if (actual.dtype, actual.shape, actual.layout) != (
+            expected.dtype,
+            expected.shape,
+            expected.layout,
+        ):
+            raise Mismatch(f"{path}: {_brief(actual)}, CPU {_brief(expected)}")
+        if values:
+            try:
+                torch.testing.assert_close(
+                    actual.detach().cpu(), expected.detach(), equal_nan=True, check_device=False
+                )
+            except AssertionError as e:
+                raise Mismatch(f"{path}: {e}") from None
+    elif isinstance(expected, (list, tuple)):
+        if not isinstance(actual, (list, tuple)) or len(actual) != len(expected):
+            raise Mismatch(f"{path}: {_brief(actual)}, CPU {_brief(expected)}")
+        for i, (a, e) in enumerate(zip(actual, expected, strict=True)):
+            compare(a, e, values, f"{path}[{i}]", devices)
+    elif isinstance(expected, dict):
+        if not isinstance(actual, dict) or actual.keys() != expected.keys():
+            raise Mismatch(f"{path}: {_brief(actual)}, CPU {_brief(expected)}")
+        for k in expected:
+            compare(actual[k], expected[k], values, f"{path}[{k!r}]", devices)
+    elif isinstance(expected, float) and isinstance(actual, float):
+        close = math.isclose(actual, expected, rel_tol=1.3e-6, abs_tol=1e-5)
+        if values and not (close or (math.isnan(actual) and math.isnan(expected))):
+            raise Mismatch(f"{path}: {actual}, CPU {expected}")
+    elif type(actual) is not type(expected) or (values and actual != expected):
+        raise Mismatch(f"{path}: {_brief(actual)}, CPU {_brief(expected)}")
+
+
+def _brief(x: Any) -> str:
+    if isinstance(x, torch.Tensor):
+        return f"Tensor[{str(x.dtype)[6:]}{list(x.shape)}, {x.device}, {x.layout}]"
+    if isinstance(x, (list, tuple)):
+        return f"{type(x).__name__} of {len(x)}"
+    return f"{type(x).__name__} {repr(x)[:80]}"
+
+
+# --- running samples (in the worker) -----------------------------------------------------------
+
+
+@dataclass
+class ModeResult:
+    matched: list[int] = field(default_factory=list)  # indices of the samples that matched
+    failed: dict[int, str] = field(default_factory=dict)  # sample index: what went wrong
+    skipped: int = 0  # the CPU raised, or the sample has no accel form
+    fallback_ops: list[str] = field(default_factory=list)
+
+    @property
+    def run(self) -> int:
+        return len(self.matched) + len(self.failed)
+
+
+@dataclass
+class OpReport:
+    name: str
+    modes: dict[str, ModeResult] = field(default_factory=dict)
+    seconds: float = 0.0
+    note: str = ""  # why the op stopped early: the device left unusable, a crash, a hang
+
+    @staticmethod
+    def from_json(data: dict[str, Any]) -> OpReport:
+        modes = {}
+        for mode, res in data.pop("modes").items():
+            res["failed"] = {int(i): text for i, text in res["failed"].items()}  # JSON keys
+            modes[mode] = ModeResult(**res)
+        return OpReport(modes=modes, **data)
+
+
+class DeviceUnusable(Exception):
+    """The device fails every call after the sample's failure: the rest of the op cannot run."""
+
+
+@dataclass
+class Sample:
+    input: Any
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+
+    def flat(self) -> list[Any]:
+        return pytree.tree_leaves((self.input, self.args, self.kwargs))
+
+    def grad_leaves(self) -> list[torch.Tensor]:
+        return [t for t in self.flat() if isinstance(t, torch.Tensor) and t.requires_grad]
+
+
+def _forward(op: Any, s: Sample, random: bool) -> Any:
+    if random:
+        torch.manual_seed(0)
+        torch.accel.manual_seed(0)
+    return op(s.input, *s.args, **s.kwargs)
+
+
+def _backward(op: Any, s: Sample, process: Callable[[Any], Any], grads: list[Any] | None) -> Any:
+    """(grad_outputs, gradients of the sample's requires_grad tensors), or None when nothing is
+    differentiable. grads: the CPU's grad_outputs, None on the CPU (seeded normal values in the
+    shapes of the outputs)."""
+    out = process(op(s.input, *s.args, **s.kwargs))
+    outputs = [
+        t
+        for t in pytree.tree_leaves(out)
+        if isinstance(t, torch.Tensor) and t.requires_grad and t.is_floating_point()
+    ]
+    leaves = s.grad_leaves()
+    if not outputs or not leaves:
+        return None
+    if grads is None:
+        gen = torch.Generator().manual_seed(0)
+        grads = [torch.randn(o.shape, generator=gen, dtype=o.dtype) for o in outputs]
+    else:
+        grads = [g.to(o.device) for g, o in zip(grads, outputs, strict=True)]
+    return grads, torch.autograd.grad(outputs, leaves, grads, allow_unused=True)
+
+
+def _describe(sample: Any) -> str:
+    try:
+        text = sample.summary()
+    except Exception:  # noqa: BLE001 (a description only)
+        text = "?"
+    return text if len(text) <= 300 else text[:300] + "..."
+
+
+def _error(e: BaseException) -> str:
+    lines = [line.strip() for line in str(e).strip().splitlines() if line.strip()]
+    if isinstance(e, Mismatch):
+        return " / ".join(lines[:4])[:500]
+    return f"{type(e).__name__}: {(lines[0] if lines else '')[:300]}"
+
+
+def _on_accel(x: Any) -> bool:
+    if isinstance(x, torch.Tensor):
+        return x.device.type == "accel"
+    if isinstance(x, torch.device):
+        return x.type == "accel"
+    return isinstance(x, str) and x == "accel"
+
+
+def _device_usable() -> bool:
+    try:
+        torch.accel.synchronize()
+        return torch.ones(2, device=ACCEL).sum().item() == 2.0
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def run_mode(op: Any, mode: str, max_samples: int, progress: Callable[[int], None]) -> ModeResult:
+    result = ModeResult()
+    dtype = torch.bfloat16 if mode == "bf16" else torch.float32
+    backward = mode == "backward"
+    random = is_random(op)
+    values = values_are_defined(op) and not (random and backward)
+    fallback: set[str] = set()
+    torch.manual_seed(0)
+    make = op.reference_inputs if REFERENCE else op.sample_inputs
+    samples = iter(make("cpu", dtype, requires_grad=backward))
+    for index in range(max_samples):
+        try:
+            sample = next(samples)
+        except StopIteration:
+            break
+        except Exception:  # noqa: BLE001 (making the CPU samples failed: nothing to compare)
+            break
+        progress(index)
+        failures = len(result.failed)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            _run_sample(op, sample, index, backward, random, values, result, fallback)
+        if len(result.failed) > failures and not _device_usable():
+            result.fallback_ops = sorted(fallback)
+            raise DeviceUnusable(result)
+    result.fallback_ops = sorted(fallback)
+    return result
+
+
+def _run_sample(
+    op: Any,
+    sample: Any,
+    index: int,
+    backward: bool,
+    random: bool,
+    values: bool,
+    result: ModeResult,
+    fallback: set[str],
+) -> None:
+    cpu = Sample(sample.input, tuple(sample.args), dict(sample.kwargs))
+    if op.full_name in _RANDOM_SAMPLES and _RANDOM_SAMPLES[op.full_name](cpu):
+        random, values = True, False
+    keep = _CPU_ARGS.get(op.full_name, ())
+    try:
+        args = tuple(a if i in keep else to_accel(a) for i, a in enumerate(cpu.args))
+        dev = Sample(to_accel(cpu.input), args, to_accel(cpu.kwargs))
+    except UnsupportedSample:
+        result.skipped += 1
+        return
+    except Exception as e:  # noqa: BLE001
+        result.failed[index] = f"{_describe(sample)}\n    moving it to accel: {_error(e)}"
+        return
+    if not any(_on_accel(x) for x in dev.flat()):
+        result.skipped += 1  # nothing for accel to do (logspace(1, 3) runs on the CPU)
+        return
+    process = sample.output_process_fn_grad
+    # The CPU reference. It may change the sample (in-place ops): compared after the op too.
+    try:
+        if backward:
+            expected = _backward(op, cpu, process, None)
+            if expected is None:
+                result.skipped += 1
+                return
+        else:
+            expected = _forward(op, cpu, random)
+    except Exception:  # noqa: BLE001 (the CPU refuses this sample: not ours to test)
+        result.skipped += 1
+        return
+    torch.accel.reset_fallback_stats()
+    try:
+        if backward:
+            actual = _backward(op, dev, process, expected[0])
+            if actual is None:
+                raise Mismatch("no differentiable output on accel")
+            actual, expected = actual[1], expected[1]
+            # A leaf view of a base that requires grad (made under no_grad by some reference
+            # samples) gets no gradient on the CPU; its accel copy is a plain leaf that does.
+            odd = [t._base is not None and t._base.requires_grad for t in cpu.grad_leaves()]
+            actual = [a for a, o in zip(actual, odd, strict=True) if not o]
+            expected = [e for e, o in zip(expected, odd, strict=True) if not o]
+        else:
+            actual = _forward(op, dev, random)
+        torch.accel.synchronize()
+        fallback.update(torch.accel.fallback_stats())
+        compare(actual, expected, values)
+        if not backward:
+            tensors = [t for t in cpu.flat() if isinstance(t, torch.Tensor)]
+            after = [t for t in dev.flat() if isinstance(t, torch.Tensor)]
+            compare(after, tensors, values, "the sample's tensors after the op", False)
+    except Exception as e:  # noqa: BLE001 (the CPU ran it: a failure of accel)
+        result.failed[index] = f"{_describe(sample)}\n    {_error(e)}"
+        return
+    result.matched.append(index)
+
+
+def check_op(op: Any, max_samples: int, progress: Callable[[str, int], None]) -> OpReport:
+    """Runs an OpInfo's modes; stops at a sample after which the device is unusable."""
+    report = OpReport(op.full_name)
+    start = time.perf_counter()
+    modes = []
+    if torch.float32 in op.supported_dtypes("cpu"):
+        modes.append("forward")
+        if op.supports_autograd and torch.float32 in op.supported_backward_dtypes("cpu"):
+            modes.append("backward")
+        if torch.bfloat16 in op.supported_dtypes("cpu"):
+            modes.append("bf16")
+    for mode in modes:
+        fwd = report.modes.get("forward")
+        if mode == "bf16" and (fwd is None or not fwd.run or fwd.fallback_ops):
+            continue  # not native or underlying: the CPU fallback runs the CPU kernel
+        try:
+            report.modes[mode] = run_mode(op, mode, max_samples, lambda i, m=mode: progress(m, i))
+        except DeviceUnusable as e:
+            report.modes[mode] = e.args[0]
+            report.note = f"the device was unusable after a failing {mode} sample: op stopped"
+            break
+    report.seconds = time.perf_counter() - start
+    return report
+
+
+def worker_main(max_samples: int) -> None:
+    """Reads OpInfo names from stdin, writes JSON lines: progress, then the op's report.
+    Exits when the device is unusable (the parent starts a new worker)."""
+    import faulthandler
+
+    import torch_accel
+
+    faulthandler.enable()  # a crash shows where
+    torch_accel._C._set_fallback_mode("silent")
+    db = op_db()
+    out = sys.stdout
+    sys.stdout = sys.stderr  # stray prints of ops must not mix with the reports
+
+    def send(data: dict[str, Any]) -> None:
+        out.write(json.dumps(data) + "\n")
+        out.flush()
+
+    send({"ready": True})
+    for line in sys.stdin:
+        name = line.strip()
+        if name == "?names":
+            send({"names": sorted(db)})
+            continue
+        report = check_op(db[name], max_samples, lambda m, i: send({"mode": m, "sample": i}))
+        send({"report": asdict(report)})
+        if report.note:
+            return
+
+
+# --- the worker, from the tests ----------------------------------------------------------------
+
+
+class Worker:
+    """A worker process that checks one op at a time; started again after it stops."""
+
+    def __init__(self, max_samples: int) -> None:
+        self.max_samples = max_samples
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.buffer = b""
+        self.stderr = tempfile.TemporaryFile()
+        self._names: list[str] | None = None
+        self.hung = False
+
+    def _start(self) -> None:
+        self.stderr.seek(0)
+        self.stderr.truncate()
+        self.proc = subprocess.Popen(
+            [sys.executable, __file__, "--worker", str(self.max_samples)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.stderr,
+            bufsize=0,
+        )
+        self.buffer = b""
+        first = self._read(120.0)
+        assert first == {"ready": True}, f"the worker did not start: {first} {self._stderr()}"
+
+    def _read(self, timeout: float) -> dict[str, Any] | None:
+        """The next JSON line, or None when the worker exited or the timeout passed (then
+        self.hung is set)."""
+        assert self.proc is not None and self.proc.stdout is not None
+        deadline = time.monotonic() + timeout
+        self.hung = False
+        while b"\n" not in self.buffer:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([self.proc.stdout], [], [], left)[0]:
+                self.hung = True
+                return None
+            chunk = os.read(self.proc.stdout.fileno(), 1 << 16)
+            if not chunk:
+                return None
+            self.buffer += chunk
+        line, self.buffer = self.buffer.split(b"\n", 1)
+        return json.loads(line)
+
+    def _stderr(self) -> str:
+        self.stderr.seek(0)
+        lines = self.stderr.read().decode(errors="replace").strip().splitlines()
+        noise = ("frame #", "No CUDA runtime is found")
+        lines = [x.strip() for x in lines if x.strip() and not any(n in x for n in noise)]
+        fatal = [i for i, line in enumerate(lines) if line.startswith("Fatal Python error")]
+        lines = lines[fatal[0] : fatal[0] + 8] if fatal else lines[-8:]  # faulthandler's stack
+        return " / ".join(lines)[-1200:]
+
+    def _send(self, line: str) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            self._start()
+        assert self.proc is not None and self.proc.stdin is not None
+        self.proc.stdin.write(line.encode() + b"\n")
+
+    def names(self) -> list[str]:
+        """The OpInfo full names (the parent does not import torch's testing utilities)."""
+        if self._names is None:
+            self._send("?names")
+            msg = self._read(HANG_SECONDS)
+            assert msg is not None and "names" in msg, f"no answer: {self._stderr()}"
+            self._names = msg["names"]
+        return self._names
+
+    def check(self, name: str) -> OpReport:
+        assert name in self.names(), f"no OpInfo {name!r}"
+        self._send(name)
+        where = "before its first sample"
+        while True:
+            msg = self._read(HANG_SECONDS)
+            if msg is not None and "report" in msg:
+                report = OpReport.from_json(msg["report"])
+                if report.note:
+                    self.close()
+                return report
+            if msg is not None:
+                msg_mode, msg_index = msg["mode"], msg["sample"]
+                where = f"in {msg_mode} sample {msg_index}"
+                continue
+            # A crash or a hang: the op fails where it was.
+            hung = self.hung
+            self.close(0.0 if hung else 10.0)
+            what = f"hung (no answer in {HANG_SECONDS:.0f} s)" if hung else "crashed"
+            rc = self.proc.returncode
+            if rc is not None and rc < 0 and not hung:
+                what += f" ({signal.Signals(-rc).name})"
+            mode, index = (msg_mode, msg_index) if where.startswith("in ") else ("forward", 0)
+            failure = f"the worker {what} {where}: {self._stderr()}"
+            return OpReport(name, {mode: ModeResult(failed={index: failure})}, note=failure)
+
+    def close(self, wait: float = 0.0) -> None:
+        """Ends the worker: waits `wait` seconds for it to exit, then kills it."""
+        if self.proc is None:
+            return
+        try:
+            self.proc.wait(wait)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+# --- the tests ---------------------------------------------------------------------------------
+
+_REPORTS: dict[str, OpReport] = {}
+
+
+def _selected_ops() -> list[str]:
+    if ONLY:
+        return ONLY
+    if FULL:
+        return sorted(op_db())
+    return FAST_OPS
+
+
+@pytest.fixture(scope="module")
+def known_failures() -> dict[str, dict[str, Known]]:
+    return load_known_failures()
+
+
+@pytest.fixture(scope="module")
+def worker() -> Iterator[Worker]:
+    w = Worker(MAX_SAMPLES)
+    yield w
+    w.close()
+
+
+@dataclass
+class Verdict:
+    unexpected: list[str]  # failing samples not known to fail
+    known: int  # failing samples known to fail
+    xpass: list[str]  # known failures that matched
+
+
+def judge(report: OpReport, known: dict[str, dict[str, Known]]) -> Verdict:
+    verdict = Verdict([], 0, [])
+    for mode, res in report.modes.items():
+        k = known.get(report.name, {}).get(mode)
+        for index, text in res.failed.items():
+            if k is not None and (k.samples is None or index in k.samples):
+                verdict.known += 1
+            else:
+                verdict.unexpected.append(f"{mode} sample {index}: {text}")
+        if k is None:
+            continue
+        if k.samples is None:
+            passing = "" if res.failed or not res.matched else f"all {len(res.matched)} samples"
+        else:
+            matching = sorted(k.samples.intersection(res.matched))
+            passing = f"samples {matching}" if matching else ""
+        if passing:
+            reason = k.reason if len(k.reason) <= 80 else k.reason[:77] + "..."
+            verdict.xpass.append(f"{report.name} {mode}: {passing} match, known as {reason!r}")
+    return verdict
+
+
+def test_known_failures_file(worker: Worker) -> None:
+    names = worker.names()
+    missing = sorted(set(load_known_failures()) - set(names))
+    assert not missing, f"not OpInfo names: {missing}"
+    missing = sorted(set(FAST_OPS) - set(names))
+    assert not missing, f"FAST_OPS that are not OpInfo names: {missing}"
+
+
+@pytest.mark.parametrize("name", _selected_ops())
+def test_op(name: str, worker: Worker, known_failures: dict[str, dict[str, Known]]) -> None:
+    report = worker.check(name)
+    _REPORTS[name] = report
+    verdict = judge(report, known_failures)
+    problems = list(verdict.unexpected)
+    if STRICT:
+        problems += [f"xpass: {line}" for line in verdict.xpass]
+    elif verdict.xpass:
+        warnings.warn("; ".join(verdict.xpass), stacklevel=1)
+    if problems:
+        pytest.fail(f"{name}: {len(problems)} unexpected\n" + "\n".join(problems[:6]), False)
+
+
+def summarize(reports: dict[str, OpReport], known: dict[str, dict[str, Known]]) -> dict[str, Any]:
+    counts = dict.fromkeys(("ops", "samples", "matched", "known", "unexpected", "skipped"), 0)
+    counts["ops"] = len(reports)
+    by_mode = {m: {"samples": 0, "matched": 0} for m in MODES}
+    unexpected: dict[str, list[str]] = {}
+    xpass: list[str] = []
+    for name, report in reports.items():
+        verdict = judge(report, known)
+        for mode, res in report.modes.items():
+            counts["samples"] += res.run
+            counts["matched"] += len(res.matched)
+            counts["skipped"] += res.skipped
+            by_mode[mode]["samples"] += res.run
+            by_mode[mode]["matched"] += len(res.matched)
+        counts["known"] += verdict.known
+        counts["unexpected"] += len(verdict.unexpected)
+        if verdict.unexpected:
+            unexpected[name] = verdict.unexpected
+        xpass += verdict.xpass
+    counts["match_percent"] = round(100.0 * counts["matched"] / max(counts["samples"], 1), 2)
+    slowest = sorted(reports.values(), key=lambda r: -r.seconds)[:10]
+    return {
+        "counts": counts,
+        "by_mode": by_mode,
+        "unexpected": unexpected,
+        "xpass": xpass,
+        "stopped": {n: r.note for n, r in reports.items() if r.note},
+        "failures": {
+            n: {m: res.failed for m, res in r.modes.items() if res.failed}
+            for n, r in reports.items()
+            if any(res.failed for res in r.modes.values())
+        },
+        "bf16_ops": sorted(n for n, r in reports.items() if "bf16" in r.modes),
+        "seconds": round(sum(r.seconds for r in reports.values()), 1),
+        "slowest": {r.name: round(r.seconds, 2) for r in slowest},
+        "op_seconds": {n: round(r.seconds, 3) for n, r in reports.items()},
+    }
+
+
+def test_summary(known_failures: dict[str, dict[str, Known]], capsys: Any) -> None:
+    if not _REPORTS:
+        pytest.skip("no op ran")
+    summary = summarize(_REPORTS, known_failures)
+    c = summary["counts"]
+    with capsys.disabled():
+        print(
+            f"\nOpInfo over accel: {c['ops']} ops, {c['samples']} samples run, {c['matched']} "
+            f"matched ({c['match_percent']}%), {c['known']} known failures, {c['unexpected']} "
+            f"unexpected, {c['skipped']} skipped, {len(summary['xpass'])} xpass"
+        )
+        if FULL or ONLY:
+            for mode, m in summary["by_mode"].items():
+                print(f"  {mode}: {m['matched']}/{m['samples']} matched")
+            for line in summary["xpass"]:
+                print(f"  xpass: {line}")
+            for name, lines in summary["unexpected"].items():
+                print(f"  unexpected: {name}: {len(lines)} samples")
+    if FULL or ONLY:
+        out = ROOT / "build" / "opinfo_summary.json"
+        out.parent.mkdir(exist_ok=True)
+        out.write_text(json.dumps(summary, indent=1) + "\n")
+    if c["matched"] < TARGET * c["samples"]:
+        pytest.fail(f"{c['match_percent']}% of the samples match, below {TARGET:.0%}", False)
+    if summary["unexpected"]:
+        pytest.fail(f"unexpected failures: {', '.join(summary['unexpected'])}", False)
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["--worker"]:
+    worker_main(int(sys.argv[2]))
