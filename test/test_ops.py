@@ -212,3 +212,14 @@ def test_results_land_on_the_inputs_device():
     z = torch.zeros(3, device="accel:1")
     assert z.device == torch.device("accel:1")
     assert torch.arange(3, device="accel:1").device == torch.device("accel:1")
+
+
+def test_fallback_results_of_a_python_scalar_first_stay_on_accel():
+    x = torch.rand(2, 5) + 1
+    acc = x.to("accel")
+    r = 5.1 // acc  # floor_divide(wrapped 5.1, x): no accel kernel, first tensor is a CPU scalar
+    assert r.device.type == "accel"
+    assert_same(r, 5.1 // x)
+    assert_same(
+        torch.floor_divide(torch.tensor(7.0), acc), torch.floor_divide(torch.tensor(7.0), x)
+    )

@@ -15,6 +15,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/native/CPUFallback.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/to.h>
 #include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
 
@@ -186,6 +187,26 @@ void copying_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack,
     view_fallback(op, stack, name);
   } else {
     at::native::cpu_fallback(op, stack, /*error_on_views=*/true);
+    // cpu_fallback puts new results on the device of the first tensor argument, which is the
+    // CPU for a Python scalar first (5 // x): results belong on the accel device.
+    const c10::Device target(kAccel, dev);
+    const size_t n_returns = op.schema().returns().size();
+    for (size_t i = stack->size() - n_returns; i < stack->size(); ++i) {
+      c10::IValue& r = (*stack)[i];
+      if (r.isTensor() && r.toTensor().defined() && r.toTensor().device().is_cpu()) {
+        r = r.toTensor().to(target);
+      } else if (r.isTensorList()) {
+        std::vector<at::Tensor> ts = r.toTensorVector();
+        bool moved = false;
+        for (at::Tensor& t : ts) {
+          if (t.defined() && t.device().is_cpu()) {
+            t = t.to(target);
+            moved = true;
+          }
+        }
+        if (moved) r = std::move(ts);
+      }
+    }
   }
   count_and_warn(name, mode);
 }
