@@ -68,9 +68,19 @@ class CMakeBuild(build_ext):
         built = next(package_dir.glob("_C*.so"))
         for target in targets:
             (target / "lib").mkdir(parents=True, exist_ok=True)
-            shutil.copy2(built, target / ext_path.name)
+            replace_file(built, target / ext_path.name)
             for lib in (package_dir / "lib").glob("*.so"):
-                shutil.copy2(lib, target / "lib" / lib.name)
+                replace_file(lib, target / "lib" / lib.name)
+
+
+def replace_file(src: Path, dst: Path) -> None:
+    """Copies to a temporary name, then renames over `dst`: processes that have the old library
+    loaded keep their (unlinked) copy instead of crashing on a file rewritten under them."""
+    if dst.exists() and src.samefile(dst):
+        return
+    tmp = dst.with_name(dst.name + ".tmp")
+    shutil.copy2(src, tmp)
+    os.replace(tmp, dst)
 
 
 setup(
