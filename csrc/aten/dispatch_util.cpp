@@ -30,7 +30,7 @@ struct DeviceScan {
       const at::Tensor& t = v.toTensor();
       if (t.defined()) see(t.device());
     } else if (v.isTensorList()) {
-      for (const at::Tensor& t : v.toTensorVector()) {
+      for (const at::Tensor& t : v.toTensorList()) {
         if (t.defined()) see(t.device());
       }
     } else if (v.isList()) {

@@ -1,12 +1,17 @@
 #include "aten/underlying.h"
 
 #include <ATen/EmptyTensor.h>
+#include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/empty_strided.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <array>
 #include <atomic>
 #include <memory>
 #include <mutex>
@@ -49,6 +54,14 @@ struct Arg {
   std::vector<Layout> list;
   std::vector<std::optional<Layout>> optional_list;
 
+  // Back to an empty slot, keeping the lists' capacity (slots are reused by later calls).
+  void reset() {
+    kind = Kind::Value;
+    value = c10::IValue();
+    list.clear();
+    optional_list.clear();
+  }
+
   c10::IValue materialize() const {
     switch (kind) {
       case Kind::Tensor:
@@ -84,8 +97,8 @@ bool is_optional_tensor_list(const c10::IValue& v) {
 // launch: the caller may change them as soon as the call returns.
 at::Tensor snapshot(const at::Tensor& cpu) { return cpu.clone(); }
 
-Arg capture(const c10::IValue& v) {
-  Arg a;
+// Fills `a` (a cleared, possibly reused slot) with the task's copy of `v`.
+void capture(const c10::IValue& v, Arg& a) {
   if (v.isTensor()) {
     const at::Tensor& t = v.toTensor();
     if (is_accel(t)) {
@@ -95,7 +108,7 @@ Arg capture(const c10::IValue& v) {
       a.value = t.defined() ? c10::IValue(snapshot(t)) : v;
     }
   } else if (v.isTensorList()) {
-    std::vector<at::Tensor> ts = v.toTensorVector();
+    const c10::List<at::Tensor> ts = v.toTensorList();
     bool all_accel = true;
     for (const at::Tensor& t : ts) all_accel = all_accel && is_accel(t);
     if (all_accel) {
@@ -120,7 +133,6 @@ Arg capture(const c10::IValue& v) {
   } else {
     a.value = v;
   }
-  return a;
 }
 
 // A meta tensor with the layout and dtype of `t` (built directly: no dispatcher round trip).
@@ -286,7 +298,7 @@ bool describe(const c10::IValue& v, std::string& key, bool list_values = true,
     tensor(v.toTensor());
   } else if (v.isTensorList()) {
     key.push_back('L');
-    const auto ts = v.toTensorVector();
+    const c10::List<at::Tensor> ts = v.toTensorList();
     put_int(static_cast<int64_t>(ts.size()));
     for (const at::Tensor& t : ts) tensor(t);
   } else if (v.isNone()) {
@@ -344,11 +356,34 @@ bool describe(const c10::IValue& v, std::string& key, bool list_values = true,
 class MetaCache {
  public:
   static constexpr size_t kMaxEntries = 4096;
+  static constexpr size_t kRecentSlots = 64;
+
+  struct Recent {
+    const MetaCache* owner = nullptr;
+    std::string key;
+    std::shared_ptr<const CachedResult> value;
+  };
+  static std::array<Recent, kRecentSlots>& recent() {
+    thread_local std::array<Recent, kRecentSlots> slots;
+    return slots;
+  }
 
   std::shared_ptr<const CachedResult> find(const std::string& key) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    auto it = entries_.find(key);
-    return it == entries_.end() ? nullptr : it->second;
+    // A few recent hits per thread, checked without the lock (a training step calls each
+    // operator with a handful of signatures). Entries stay valid: cached results never change.
+    Recent& slot = recent()[(reinterpret_cast<uintptr_t>(this) >> 4) % kRecentSlots];
+    if (slot.owner == this && slot.key == key) return slot.value;
+    std::shared_ptr<const CachedResult> hit;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      auto it = entries_.find(key);
+      if (it == entries_.end()) return nullptr;
+      hit = it->second;
+    }
+    slot.owner = this;
+    slot.key = key;
+    slot.value = hit;
+    return hit;
   }
   void insert(const std::string& key, std::shared_ptr<const CachedResult> value) {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -361,14 +396,93 @@ class MetaCache {
   std::unordered_map<std::string, std::shared_ptr<const CachedResult>> entries_;
 };
 
+// Below this many elements in every tensor of a call, its kernel runs without intra-op
+// parallelism (ATen's own grain size).
+constexpr int64_t kSerialNumel = 32768;
+
+// ATen's CPU kernels parallelize with OpenMP (the copy PyTorch ships, already loaded and
+// global), and OpenMP's thread count is per thread: one on the stream's worker for the length
+// of a small task. Without OpenMP in the process this does nothing.
+class SerialScope {
+ public:
+  SerialScope() {
+    const Omp& o = omp();
+    if (o.set == nullptr || o.get == nullptr) return;
+    (void)at::get_num_threads();  // ATen's per-thread set-up first (torch.set_num_threads)
+    saved_ = o.get();
+    if (saved_ > 1) o.set(1);
+  }
+  ~SerialScope() {
+    if (saved_ > 1) omp().set(saved_);
+  }
+  SerialScope(const SerialScope&) = delete;
+  SerialScope& operator=(const SerialScope&) = delete;
+
+ private:
+  struct Omp {
+    void (*set)(int);
+    int (*get)();
+  };
+  static const Omp& omp() {
+    static const Omp o{reinterpret_cast<void (*)(int)>(dlsym(RTLD_DEFAULT, "omp_set_num_threads")),
+                       reinterpret_cast<int (*)()>(dlsym(RTLD_DEFAULT, "omp_get_max_threads"))};
+    return o;
+  }
+  int saved_ = 0;
+};
+
+int64_t numel_of(const Layout& l) {
+  int64_t n = 1;
+  for (int64_t d : l.sizes) n *= d;
+  return n;
+}
+
+int64_t largest_numel(c10::ArrayRef<Arg> args, const std::vector<Layout>& more) {
+  int64_t most = 0;
+  for (const Arg& a : args) {
+    switch (a.kind) {
+      case Arg::Kind::Tensor:
+        most = std::max(most, numel_of(a.tensor));
+        break;
+      case Arg::Kind::TensorList:
+        for (const Layout& l : a.list) most = std::max(most, numel_of(l));
+        break;
+      case Arg::Kind::OptionalTensorList:
+        for (const auto& l : a.optional_list) {
+          if (l) most = std::max(most, numel_of(*l));
+        }
+        break;
+      case Arg::Kind::Value:
+        if (a.value.isTensor() && a.value.toTensor().defined()) {
+          most = std::max(most, a.value.toTensor().numel());
+        }
+        break;
+    }
+  }
+  for (const Layout& l : more) most = std::max(most, numel_of(l));
+  return most;
+}
+
 void copy_result(const Layout& into, const at::Tensor& result) {
   if (into.dtype != c10::ScalarType::Undefined && result.defined()) into.cpu_view().copy_(result);
 }
 
 // The arguments of one call, filled on the calling thread and read by the task.
 struct WorkBuffers {
-  std::vector<Arg> args;
+  std::vector<Arg> slots;  // the first `count` are this call's arguments; the rest are spare
+  size_t count = 0;
   std::vector<Layout> copy_into;  // functional results without an out= variant
+
+  Arg& add() {
+    if (count == slots.size()) slots.emplace_back();
+    return slots[count++];
+  }
+  c10::ArrayRef<Arg> args() const { return {slots.data(), count}; }
+  void clear() {
+    for (size_t i = 0; i < count; ++i) slots[i].reset();
+    count = 0;
+    copy_into.clear();
+  }
 };
 
 // Buffers go back to a pool when their task is destroyed (on the stream's worker) and are
@@ -377,23 +491,27 @@ struct WorkBuffers {
 class BufferPool {
  public:
   std::unique_ptr<WorkBuffers> take() {
-    {
+    // A calling thread keeps a stash, refilled with everything returned so far in one go: one
+    // lock per batch of calls rather than per call.
+    thread_local std::vector<std::unique_ptr<WorkBuffers>> stash;
+    if (stash.empty()) {
       std::lock_guard<std::mutex> lock(mutex_);
-      if (!free_.empty()) {
-        std::unique_ptr<WorkBuffers> b = std::move(free_.back());
-        free_.pop_back();
-        return b;
-      }
+      stash.swap(free_);
     }
-    return std::make_unique<WorkBuffers>();
+    if (stash.empty()) return std::make_unique<WorkBuffers>();
+    std::unique_ptr<WorkBuffers> b = std::move(stash.back());
+    stash.pop_back();
+    return b;
   }
   void give(WorkBuffers* b) {
     std::unique_ptr<WorkBuffers> owned(b);
-    owned->args.clear();  // keeps the capacity
-    owned->copy_into.clear();
+    // Slots are kept, not destroyed: their heap parts were allocated by the calling thread,
+    // and freeing them here, on the stream's worker, would contend for its malloc arena.
+    owned->clear();
     std::lock_guard<std::mutex> lock(mutex_);
     if (free_.size() < kMaxPooled) free_.push_back(std::move(owned));
   }
+  // Buffers left in a thread's stash when it exits are freed with it.
 
  private:
   static constexpr size_t kMaxPooled = 256;
@@ -416,12 +534,17 @@ struct Work {
   std::unique_ptr<WorkBuffers, Recycle> buf;
   // Computes into the results (copy_into) instead of running `op` (OpConfig::into).
   void (*into)(torch::jit::Stack& args, const std::vector<at::Tensor>& results) = nullptr;
+  // Small work runs on the worker alone: an OpenMP team started for a few elements costs more
+  // than the work, and its threads spin afterwards, taking a core from the calling thread.
+  bool serial = false;
 
   void operator()() const {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
+    std::optional<SerialScope> no_parallel;
+    if (serial) no_parallel.emplace();
     torch::jit::Stack stack;
-    stack.reserve(buf->args.size());
-    for (const Arg& a : buf->args) stack.push_back(a.materialize());
+    stack.reserve(buf->count);
+    for (const Arg& a : buf->args()) stack.push_back(a.materialize());
     if (into != nullptr) {
       std::vector<at::Tensor> results;
       results.reserve(buf->copy_into.size());
@@ -518,7 +641,7 @@ class UnderlyingKernel final : public c10::OperatorKernel {
       if (v.isTensor() && v.toTensor().defined()) {
         st = v.toTensor().scalar_type();
       } else if (v.isTensorList() && !v.toTensorList().empty()) {
-        st = v.toTensorVector().front().scalar_type();
+        st = v.toTensorList().get(0).scalar_type();
       } else {
         continue;
       }
@@ -632,20 +755,19 @@ class UnderlyingKernel final : public c10::OperatorKernel {
 
     Work work{cpu_op_ ? *cpu_op_ : op,
               std::unique_ptr<WorkBuffers, Recycle>(buffer_pool().take().release())};
-    std::vector<Arg>& args = work.buf->args;
-    args.reserve(n + fresh.size());
+    WorkBuffers& buf = *work.buf;
     if (functional_op_) {
       // An out= form with several outputs: run the functional form and copy into the outputs
       // (see codegen/gen_accel.py for why it is not called boxed).
       work.op = *functional_op_;
       for (size_t i = 0; i < n; ++i) {
-        if (!info_.write_argument[i]) args.push_back(capture((*stack)[begin + i]));
+        if (!info_.write_argument[i]) capture((*stack)[begin + i], buf.add());
       }
       for (const std::optional<size_t>& arg : info_.return_alias) {
-        work.buf->copy_into.push_back(Layout::of((*stack)[begin + *arg].toTensor()));
+        buf.copy_into.push_back(Layout::of((*stack)[begin + *arg].toTensor()));
       }
     } else {
-      for (size_t i = begin; i < stack->size(); ++i) args.push_back(capture((*stack)[i]));
+      for (size_t i = begin; i < stack->size(); ++i) capture((*stack)[i], buf.add());
     }
     if (!fresh.empty()) {
       if (config_->into != nullptr) {
@@ -654,15 +776,15 @@ class UnderlyingKernel final : public c10::OperatorKernel {
       } else if (out_op_ && !cpu_op_) {
         work.op = *out_op_;  // results are written straight into the new tensors
         for (const Layout& l : fresh) {
-          Arg a;
+          Arg& a = buf.add();
           a.kind = Arg::Kind::Tensor;
           a.tensor = l;
-          args.push_back(std::move(a));
         }
       } else {
         work.buf->copy_into.assign(fresh.begin(), fresh.end());
       }
     }
+    work.serial = largest_numel(buf.args(), buf.copy_into) < kSerialNumel;
     launch(device, config_->name, std::move(work));
 
     torch::jit::drop(*stack, n);
