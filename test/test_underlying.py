@@ -485,3 +485,24 @@ def test_changing_scalars_reuse_the_first_calls_metadata(no_fallback: None) -> N
     assert_same(acc.long() * 2.5, a.long() * 2.5)  # a float scalar promotes int64 to float
     for end, step in ((5.0, 0.5), (5.0, 0.25), (2.0, 0.3)):
         assert_same(torch.arange(0.0, end, step, device="accel"), torch.arange(0.0, end, step))
+
+
+def test_attention_picks_the_same_kernel_as_the_cpu(no_fallback: None) -> None:
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    g = torch.Generator().manual_seed(6)
+    q, k, v = (torch.randn(2, 4, 16, 8, generator=g) for _ in range(3))
+    qa, ka, va = (t.to("accel") for t in (q, k, v))
+    # The CPU's flash kernel runs underlying: bit-identical results, forward and backward.
+    assert torch.equal(
+        F.scaled_dot_product_attention(qa, ka, va, is_causal=True).cpu(),
+        F.scaled_dot_product_attention(q, k, v, is_causal=True),
+    )
+    for backend in (SDPBackend.MATH, SDPBackend.FLASH_ATTENTION):
+        with sdpa_kernel(backend):
+            grads = []
+            for dev in ("cpu", "accel"):
+                x = q.to(dev).detach().requires_grad_()
+                F.scaled_dot_product_attention(x, k.to(dev), v.to(dev)).sum().backward()
+                grads.append(x.grad.cpu())
+            assert torch.equal(grads[0], grads[1]), backend

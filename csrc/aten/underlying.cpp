@@ -837,7 +837,11 @@ class UnderlyingKernel final : public c10::OperatorKernel {
     cpu.reserve(n);
     const auto view = [&](const at::Tensor& t) {
       access.push_back(std::make_unique<rt::HostAccessGuard>(t.storage().data(), t.storage().nbytes()));
-      return Layout::of(t).cpu_view();
+      at::Tensor v = Layout::of(t).cpu_view();
+      // Operators that only inspect their arguments may look at requires_grad too (the
+      // attention backend choice does).
+      if (config_->metadata_only && t.requires_grad()) v.set_requires_grad(true);
+      return v;
     };
     for (size_t i = begin; i < stack->size(); ++i) {
       const c10::IValue& v = (*stack)[i];

@@ -1,0 +1,34 @@
+// scaled_dot_product_attention on accel picks its backend as on the CPU.
+//
+// PyTorch asks a per-device dispatch stub which fused kernel suits the inputs; a device that
+// registers nothing always gets the math path (matmul, softmax, matmul). On the host driver
+// the CPU's choice applies: its flash attention kernel runs underlying on accel memory
+// (_scaled_dot_product_flash_attention_for_cpu and its backward, see the yaml), and
+// torch.nn.attention.sdpa_kernel selects backends as usual.
+#include <ATen/core/Tensor.h>
+#include <ATen/native/transformers/attention.h>
+#include <ATen/native/transformers/sdp_utils_cpp.h>
+#include <ATen/ops/_fused_sdp_choice.h>
+
+#include "device/common.h"
+
+namespace accel::aten {
+namespace {
+
+int64_t fused_sdp_choice(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+                         const std::optional<at::Tensor>& attn_mask, double dropout_p,
+                         bool is_causal, std::optional<double> scale, bool enable_gqa) {
+  // Only the host driver runs the CPU kernels on device memory.
+  static const bool host = device::call([] { return rt::device_memory_host_accessible(); });
+  if (!host) return static_cast<int64_t>(sdp::SDPBackend::math);
+  // The _fused_sdp_choice operator on accel tensors runs the CPU's rule (see the yaml).
+  return at::_fused_sdp_choice(query, key, value, attn_mask, dropout_p, is_causal, scale,
+                               enable_gqa);
+}
+
+}  // namespace
+}  // namespace accel::aten
+
+namespace at::native {
+REGISTER_PRIVATEUSE1_DISPATCH(_fused_sdp_choice_stub, &accel::aten::fused_sdp_choice)
+}  // namespace at::native
