@@ -270,6 +270,14 @@ def test_asynchronous_kernel_failure_surfaces_at_synchronize_and_device_recovers
     with pytest.raises((RuntimeError, IndexError), match="index out of range in self"):
         a.index_select(0, bad)
         torch.accel.synchronize()
+    # Once the signature is known the call is asynchronous: the error at the sync names the
+    # operator and carries no C++ backtrace.
+    a.index_select(0, torch.tensor([1], device="accel"))
+    with pytest.raises((RuntimeError, IndexError), match="index out of range in self") as info:
+        a.index_select(0, bad).cpu()
+    if not LAUNCH_BLOCKING:
+        assert "aten::index_select" in str(info.value)
+    assert "Exception raised from" not in str(info.value)
     assert_same(a.index_select(0, torch.tensor([2, 0], device="accel")), a.cpu()[[2, 0]])
     with pytest.raises(RuntimeError, match="index 9 is out of bounds"):
         torch.zeros(4, device="accel").scatter_(0, torch.tensor([9], device="accel"), 1.0).cpu()

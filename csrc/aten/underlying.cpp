@@ -16,6 +16,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <type_traits>
 #include <unordered_map>
@@ -539,6 +540,16 @@ struct Work {
   bool serial = false;
 
   void operator()() const {
+    try {
+      run();
+    } catch (const c10::Error& e) {
+      // A failure found by the kernel (an index out of range, say) surfaces at the next
+      // synchronizing call, as on CUDA: name the operator, and leave out the C++ backtrace.
+      throw std::runtime_error(std::string(op.schema().name()) + ": " + e.what_without_backtrace());
+    }
+  }
+
+  void run() const {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     std::optional<SerialScope> no_parallel;
     if (serial) no_parallel.emplace();
