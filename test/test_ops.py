@@ -204,6 +204,26 @@ def test_two_devices_in_one_op_is_an_error_and_devices_stay_usable():
     assert_same(a * torch.tensor(5.0), torch.full((3,), 5.0))
 
 
+def test_fallback_refuses_cpu_tensors_that_are_not_scalars():
+    # As on CUDA: operators without an accel kernel do not move CPU tensor arguments either.
+    torch.accel.reset_fallback_stats()
+    x = torch.randn(4, 3, device="accel")
+    msg = "accel:0 and cpu! .when running aten::_cdist_forward; CPU tensors combine"
+    with pytest.raises(RuntimeError, match=msg):
+        torch.cdist(x, torch.ones(2, 3))
+    with pytest.raises(RuntimeError, match="accel:0 and cpu! .when running aten::searchsorted"):
+        torch.searchsorted(torch.arange(5.0, device="accel"), torch.tensor([1.5]))
+    assert torch.accel.fallback_stats() == {}
+    # CPU indices and 0-dim CPU tensors are accepted, as on CUDA.
+    xc = x.cpu()
+    assert_same(x[torch.tensor([2, 0])], xc[torch.tensor([2, 0])])
+    x[torch.tensor([1])] = torch.tensor(7.0)
+    xc[torch.tensor([1])] = 7.0
+    assert_same(x, xc)
+    assert_same(torch.hypot(x, torch.tensor(2.0)), torch.hypot(xc, torch.tensor(2.0)))
+    assert torch.accel.fallback_stats().get("aten::hypot.out") == 1  # went through the fallback
+
+
 def test_results_land_on_the_inputs_device():
     x = torch.arange(4.0, device="accel:1")
     y = torch.exp(x)

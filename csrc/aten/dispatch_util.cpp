@@ -58,7 +58,7 @@ std::string op_name(const c10::OperatorHandle& op) {
 }
 
 c10::DeviceIndex call_device(const c10::OperatorHandle& op, const torch::jit::Stack& stack,
-                             const std::string& name) {
+                             std::string_view name) {
   const size_t n = op.schema().arguments().size();
   DeviceScan scan;
   bool accel_generator = false;
@@ -77,6 +77,27 @@ c10::DeviceIndex call_device(const c10::OperatorHandle& op, const torch::jit::St
               ": an accel generator was given but no tensor is on accel; use a generator of the "
               "tensors' device");
   return scan.device ? *scan.device : device::current_device();
+}
+
+void check_cpu_tensors_are_scalars(const c10::OperatorHandle& op, const torch::jit::Stack& stack,
+                                   c10::DeviceIndex device, std::string_view name) {
+  const size_t n = op.schema().arguments().size();
+  const c10::IValue* cpu = nullptr;
+  DeviceScan scan;
+  for (size_t i = stack.size() - n; i < stack.size(); ++i) {
+    const c10::IValue& v = stack[i];
+    if (v.isDevice()) continue;  // a device argument alone does not put the call on accel
+    scan.see(v);
+    if (cpu == nullptr && v.isTensor()) {
+      const at::Tensor& t = v.toTensor();
+      if (t.defined() && t.device().is_cpu() && t.dim() > 0) cpu = &v;
+    }
+  }
+  TORCH_CHECK(cpu == nullptr || !scan.device,
+              "Expected all tensors to be on the same device, but found at least two devices, "
+              "accel:",
+              static_cast<int>(device), " and cpu! (when running ", name,
+              "; CPU tensors combine with accel tensors only as 0-dim scalars)");
 }
 
 void substitute_generators(const c10::OperatorHandle& op, torch::jit::Stack* stack,

@@ -6,6 +6,7 @@
 #include <c10/core/Device.h>
 
 #include <string>
+#include <string_view>
 
 namespace accel::aten {
 
@@ -16,7 +17,14 @@ std::string op_name(const c10::OperatorHandle& op);
 // device if none). Refuses arguments on two accel devices, like CUDA, and an accel generator
 // without accel tensors.
 c10::DeviceIndex call_device(const c10::OperatorHandle& op, const torch::jit::Stack& stack,
-                             const std::string& name);
+                             std::string_view name);
+
+// Like CUDA kernels, accel operators take CPU tensors next to accel tensors only as 0-dim
+// scalars: refuses any other CPU tensor argument with the same-device error. Lists of tensors
+// (indices of index/index_put) may hold CPU tensors, as on CUDA. Calls without accel tensors
+// are not checked.
+void check_cpu_tensors_are_scalars(const c10::OperatorHandle& op, const torch::jit::Stack& stack,
+                                   c10::DeviceIndex device, std::string_view name);
 
 // Replaces the call's accel generators (and absent ones, for random operators) by CPU
 // generators drawn from the accel generators of `device`, so CPU kernels can use them.

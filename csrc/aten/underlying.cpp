@@ -609,7 +609,8 @@ class UnderlyingKernel final : public c10::OperatorKernel {
       return;
     }
     const c10::DeviceIndex device = call_device(op, *stack, c.name);
-    check_no_cpu_tensors(op, *stack, device);
+    // The scalar lists of _foreach_ operators may be CPU tensors.
+    if (!foreach_) check_cpu_tensors_are_scalars(op, *stack, device, c.name);
     c10::DeviceGuard guard(c10::Device(kAccel, device));
     if (info_.has_generator) substitute_generators(op, stack, device);
     if (c.metadata_only) {
@@ -620,23 +621,6 @@ class UnderlyingKernel final : public c10::OperatorKernel {
   }
 
  private:
-  // Like CUDA kernels, accel kernels take CPU tensors only as 0-dim scalars (lists of tensors,
-  // such as indices, and the scalar lists of _foreach_ operators excepted).
-  void check_no_cpu_tensors(const c10::OperatorHandle& op, const torch::jit::Stack& stack,
-                            c10::DeviceIndex device) const {
-    const size_t n = op.schema().arguments().size();
-    for (size_t i = stack.size() - n; i < stack.size(); ++i) {
-      if (!stack[i].isTensor()) continue;
-      const at::Tensor& t = stack[i].toTensor();
-      if (!t.defined() || !t.device().is_cpu() || t.dim() == 0 || foreach_) continue;
-      TORCH_CHECK(false,
-                  "Expected all tensors to be on the same device, but found at least two "
-                  "devices, accel:",
-                  static_cast<int>(device), " and cpu! (when running ", config_->name,
-                  "; CPU tensors combine with accel tensors only as 0-dim scalars)");
-    }
-  }
-
   static bool host_accessible() {
     static const bool ok = device::call([] { return rt::device_memory_host_accessible(); });
     return ok;
