@@ -213,13 +213,23 @@ def test_fallback_refuses_cpu_tensors_that_are_not_scalars():
         torch.cdist(x, torch.ones(2, 3))
     with pytest.raises(RuntimeError, match="accel:0 and cpu! .when running aten::searchsorted"):
         torch.searchsorted(torch.arange(5.0, device="accel"), torch.tensor([1.5]))
+    with pytest.raises(RuntimeError, match="accel:0 and cpu! .when running aten::cat"):
+        torch.cat([x, torch.ones(1, 3)])
+    with pytest.raises(RuntimeError, match="accel:0 and cpu! .when running aten::_index_put_impl_"):
+        x[torch.tensor([1])] = torch.ones(3)  # the values must be on accel
     assert torch.accel.fallback_stats() == {}
-    # CPU indices and 0-dim CPU tensors are accepted, as on CUDA.
+    # CPU indices and 0-dim CPU tensors are accepted, as on CUDA; indices go to the device, so
+    # indexing does not take the fallback.
     xc = x.cpu()
     assert_same(x[torch.tensor([2, 0])], xc[torch.tensor([2, 0])])
     x[torch.tensor([1])] = torch.tensor(7.0)
+    x[torch.tensor([True, False, False, True])] = torch.ones(3, device="accel")
+    x.index_put_((torch.tensor([0, 0]), torch.tensor([2, 2])), torch.tensor(0.5), accumulate=True)
     xc[torch.tensor([1])] = 7.0
+    xc[torch.tensor([True, False, False, True])] = torch.ones(3)
+    xc.index_put_((torch.tensor([0, 0]), torch.tensor([2, 2])), torch.tensor(0.5), accumulate=True)
     assert_same(x, xc)
+    assert torch.accel.fallback_stats() == {}
     assert_same(torch.hypot(x, torch.tensor(2.0)), torch.hypot(xc, torch.tensor(2.0)))
     assert torch.accel.fallback_stats().get("aten::hypot.out") == 1  # went through the fallback
 

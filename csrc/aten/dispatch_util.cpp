@@ -81,19 +81,25 @@ c10::DeviceIndex call_device(const c10::OperatorHandle& op, const torch::jit::St
 
 void check_cpu_tensors_are_scalars(const c10::OperatorHandle& op, const torch::jit::Stack& stack,
                                    c10::DeviceIndex device, std::string_view name) {
+  // _foreach_ operators take CPU tensors of scalars (the `scalars` of _foreach_addcdiv_).
+  if (name.starts_with("aten::_foreach_")) return;
+  const auto non_scalar_cpu = [](const at::Tensor& t) {
+    return t.defined() && t.device().is_cpu() && t.dim() > 0;
+  };
   const size_t n = op.schema().arguments().size();
-  const c10::IValue* cpu = nullptr;
+  bool cpu = false;
   DeviceScan scan;
   for (size_t i = stack.size() - n; i < stack.size(); ++i) {
     const c10::IValue& v = stack[i];
     if (v.isDevice()) continue;  // a device argument alone does not put the call on accel
     scan.see(v);
-    if (cpu == nullptr && v.isTensor()) {
-      const at::Tensor& t = v.toTensor();
-      if (t.defined() && t.device().is_cpu() && t.dim() > 0) cpu = &v;
+    if (v.isTensor()) {
+      cpu = cpu || non_scalar_cpu(v.toTensor());
+    } else if (v.isTensorList()) {  // cat, stack; not Tensor?[] (indices)
+      for (const at::Tensor& t : v.toTensorList()) cpu = cpu || non_scalar_cpu(t);
     }
   }
-  TORCH_CHECK(cpu == nullptr || !scan.device,
+  TORCH_CHECK(!cpu || !scan.device,
               "Expected all tensors to be on the same device, but found at least two devices, "
               "accel:",
               static_cast<int>(device), " and cpu! (when running ", name,

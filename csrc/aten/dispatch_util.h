@@ -20,8 +20,9 @@ c10::DeviceIndex call_device(const c10::OperatorHandle& op, const torch::jit::St
                              std::string_view name);
 
 // Like CUDA kernels, accel operators take CPU tensors next to accel tensors only as 0-dim
-// scalars: refuses any other CPU tensor argument with the same-device error. Lists of tensors
-// (indices of index/index_put) may hold CPU tensors, as on CUDA. Calls without accel tensors
+// scalars: refuses any other CPU tensor argument, alone or in a tensor list, with the
+// same-device error. Indices (Tensor?[] arguments of index/index_put) may be CPU tensors, and
+// so may the tensors of scalars of _foreach_ operators, as on CUDA. Calls without accel tensors
 // are not checked.
 void check_cpu_tensors_are_scalars(const c10::OperatorHandle& op, const torch::jit::Stack& stack,
                                    c10::DeviceIndex device, std::string_view name);

@@ -192,6 +192,31 @@ bool to_meta(const c10::IValue& v, c10::IValue* out) {
   return true;
 }
 
+// CPU indices (the Tensor?[] of index, index_put_) go to the device first, as CUDA's indexing
+// moves them: the call then runs in stream order like any other.
+void upload_cpu_indices(const c10::OperatorHandle& op, torch::jit::Stack* stack,
+                        c10::DeviceIndex device) {
+  const auto on_cpu = [](const c10::IValue& e) {
+    return e.isTensor() && e.toTensor().defined() && e.toTensor().device().is_cpu();
+  };
+  const size_t n = op.schema().arguments().size();
+  for (size_t i = stack->size() - n; i < stack->size(); ++i) {
+    c10::IValue& v = (*stack)[i];
+    if (!is_optional_tensor_list(v)) continue;
+    const c10::ArrayRef<c10::IValue> elems = v.toListRef();
+    if (std::none_of(elems.begin(), elems.end(), on_cpu)) continue;
+    c10::List<std::optional<at::Tensor>> uploaded;
+    for (const c10::IValue& e : elems) {
+      if (on_cpu(e)) {
+        uploaded.push_back(e.toTensor().to(c10::Device(kAccel, device)));
+      } else {
+        uploaded.push_back(e.isNone() ? std::nullopt : std::optional<at::Tensor>(e.toTensor()));
+      }
+    }
+    v = std::move(uploaded);
+  }
+}
+
 bool returns_only_tensors(const c10::FunctionSchema& schema) {
   for (const c10::Argument& r : schema.returns()) {
     const auto kind = r.type()->kind();
@@ -609,9 +634,9 @@ class UnderlyingKernel final : public c10::OperatorKernel {
       return;
     }
     const c10::DeviceIndex device = call_device(op, *stack, c.name);
-    // The scalar lists of _foreach_ operators may be CPU tensors.
-    if (!foreach_) check_cpu_tensors_are_scalars(op, *stack, device, c.name);
+    check_cpu_tensors_are_scalars(op, *stack, device, c.name);
     c10::DeviceGuard guard(c10::Device(kAccel, device));
+    if (info_.has_index_list) upload_cpu_indices(op, stack, device);
     if (info_.has_generator) substitute_generators(op, stack, device);
     if (c.metadata_only) {
       run_on_caller(op, stack, device, /*synchronize=*/false);
@@ -652,6 +677,7 @@ class UnderlyingKernel final : public c10::OperatorKernel {
     bool tensor_returns_only = true;                   // results are tensors or tensor lists
     bool has_write_arguments = false;
     bool has_generator = false;
+    bool has_index_list = false;  // a Tensor?[] argument (indices)
   };
 
   void resolve_ops(const c10::OperatorHandle& op) {
@@ -668,6 +694,11 @@ class UnderlyingKernel final : public c10::OperatorKernel {
                               t->kind() == c10::TypeKind::GeneratorType ||
                               (t->kind() == c10::TypeKind::OptionalType &&
                                t->containedType(0)->kind() == c10::TypeKind::GeneratorType);
+        info_.has_index_list =
+            info_.has_index_list ||
+            (t->kind() == c10::TypeKind::ListType &&
+             t->containedType(0)->kind() == c10::TypeKind::OptionalType &&
+             t->containedType(0)->containedType(0)->kind() == c10::TypeKind::TensorType);
       }
       info_.tensor_returns_only = returns_only_tensors(schema);
       const auto find = [](const char* full) -> std::optional<c10::OperatorHandle> {
