@@ -10,6 +10,7 @@
 #include <ATen/native/transformers/sdp_utils_cpp.h>
 #include <ATen/ops/_fused_sdp_choice.h>
 
+#include "aten/device_kernel.h"
 #include "device/common.h"
 
 namespace accel::aten {
@@ -19,8 +20,7 @@ int64_t fused_sdp_choice(const at::Tensor& query, const at::Tensor& key, const a
                          const std::optional<at::Tensor>& attn_mask, double dropout_p,
                          bool is_causal, std::optional<double> scale, bool enable_gqa) {
   // Only the host driver runs the CPU kernels on device memory.
-  static const bool host = device::call([] { return rt::device_memory_host_accessible(); });
-  if (!host) return static_cast<int64_t>(sdp::SDPBackend::math);
+  if (!host_accessible()) return static_cast<int64_t>(sdp::SDPBackend::math);
   // The _fused_sdp_choice operator on accel tensors runs the CPU's rule (see the yaml).
   return at::_fused_sdp_choice(query, key, value, attn_mask, dropout_p, is_causal, scale,
                                enable_gqa);

@@ -24,9 +24,13 @@ at::Tensor Layout::cpu_view() const {
   return t;
 }
 
+bool host_accessible() {
+  static const bool ok = device::call([] { return rt::device_memory_host_accessible(); });
+  return ok;
+}
+
 void require_host_accessible(const char* what) {
-  const bool ok = device::call([] { return rt::device_memory_host_accessible(); }, what);
-  TORCH_CHECK_NOT_IMPLEMENTED(ok, what, ": the ", rt::driver_name(),
+  TORCH_CHECK_NOT_IMPLEMENTED(host_accessible(), what, ": the ", rt::driver_name(),
                               " driver has no kernel for this yet (only the host driver runs "
                               "CPU kernels on device memory)");
 }

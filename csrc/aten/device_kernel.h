@@ -30,6 +30,9 @@ struct Layout {
   at::Tensor cpu_view() const;
 };
 
+// Whether the driver's device memory is host memory (asked once: the driver does not change).
+bool host_accessible();
+
 // Throws NotImplementedError naming `what` unless the driver's device memory is host memory.
 void require_host_accessible(const char* what);
 

@@ -15,6 +15,8 @@ using device::kAccel;
 struct DeviceScan {
   std::optional<c10::DeviceIndex> device;
   std::optional<c10::DeviceIndex> other;  // a second accel device, if any
+  bool accel_tensor = false;              // an accel tensor (not just a device argument)
+  bool cpu_tensor = false;  // a CPU tensor with dimensions, alone or in a list (not Tensor?[])
 
   void see(c10::Device d) {
     if (d.type() != kAccel) return;
@@ -25,30 +27,26 @@ struct DeviceScan {
       other = index;
     }
   }
+  void see(const at::Tensor& t, bool index) {
+    if (!t.defined()) return;
+    see(t.device());
+    accel_tensor = accel_tensor || t.device().type() == kAccel;
+    cpu_tensor = cpu_tensor || (!index && t.device().is_cpu() && t.dim() > 0);
+  }
   void see(const c10::IValue& v) {
     if (v.isTensor()) {
-      const at::Tensor& t = v.toTensor();
-      if (t.defined()) see(t.device());
-    } else if (v.isTensorList()) {
-      for (const at::Tensor& t : v.toTensorList()) {
-        if (t.defined()) see(t.device());
-      }
-    } else if (v.isList()) {
+      see(v.toTensor(), /*index=*/false);
+    } else if (v.isTensorList()) {  // cat, stack
+      for (const at::Tensor& t : v.toTensorList()) see(t, /*index=*/false);
+    } else if (v.isList()) {  // Tensor?[]: indices, which CUDA takes on the CPU too
       for (const c10::IValue& e : v.toListRef()) {
-        if (e.isTensor() && e.toTensor().defined()) see(e.toTensor().device());
+        if (e.isTensor()) see(e.toTensor(), /*index=*/true);
       }
     } else if (v.isDevice()) {
       see(v.toDevice());
     }
   }
 };
-
-bool is_generator_argument(const c10::Argument& a) {
-  const c10::TypePtr& t = a.type();
-  if (t->kind() == c10::TypeKind::GeneratorType) return true;
-  return t->kind() == c10::TypeKind::OptionalType &&
-         t->containedType(0)->kind() == c10::TypeKind::GeneratorType;
-}
 
 }  // namespace
 
@@ -73,37 +71,23 @@ c10::DeviceIndex call_device(const c10::OperatorHandle& op, const torch::jit::St
               "accel:",
               static_cast<int>(*scan.device), " and accel:", static_cast<int>(*scan.other),
               "! (when running ", name, ")");
+  // _foreach_ operators take CPU tensors of scalars (the `scalars` of _foreach_addcdiv_).
+  TORCH_CHECK(!scan.cpu_tensor || !scan.accel_tensor || name.starts_with("aten::_foreach_"),
+              "Expected all tensors to be on the same device, but found at least two devices, "
+              "accel:",
+              static_cast<int>(*scan.device), " and cpu! (when running ", name,
+              "; CPU tensors combine with accel tensors only as 0-dim scalars)");
   TORCH_CHECK(scan.device || !accel_generator, name,
               ": an accel generator was given but no tensor is on accel; use a generator of the "
               "tensors' device");
   return scan.device ? *scan.device : device::current_device();
 }
 
-void check_cpu_tensors_are_scalars(const c10::OperatorHandle& op, const torch::jit::Stack& stack,
-                                   c10::DeviceIndex device, std::string_view name) {
-  // _foreach_ operators take CPU tensors of scalars (the `scalars` of _foreach_addcdiv_).
-  if (name.starts_with("aten::_foreach_")) return;
-  const auto non_scalar_cpu = [](const at::Tensor& t) {
-    return t.defined() && t.device().is_cpu() && t.dim() > 0;
-  };
-  const size_t n = op.schema().arguments().size();
-  bool cpu = false;
-  DeviceScan scan;
-  for (size_t i = stack.size() - n; i < stack.size(); ++i) {
-    const c10::IValue& v = stack[i];
-    if (v.isDevice()) continue;  // a device argument alone does not put the call on accel
-    scan.see(v);
-    if (v.isTensor()) {
-      cpu = cpu || non_scalar_cpu(v.toTensor());
-    } else if (v.isTensorList()) {  // cat, stack; not Tensor?[] (indices)
-      for (const at::Tensor& t : v.toTensorList()) cpu = cpu || non_scalar_cpu(t);
-    }
-  }
-  TORCH_CHECK(!cpu || !scan.device,
-              "Expected all tensors to be on the same device, but found at least two devices, "
-              "accel:",
-              static_cast<int>(device), " and cpu! (when running ", name,
-              "; CPU tensors combine with accel tensors only as 0-dim scalars)");
+bool is_generator_argument(const c10::Argument& a) {
+  const c10::TypePtr& t = a.type();
+  if (t->kind() == c10::TypeKind::GeneratorType) return true;
+  return t->kind() == c10::TypeKind::OptionalType &&
+         t->containedType(0)->kind() == c10::TypeKind::GeneratorType;
 }
 
 void substitute_generators(const c10::OperatorHandle& op, torch::jit::Stack* stack,

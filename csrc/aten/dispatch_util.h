@@ -14,18 +14,14 @@ namespace accel::aten {
 std::string op_name(const c10::OperatorHandle& op);
 
 // The accel device a call runs on: that of its accel tensor and device arguments (the current
-// device if none). Refuses arguments on two accel devices, like CUDA, and an accel generator
-// without accel tensors.
+// device if none). Refuses, like CUDA, arguments on two accel devices, an accel generator
+// without accel tensors, and CPU tensors next to accel tensors other than 0-dim scalars,
+// indices (Tensor?[] of index/index_put) and the scalars tensors of _foreach_ operators.
 c10::DeviceIndex call_device(const c10::OperatorHandle& op, const torch::jit::Stack& stack,
                              std::string_view name);
 
-// Like CUDA kernels, accel operators take CPU tensors next to accel tensors only as 0-dim
-// scalars: refuses any other CPU tensor argument, alone or in a tensor list, with the
-// same-device error. Indices (Tensor?[] arguments of index/index_put) may be CPU tensors, and
-// so may the tensors of scalars of _foreach_ operators, as on CUDA. Calls without accel tensors
-// are not checked.
-void check_cpu_tensors_are_scalars(const c10::OperatorHandle& op, const torch::jit::Stack& stack,
-                                   c10::DeviceIndex device, std::string_view name);
+// Whether an argument of a schema is a Generator or Generator?.
+bool is_generator_argument(const c10::Argument& a);
 
 // Replaces the call's accel generators (and absent ones, for random operators) by CPU
 // generators drawn from the accel generators of `device`, so CPU kernels can use them.

@@ -179,7 +179,6 @@ void count_and_warn(const std::string& name, FallbackMode mode) {
 void copying_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack,
                       const std::string& name, FallbackMode mode) {
   const c10::DeviceIndex dev = call_device(op, *stack, name);
-  check_cpu_tensors_are_scalars(op, *stack, dev, name);
   c10::DeviceGuard guard(c10::Device(kAccel, dev));
   // Random operators draw from the accel generator through a CPU generator derived from it.
   substitute_generators(op, stack, dev);

@@ -245,14 +245,6 @@ std::optional<size_t> aliased_argument(const c10::FunctionSchema& schema,
   return std::nullopt;
 }
 
-bool has_write_arguments(const c10::FunctionSchema& schema) {
-  for (const c10::Argument& a : schema.arguments()) {
-    if (a.alias_info() != nullptr && a.alias_info()->isWrite()) return true;
-  }
-  return false;
-}
-
-
 // Result metadata of an operator call, cached by the metadata (and non-tensor values) of its
 // arguments: a repeated call allocates its results without running any meta kernel (PyTorch
 // implements many in Python, tens of microseconds each). Shapes that depend on tensor data never
@@ -634,7 +626,6 @@ class UnderlyingKernel final : public c10::OperatorKernel {
       return;
     }
     const c10::DeviceIndex device = call_device(op, *stack, c.name);
-    check_cpu_tensors_are_scalars(op, *stack, device, c.name);
     c10::DeviceGuard guard(c10::Device(kAccel, device));
     if (info_.has_index_list) upload_cpu_indices(op, stack, device);
     if (info_.has_generator) substitute_generators(op, stack, device);
@@ -646,11 +637,6 @@ class UnderlyingKernel final : public c10::OperatorKernel {
   }
 
  private:
-  static bool host_accessible() {
-    static const bool ok = device::call([] { return rt::device_memory_host_accessible(); });
-    return ok;
-  }
-
   static bool dtype_allowed(const OpConfig& c, const c10::OperatorHandle& op,
                             const torch::jit::Stack& stack) {
     if (c.dtypes == 0) return true;
@@ -690,10 +676,7 @@ class UnderlyingKernel final : public c10::OperatorKernel {
         info_.write_argument.push_back(a.alias_info() != nullptr && a.alias_info()->isWrite());
         info_.has_write_arguments = info_.has_write_arguments || info_.write_argument.back();
         const c10::TypePtr& t = a.type();
-        info_.has_generator = info_.has_generator ||
-                              t->kind() == c10::TypeKind::GeneratorType ||
-                              (t->kind() == c10::TypeKind::OptionalType &&
-                               t->containedType(0)->kind() == c10::TypeKind::GeneratorType);
+        info_.has_generator = info_.has_generator || is_generator_argument(a);
         info_.has_index_list =
             info_.has_index_list ||
             (t->kind() == c10::TypeKind::ListType &&
@@ -849,7 +832,7 @@ class UnderlyingKernel final : public c10::OperatorKernel {
   void run_on_caller(const c10::OperatorHandle& op, torch::jit::Stack* stack,
                      c10::DeviceIndex device, bool synchronize) {
     const c10::FunctionSchema& schema = op.schema();
-    if (has_write_arguments(schema)) {
+    if (info_.has_write_arguments) {
       copying_path(cpu_op_ ? *cpu_op_ : op, stack);  // CPU results of in-place/out= calls must be copied back
       return;
     }
