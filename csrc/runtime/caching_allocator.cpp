@@ -435,7 +435,7 @@ void CachingAllocator::insert_events(Block* b) {
   for (Stream s : b->stream_uses) {
     StreamObj* obj = rt_.devices[s.device()]->streams.get(s.slot());
     // A stream destroyed since has finished all its work: nothing to wait for.
-    if (obj == nullptr || !obj->live.load() || obj->generation.load() != s.generation()) continue;
+    if (obj == nullptr || !obj->matches(s.generation())) continue;
     DriverEvent ev = rt_.pool_event(obj->device);
     rt_.driver->event_record(ev, obj->ds);
     pending_events_.push_back(PendingEvent{ev, obj->device, b});

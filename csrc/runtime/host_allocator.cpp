@@ -84,7 +84,7 @@ void HostCachingAllocator::free(void* ptr) {
   bump(stats_.allocated_bytes, -static_cast<int64_t>(b->size));
   for (Stream s : b->uses) {
     StreamObj* obj = rt_.devices[s.device()]->streams.get(s.slot());
-    if (obj == nullptr || !obj->live.load() || obj->generation.load() != s.generation()) continue;
+    if (obj == nullptr || !obj->matches(s.generation())) continue;
     if (obj->capturing.load()) continue;  // captured work does not run now
     DriverEvent ev = rt_.pool_event(obj->device);
     rt_.driver->event_record(ev, obj->ds);
