@@ -28,14 +28,18 @@ PyObject* g_capture_error = nullptr;
 
 // --- memory statistics with the flat keys of torch.cuda.memory_stats -----------------------
 
+// prefix.current, prefix.peak, prefix.allocated, prefix.freed
+void add_stat(py::dict& out, const std::string& prefix, const rt::Stat& s) {
+  out[py::str(prefix + ".current")] = s.current;
+  out[py::str(prefix + ".peak")] = s.peak;
+  out[py::str(prefix + ".allocated")] = s.allocated;
+  out[py::str(prefix + ".freed")] = s.freed;
+}
+
 void add_stat_array(py::dict& out, const char* name, const rt::StatArray& a) {
   static const char* const kPools[] = {"all", "small_pool", "large_pool"};
   for (int t = 0; t < rt::kNumStatTypes; ++t) {
-    const std::string prefix = std::string(name) + "." + kPools[t] + ".";
-    out[py::str(prefix + "current")] = a[t].current;
-    out[py::str(prefix + "peak")] = a[t].peak;
-    out[py::str(prefix + "allocated")] = a[t].allocated;
-    out[py::str(prefix + "freed")] = a[t].freed;
+    add_stat(out, std::string(name) + "." + kPools[t], a[t]);
   }
 }
 
@@ -56,13 +60,8 @@ py::dict stats_to_dict(const rt::DeviceStats& s) {
   d["num_device_alloc"] = s.num_device_alloc;
   d["num_device_free"] = s.num_device_free;
   d["max_split_size"] = s.max_split_size;
-  for (auto [name, stat] : {std::pair{"oversize_allocations", &s.oversize_allocations},
-                            std::pair{"oversize_segments", &s.oversize_segments}}) {
-    d[py::str(std::string(name) + ".current")] = stat->current;
-    d[py::str(std::string(name) + ".peak")] = stat->peak;
-    d[py::str(std::string(name) + ".allocated")] = stat->allocated;
-    d[py::str(std::string(name) + ".freed")] = stat->freed;
-  }
+  add_stat(d, "oversize_allocations", s.oversize_allocations);
+  add_stat(d, "oversize_segments", s.oversize_segments);
   return d;
 }
 
@@ -279,19 +278,20 @@ PYBIND11_MODULE(_C, m) {
   g_capture_error =
       py::exception<rt::CaptureError>(m, "CaptureError", g_accel_error).release().ptr();
   py::register_exception_translator([](std::exception_ptr p) {
+    // torch's own type, so `except torch.OutOfMemoryError` works as it does for CUDA.
+    const auto set_torch_oom = [](const char* message) {
+      PyErr_SetString(py::module_::import("torch").attr("OutOfMemoryError").ptr(), message);
+    };
     try {
       if (p) std::rethrow_exception(p);
     } catch (const rt::OutOfMemoryError& e) {
-      // torch's own type, so `except torch.OutOfMemoryError` works as it does for CUDA.
-      py::object oom = py::module_::import("torch").attr("OutOfMemoryError");
-      PyErr_SetString(oom.ptr(), e.what());
+      set_torch_oom(e.what());
     } catch (const rt::CaptureError& e) {
       PyErr_SetString(g_capture_error, e.what());
     } catch (const rt::Error& e) {
       PyErr_SetString(g_accel_error, e.what());
     } catch (const c10::OutOfMemoryError& e) {
-      py::object oom = py::module_::import("torch").attr("OutOfMemoryError");
-      PyErr_SetString(oom.ptr(), e.what_without_backtrace());
+      set_torch_oom(e.what_without_backtrace());
     } catch (const c10::NotImplementedError& e) {
       PyErr_SetString(PyExc_NotImplementedError, e.what_without_backtrace());
     } catch (const c10::Error& e) {

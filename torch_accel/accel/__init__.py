@@ -14,8 +14,11 @@ from typing import Any
 import torch
 
 from torch_accel import _C
-from torch_accel.accel import _utils, amp
-from torch_accel.accel._utils import _get_device_index
+from torch_accel.accel import amp
+
+# Also makes torch.accel._utils an attribute: torch.serialization looks up
+# torch.accel._utils._get_device_index.
+from torch_accel.accel._utils import _get_device_index, _lazy_device_index
 from torch_accel.accel.amp import get_amp_supported_dtype
 from torch_accel.accel.memory import (
     empty_cache,
@@ -194,8 +197,7 @@ class device_of(device):
 
 def synchronize(device: Any = None) -> None:
     """Waits for all work on an accel device."""
-    _lazy_init()
-    _C.synchronize(_get_device_index(device, optional=True))
+    _C.synchronize(_lazy_device_index(device))
 
 
 @dataclass(frozen=True)
@@ -220,8 +222,7 @@ class _AccelDeviceProperties:
 
 def get_device_properties(device: Any = None) -> _AccelDeviceProperties:
     """Name, driver, memory, compute units and capability of an accel device."""
-    _lazy_init()
-    p = _C.get_device_properties(_get_device_index(device, optional=True))
+    p = _C.get_device_properties(_lazy_device_index(device))
     return _AccelDeviceProperties(
         name=p["name"],
         driver=p["driver"],
@@ -258,6 +259,3 @@ def fallback_stats() -> dict[str, int]:
 
 def reset_fallback_stats() -> None:
     _C.reset_fallback_stats()
-
-
-_ = _utils  # torch.serialization looks up torch.accel._utils._get_device_index

@@ -34,3 +34,11 @@ def _get_device_index(device: Any, optional: bool = False, allow_cpu: bool = Fal
             raise ValueError(f"Expected an accel device with an index, but got: {device}")
         return _C.get_device()
     return index
+
+
+def _lazy_device_index(device: Any) -> int:
+    """Initializes accel if needed, then the index of ``device`` (the current device for None)."""
+    from torch_accel import accel
+
+    accel._lazy_init()
+    return _get_device_index(device, optional=True)

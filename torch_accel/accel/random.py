@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from torch_accel.accel._utils import _get_device_index
+from torch_accel.accel._utils import _lazy_device_index
 
 __all__ = [
     "get_rng_state",
@@ -25,8 +25,7 @@ __all__ = [
 def _generator(device: Any = None) -> torch.Generator:
     from torch_accel import accel
 
-    accel._lazy_init()
-    index = _get_device_index(device, optional=True)
+    index = _lazy_device_index(device)
     generators = accel.default_generators
     if not 0 <= index < len(generators):
         raise RuntimeError(

@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from torch_accel.accel._utils import _get_device_index
+from torch_accel.accel._utils import _lazy_device_index
 
 _ACCEL_DEVICE_TYPE = 20  # c10::DeviceType::PrivateUse1, as torch.Stream.device_type reports it
 
@@ -22,10 +22,7 @@ class Stream(torch.Stream):
     def __new__(cls, device: Any = None, priority: int = 0, **kwargs: Any) -> Stream:
         if "stream_id" in kwargs:
             return super().__new__(cls, **kwargs)
-        from torch_accel.accel import _lazy_init
-
-        _lazy_init()
-        index = _get_device_index(device, optional=True)
+        index = _lazy_device_index(device)
         return super().__new__(cls, device=torch.device("accel", index), priority=priority)
 
     @staticmethod
@@ -52,10 +49,7 @@ class Event(torch.Event):
     ) -> Event:
         if interprocess:
             raise NotImplementedError("accel events cannot be shared between processes")
-        from torch_accel.accel import _lazy_init
-
-        _lazy_init()
-        device = torch.device("accel", _get_device_index(None, optional=True))
+        device = torch.device("accel", _lazy_device_index(None))
         return super().__new__(cls, device=device, enable_timing=enable_timing)
 
     def elapsed_time(self, end_event: torch.Event) -> float:
@@ -111,18 +105,12 @@ def stream(stream: torch.Stream | None) -> StreamContext:
 
 def current_stream(device: Any = None) -> Stream:
     """The calling thread's current stream on ``device`` (the current device if None)."""
-    from torch_accel.accel import _lazy_init
-
-    _lazy_init()
-    return Stream._wrap(torch.accelerator.current_stream(_get_device_index(device, optional=True)))
+    return Stream._wrap(torch.accelerator.current_stream(_lazy_device_index(device)))
 
 
 def default_stream(device: Any = None) -> Stream:
     """The default stream of ``device`` (stream id 0)."""
-    from torch_accel.accel import _lazy_init
-
-    _lazy_init()
-    index = _get_device_index(device, optional=True)
+    index = _lazy_device_index(device)
     return Stream(stream_id=0, device_index=index, device_type=_ACCEL_DEVICE_TYPE)
 
 
