@@ -28,7 +28,7 @@ DRIVERS = ("host", "cuda", "level_zero")
 VARIANTS = ("functional", "inplace", "out")
 KEYS = {
     "op", "tier", "kernel", "variants", "drivers", "dtypes", "cpu_op", "sync", "metadata_only",
-    "out_equivalent", "structured_meta", "into", "reason",
+    "out_equivalent", "structured_meta", "into", "widen", "reason",
 }  # fmt: skip
 # c10::ScalarType values.
 DTYPES = {
@@ -66,10 +66,28 @@ class Registration:
     signature: str = ""  # native: the C++ declaration
     entry: str = ""  # the yaml entry it comes from (for docs)
     into: str = ""  # underlying functional form: the task function writing into the results
+    widen: dict[str, str] = field(default_factory=dict)  # dtype the CPU lacks: dtype it runs in
 
 
-def load_native_functions() -> tuple[dict[str, Any], dict[str, Any]]:
-    """Native functions by name, and the group (functional/inplace/out) each belongs to."""
+@dataclass
+class NativeFunctions:
+    """PyTorch's native functions: by name, their groups, and which have which kernels."""
+
+    functions: dict[str, Any]
+    groups: dict[str, Any]  # name -> the group (functional/inplace/out) it belongs to
+    kernels: dict[str, set[str]]  # name -> dispatch keys with a kernel ("CPU", "CUDA", ...)
+
+
+# The dispatch key whose ATen kernels a driver runs on its memory (the underlying device);
+# level_zero has none in native_functions.yaml (XPU kernels live outside it).
+UNDERLYING_KEY = {"host": "CPU", "cuda": "CUDA"}
+COMPOSITE_KEYS = {
+    "CompositeImplicitAutograd", "CompositeImplicitAutogradNestedTensor",
+    "CompositeExplicitAutograd", "CompositeExplicitAutogradNonFunctional",
+}  # fmt: skip
+
+
+def load_native_functions() -> NativeFunctions:
     import torchgen
     from torchgen.gen import get_grouped_native_functions, parse_native_yaml
     from torchgen.model import NativeFunctionsGroup
@@ -82,7 +100,14 @@ def load_native_functions() -> tuple[dict[str, Any], dict[str, Any]]:
         if isinstance(g, NativeFunctionsGroup):
             for f in g.functions():
                 groups[str(f.func.name)] = g
-    return functions, groups
+    kernels: dict[str, set[str]] = {name: set() for name in functions}
+    for key, index in parsed.backend_indices.items():
+        for name, f in functions.items():
+            # A structured delegate (add.Tensor of add.out) has the kernels of its delegate.
+            target = functions[str(f.structured_delegate)] if f.structured_delegate else f
+            if index.has_kernel(target) or index.has_kernel(f):
+                kernels[name].add(str(key))
+    return NativeFunctions(functions, groups, kernels)
 
 
 def is_view(f: Any) -> bool:
@@ -200,12 +225,89 @@ def same_inputs(functional: Any, out: Any) -> bool:
     return a == b
 
 
-def expand(
-    entry: dict[str, Any],
-    functions: dict[str, Any],
-    groups: dict[str, Any],
-    torch_dir: Path,
-) -> list[Registration]:
+def members_of(op: str, nf: NativeFunctions) -> dict[str, Any]:
+    """The functional, inplace and out forms of the group `op` belongs to (or just `op`)."""
+    group = nf.groups.get(op)
+    if group is None:
+        return {"functional": nf.functions[op]}
+    members = {"functional": group.functional, "inplace": group.inplace, "out": group.out}
+    return {k: v for k, v in members.items() if v is not None}
+
+
+def linked_variants(
+    v: str, f: Any, members: dict[str, Any], run_out: bool, cpu_op: str
+) -> tuple[str, str]:
+    """(out_variant, functional) of an underlying registration of form `v` of an operator.
+
+    Kernels returning several Tensor& must not be called boxed with the only references to
+    their outputs on the stack: PyTorch's boxing wrapper keeps the returned references and drops
+    the arguments they refer to first. So a functional form runs its out= form only when that
+    has a single output, and an out= form with several outputs runs the functional form and
+    copies into its outputs. A functional form is known to compute what its out= form computes
+    when it is the structured delegate of it, or when the entry says so (`run_out`:
+    out_equivalent, the functional kernel is written as a call of the out= kernel); mse_loss.out,
+    for one, reduces differently from mse_loss.
+    """
+    out_variant = ""
+    functional = ""
+    if (
+        v == "functional"
+        and not cpu_op
+        and "out" in members
+        and (run_out or f.structured_delegate == members["out"].func.name)
+        and same_inputs(f, members["out"])
+        and len(members["out"].func.returns) == 1
+    ):
+        out_variant = "aten::" + str(members["out"].func.name)
+    if (
+        v == "out"
+        and len(f.func.returns) > 1
+        and "functional" in members
+        and same_inputs(members["functional"], f)
+    ):
+        functional = "aten::" + str(members["functional"].func.name)
+    return out_variant, functional
+
+
+# Operators whose CPU kernels make tensors accel cannot hold (not dense and strided): they are
+# left to the CPU fallback, which refuses them with the reason (csrc/aten/fallback.cpp).
+NOT_DENSE_PREFIXES = (
+    "to_sparse", "_to_sparse", "to_mkldnn", "quantize_per", "_make_per_", "_nested",
+    "fbgemm_", "_fbgemm",
+)  # fmt: skip
+
+
+def default_registrations(nf: NativeFunctions, listed: set[str]) -> list[Registration]:
+    """Every operator the yaml does not list that has a CPU kernel runs underlying on the host
+    driver, and on cuda if it has a CUDA kernel: views and composite operators excepted (PyTorch
+    decomposes composites into other operators; views alias, and the fallback computes them
+    from metadata)."""
+    out = []
+    for name, f in sorted(nf.functions.items()):
+        keys = nf.kernels[name]
+        if name in listed or is_view(f) or keys & COMPOSITE_KEYS:
+            continue
+        if name.startswith(NOT_DENSE_PREFIXES):
+            continue
+        tiers = {
+            d: "underlying" if UNDERLYING_KEY.get(d) in keys else "cpu_fallback" for d in DRIVERS
+        }
+        # Only operators the host driver runs: the fallback explains what has no CPU kernel.
+        if tiers["host"] != "underlying":
+            continue
+        members = members_of(name, nf)
+        v = next((k for k, m in members.items() if m is f), "")  # "": a mutable form
+        out_variant, functional = linked_variants(v, f, members, False, "")
+        out.append(
+            Registration(
+                name, tiers, out_variant=out_variant, functional=functional, entry="(default)"
+            )  # fmt: skip
+        )
+    return out
+
+
+def expand(entry: dict[str, Any], nf: NativeFunctions, torch_dir: Path) -> list[Registration]:
+    functions = nf.functions
     unknown = set(entry) - KEYS
     if unknown:
         raise EntryError(f"unknown key(s) {sorted(unknown)}; known keys: {sorted(KEYS)}")
@@ -237,6 +339,16 @@ def expand(
     out_equivalent = bool(entry.get("out_equivalent", False))
     structured_meta = bool(entry.get("structured_meta", True))
     into = entry.get("into", "")
+    widen = entry.get("widen", {}) or {}
+    if not isinstance(widen, dict):
+        raise EntryError("'widen' must map dtypes to the dtypes they are computed in")
+    for a, b in widen.items():
+        if a not in DTYPES or b not in DTYPES:
+            raise EntryError(f"widen: unknown dtype in {a}: {b}; use {', '.join(DTYPES)}")
+        if b in widen:
+            raise EntryError(f"widen: {b} is widened itself")
+    if widen and tier != "underlying":
+        raise EntryError("'widen' applies to underlying operators")
     if sync and metadata_only:
         raise EntryError("'sync' and 'metadata_only' exclude each other")
     reason = entry.get("reason", "")
@@ -260,8 +372,9 @@ def expand(
                              signature=signature(f, kernel), entry=op)]  # fmt: skip
     if kernel:
         raise EntryError("'kernel' is only for the native tier")
-    if tier == "error" and not reason:
-        raise EntryError("an error entry needs a 'reason' users will read")
+    if tier in ("error", "cpu_fallback") and not reason:
+        article = "an" if tier == "error" else "a"
+        raise EntryError(f"{article} {tier} entry needs a 'reason' users will read")
     if tier != "underlying" and (not structured_meta or into):
         raise EntryError("'structured_meta' and 'into' apply to underlying operators")
     if into and not re.fullmatch(r"[A-Za-z_]\w*", str(into)):
@@ -276,13 +389,7 @@ def expand(
     if is_view(functions[op]):
         raise EntryError("view operators must be native (they alias storage)")
 
-    group = groups.get(op)
-    members = {}
-    if group is not None:
-        members = {"functional": group.functional, "inplace": group.inplace, "out": group.out}
-        members = {k: v for k, v in members.items() if v is not None}
-    else:
-        members = {"functional": functions[op]}
+    members = members_of(op, nf)
     # A cpu_op runs in place of the functional form only.
     variants = entry.get("variants", ["functional"] if cpu_op else list(members))
     for v in variants:
@@ -318,37 +425,11 @@ def expand(
             else ("", "")
         )
         name = str(f.func.name)
-        # Kernels returning several Tensor& must not be called boxed with the only references
-        # to their outputs on the stack: PyTorch's boxing wrapper keeps the returned references
-        # and drops the arguments they refer to first. So a functional form runs its out= form
-        # only when that has a single output, and an out= form with several outputs runs the
-        # functional form and copies into its outputs.
-        # A functional form is known to compute what its out= form computes when it is the
-        # structured delegate of it, or when the entry says so (out_equivalent: the functional
-        # kernel is written as a call of the out= kernel); mse_loss.out, for one, reduces
-        # differently from mse_loss.
-        out_variant = ""
-        functional = ""
-        underlying = "underlying" in tiers.values()
-        if (
-            underlying
-            and v == "functional"
-            and not cpu_op
-            and "out" in members
-            and structured_meta
-            and (out_equivalent or f.structured_delegate == members["out"].func.name)
-            and same_inputs(f, members["out"])
-            and len(members["out"].func.returns) == 1
-        ):
-            out_variant = "aten::" + str(members["out"].func.name)
-        if (
-            underlying
-            and v == "out"
-            and len(f.func.returns) > 1
-            and "functional" in members
-            and same_inputs(members["functional"], f)
-        ):
-            functional = "aten::" + str(members["functional"].func.name)
+        out_variant, functional = ("", "")
+        if "underlying" in tiers.values():
+            out_variant, functional = linked_variants(v, f, members, out_equivalent, cpu_op)
+        if not structured_meta:
+            out_variant = ""  # the meta shape is not final: never run the out= form
         out.append(
             Registration(
                 name,
@@ -361,6 +442,7 @@ def expand(
                 meta=meta_body,
                 meta_header=meta_header,
                 into=into if v == "functional" else "",
+                widen=dict(widen),
                 dtypes=list(dtypes),
                 reason=reason,
                 entry=op,
@@ -422,6 +504,9 @@ def render_cpp(regs: list[Registration]) -> tuple[str, str]:
     for i, r in enumerate(boxed):
         if r.meta:
             cpp += [f"// {r.name}", f"void meta_{i}(Stack* stack) {{", f"  {r.meta}", "}", ""]
+        if r.widen:
+            pairs = ", ".join(f"{DTYPES[a]}, {DTYPES[b]}" for a, b in r.widen.items())
+            cpp += [f"const int8_t widen_{i}[] = {{{pairs}, -1}};  // {r.name}", ""]
     cpp += ["const OpConfig kConfigs[] = {"]
     for i, r in enumerate(boxed):
         mask = sum(1 << DTYPES[d] for d in r.dtypes)
@@ -433,12 +518,15 @@ def render_cpp(regs: list[Registration]) -> tuple[str, str]:
             f"{cpp_string(r.out_variant)}, {cpp_string(r.functional)}, "
             f"{'true' if r.sync else 'false'}, "
             f"{'true' if r.metadata_only else 'false'}, {mask}ull, {meta}, "
-            f"{'&' + r.into if r.into else 'nullptr'}, {cpp_string(r.reason)}}},"
+            f"{'&' + r.into if r.into else 'nullptr'}, "
+            f"{f'widen_{i}' if r.widen else 'nullptr'}, {cpp_string(r.reason)}}},"
         )
     if not boxed:
         # C++ has no empty arrays: one unused entry.
         tiers = ", ".join(["Tier::CpuFallback"] * 3)
-        cpp.append(f'    {{"", {tiers}, "", "", "", false, false, 0ull, nullptr, nullptr, ""}},')
+        cpp.append(
+            f'    {{"", {tiers}, "", "", "", false, false, 0ull, nullptr, nullptr, nullptr, ""}},'
+        )
     cpp += ["};", "", "}  // namespace", "", "TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {"]
     for r in regs:
         if r.kernel:
@@ -458,7 +546,10 @@ def render_docs(regs: list[Registration]) -> str:
         "do not edit. Tiers (see DESIGN.md): **native** (an own kernel), **underlying** (the",
         "ATen kernel of the device underneath, run on accel memory without copying, in stream",
         "order), **cpu_fallback** (inputs copied to the CPU and results back), **error**",
-        "(refused, with the reason). Operators not listed here take the CPU fallback. The",
+        "(refused, with the reason). Every operator with a kernel of the device underneath (CPU",
+        "for `host`, CUDA for `cuda`) is underlying unless the yaml says otherwise (`default`",
+        "in the notes); views are computed from metadata and alias accel memory; composite",
+        "operators decompose into these. Operators listed nowhere take the CPU fallback. The",
         "`cuda` and `level_zero` drivers do not exist yet; the columns show the tier declared",
         "for them.",
         "",
@@ -466,11 +557,20 @@ def render_docs(regs: list[Registration]) -> str:
         f"underlying, {counts['cpu_fallback']} cpu_fallback, {counts['error']} error on the host "
         "driver).",
         "",
+    ]
+    declined = [r for r in regs if r.tiers["host"] in ("cpu_fallback", "error")]
+    if declined:
+        lines += ["## What does not run underlying on the host driver, and why", ""]
+        lines += [f"- `{r.name}` ({r.tiers['host']}): {r.reason}" for r in declined]
+        lines += [""]
+    lines += [
+        "## Every registered operator",
+        "",
         "| operator | host | cuda | level_zero | notes |",
         "|---|---|---|---|---|",
     ]
     for r in sorted(regs, key=lambda r: r.name):
-        notes = []
+        notes = ["default"] if r.entry == "(default)" else []
         if r.kernel:
             notes.append(f"kernel `{r.kernel}`")
         if r.out_variant:
@@ -487,6 +587,8 @@ def render_docs(regs: list[Registration]) -> str:
             notes.append("reads metadata only: runs on the caller")
         if r.dtypes:
             notes.append("dtypes: " + ", ".join(r.dtypes) + " (others: cpu_fallback)")
+        if r.widen:
+            notes.append("computes " + ", ".join(f"{a} in {b}" for a, b in r.widen.items()))
         if r.reason:
             notes.append(r.reason)
         t = r.tiers
@@ -509,7 +611,7 @@ def main() -> int:
     if not isinstance(entries, list):
         print(f"{args.yaml}: expected a list of entries", file=sys.stderr)
         return 1
-    functions, groups = load_native_functions()
+    nf = load_native_functions()
     regs: list[Registration] = []
     seen: dict[str, str] = {}
     errors = []
@@ -518,7 +620,7 @@ def main() -> int:
         try:
             if not isinstance(entry, dict):
                 raise EntryError("each entry must be a mapping with 'op' and 'tier'")
-            for r in expand(entry, functions, groups, Path(args.torch_dir)):
+            for r in expand(entry, nf, Path(args.torch_dir)):
                 if r.name in seen:
                     raise EntryError(f"'{r.name}' is already registered by entry '{seen[r.name]}'")
                 seen[r.name] = label
@@ -528,6 +630,7 @@ def main() -> int:
     if errors:
         print("\n".join(errors), file=sys.stderr)
         return 1
+    regs += default_registrations(nf, set(seen))
     header, cpp = render_cpp(regs)
     out_dir = Path(args.out_dir)
     write_if_changed(out_dir / "AccelNativeFunctions.h", header)

@@ -40,6 +40,17 @@ def fallback_mode() -> Iterator[object]:
 
 
 @pytest.fixture
+def force_fallback() -> Iterator[None]:
+    """Routes every underlying operator through the copying CPU fallback for one test (almost
+    every operator has an accel kernel, so the fallback needs this to be tested at all)."""
+    torch_accel._C._set_force_fallback(True)
+    try:
+        yield
+    finally:
+        torch_accel._C._set_force_fallback(False)
+
+
+@pytest.fixture
 def run_python():
     """Runs a Python snippet in a fresh interpreter with extra environment variables."""
 

@@ -44,9 +44,10 @@ MALFORMED = [
     ("{op: add.Tensor, tier: underlying, drivers: {tpu: error}}", "unknown driver 'tpu'"),
     ("{op: add.Tensor, tier: underlying, dtypes: [float8]}", "unknown dtype 'float8'"),
     ("{op: add.Tensor, tier: error}", "an error entry needs a 'reason'"),
+    ("{op: sub.Tensor, tier: cpu_fallback}", "a cpu_fallback entry needs a 'reason'"),
     ("{op: transpose.int, tier: underlying}", "view operators must be native"),
     ("{op: add.Tensor, tier: underlying, variants: [sideways]}", "unknown variant 'sideways'"),
-    ("{op: relu, tier: cpu_fallback, sync: true}", "apply to underlying operators"),
+    ("{op: relu, tier: cpu_fallback, sync: true, reason: x}", "apply to underlying operators"),
     ("{op: mm, tier: underlying, cpu_op: add.Tensor}", "takes other arguments"),
     ("{op: nonzero, tier: underlying, sync: true, metadata_only: true}", "exclude each other"),
     ("{op: add.Tensor, tier: underlying, out_equivalent: true}", "'out_equivalent' is implied"),
@@ -68,7 +69,9 @@ def test_malformed_entries_fail_naming_each_entry(tmp_path: Path) -> None:
 
 def test_an_operator_registered_twice_is_an_error(tmp_path: Path) -> None:
     result = generate(
-        tmp_path, "- {op: add.Tensor, tier: underlying}\n- {op: add_.Tensor, tier: cpu_fallback}\n"
+        tmp_path,
+        "- {op: add.Tensor, tier: underlying}\n"
+        "- {op: add_.Tensor, tier: cpu_fallback, reason: x}\n",
     )
     assert result.returncode == 1
     # An entry covers the operator's whole group: add_.Tensor's includes add.Tensor.

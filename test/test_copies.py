@@ -57,8 +57,14 @@ def test_broadcasting_copy_and_scalar_sources():
     assert_same(dst, torch.full((4, 3), 7.0))
     dst.copy_(torch.tensor([[5.0], [6.0], [7.0], [8.0]], device="accel"))
     assert_same(dst, torch.tensor([[5.0], [6.0], [7.0], [8.0]]).expand(4, 3).contiguous())
-    with pytest.raises(RuntimeError, match="expanded size"):
-        dst.copy_(torch.ones(5))
+    # Sources that do not broadcast are refused with the CPU's messages, also into an empty
+    # destination (which has nothing to write).
+    for shape, source in (((4, 3), torch.ones(5)), ((0,), torch.ones(5)), ((1,), torch.ones(5))):
+        with pytest.raises(RuntimeError) as expected:
+            torch.empty(shape).copy_(source)
+        with pytest.raises(RuntimeError) as actual:
+            torch.empty(shape, device="accel").copy_(source.to("accel"))
+        assert str(actual.value) == str(expected.value)
 
 
 def test_copies_between_devices():

@@ -59,6 +59,9 @@ def test_device_count_properties_and_capability():
     assert "accel host device 1" in repr(props)
     with pytest.raises(RuntimeError, match="invalid device index 2"):
         torch.accel.get_device_properties(2)
+    with pytest.raises(RuntimeError, match="invalid device index -1"):
+        torch.accel.get_device_properties(-1)  # torch.cuda refuses negative indices too
+    assert torch.accel.get_device_properties(None) == torch.accel.get_device_properties(0)
     with pytest.raises(ValueError, match="Expected an accel device"):
         torch.accel.get_device_properties("cuda:0")
 

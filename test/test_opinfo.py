@@ -7,8 +7,13 @@ there, and the accel result is compared with the CPU one. Modes:
 * forward: float32 samples; the results, and the samples' tensors afterwards (in-place ops);
 * backward: float32 samples with requires_grad, for ops that support autograd: the gradients
   of the inputs for a fixed seeded grad_output per differentiable output;
-* bf16: bfloat16 samples, only for ops whose float32 forward ran with no CPU fallback (native
-  or underlying on accel; the fallback runs the CPU kernel itself).
+* bf16: bfloat16 samples;
+* bf16_backward: bfloat16 samples with requires_grad, as backward.
+
+The sweep runs with the CPU fallback forbidden (ACCEL_FALLBACK=error): a sample that needs it
+fails. OPINFO_FALLBACK=silent allows the fallback instead (to check the fallback's own results);
+then the bf16 modes run only for ops whose float32 forward took no fallback (the fallback runs
+the CPU kernel itself).
 
 Random operators and operators that return uninitialized memory (empty and the like) are
 compared by shape and dtype only. A sample whose CPU run raises is skipped.
@@ -62,7 +67,11 @@ REFERENCE = os.environ.get("OPINFO_REFERENCE", "") not in ("", "0")
 STRICT = not (FULL or ONLY) or os.environ.get("OPINFO_STRICT", "") not in ("", "0")
 MAX_SAMPLES = int(os.environ.get("OPINFO_MAX_SAMPLES", 0)) or 1_000_000
 TARGET = 0.98
-MODES = ("forward", "backward", "bf16")
+MODES = ("forward", "backward", "bf16", "bf16_backward")
+# How the worker treats operators without an accel kernel: "error" (ACCEL_FALLBACK=error) or
+# "silent" (the copying fallback runs them).
+FALLBACK = os.environ.get("OPINFO_FALLBACK", "error")
+assert FALLBACK in ("error", "silent"), f"OPINFO_FALLBACK={FALLBACK!r}: use error or silent"
 ACCEL = torch.device("accel")
 # A sample that runs longer than this is taken for a hang: the worker is killed.
 HANG_SECONDS = 120.0 if (FULL or ONLY) else 30.0
@@ -393,8 +402,8 @@ def _device_usable() -> bool:
 
 def run_mode(op: Any, mode: str, max_samples: int, progress: Callable[[int], None]) -> ModeResult:
     result = ModeResult()
-    dtype = torch.bfloat16 if mode == "bf16" else torch.float32
-    backward = mode == "backward"
+    dtype = torch.bfloat16 if mode.startswith("bf16") else torch.float32
+    backward = mode.endswith("backward")
     random = is_random(op)
     values = values_are_defined(op) and not (random and backward)
     fallback: set[str] = set()
@@ -491,15 +500,21 @@ def check_op(op: Any, max_samples: int, progress: Callable[[str, int], None]) ->
     report = OpReport(op.full_name)
     start = time.perf_counter()
     modes = []
-    if torch.float32 in op.supported_dtypes("cpu"):
-        modes.append("forward")
-        if op.supports_autograd and torch.float32 in op.supported_backward_dtypes("cpu"):
-            modes.append("backward")
-        if torch.bfloat16 in op.supported_dtypes("cpu"):
-            modes.append("bf16")
+    for dtype, forward, backward in (
+        (torch.float32, "forward", "backward"),
+        (torch.bfloat16, "bf16", "bf16_backward"),
+    ):
+        if dtype in op.supported_dtypes("cpu"):
+            modes.append(forward)
+            if op.supports_autograd and dtype in op.supported_backward_dtypes("cpu"):
+                modes.append(backward)
     for mode in modes:
         fwd = report.modes.get("forward")
-        if mode == "bf16" and (fwd is None or not fwd.run or fwd.fallback_ops):
+        if (
+            FALLBACK == "silent"
+            and mode.startswith("bf16")
+            and (fwd is None or not fwd.run or fwd.fallback_ops)
+        ):
             continue  # not native or underlying: the CPU fallback runs the CPU kernel
         try:
             report.modes[mode] = run_mode(op, mode, max_samples, lambda i, m=mode: progress(m, i))
@@ -519,7 +534,7 @@ def worker_main(max_samples: int) -> None:
     import torch_accel
 
     faulthandler.enable()  # a crash shows where
-    torch_accel._C._set_fallback_mode("silent")
+    torch_accel._C._set_fallback_mode(FALLBACK)
     db = op_db()
     out = sys.stdout
     sys.stdout = sys.stderr  # stray prints of ops must not mix with the reports

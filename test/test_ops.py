@@ -114,7 +114,7 @@ def test_fill_zero_and_item():
         lambda a, b: a[a > 0],
     ],
 )
-def test_fallback_results_match_cpu(fn):
+def test_fallback_results_match_cpu(fn, force_fallback):
     torch.manual_seed(0)
     a, b = torch.randn(4, 3), torch.randn(4, 3)
     expected = fn(a, b)
@@ -142,19 +142,19 @@ def test_in_place_and_out_variants_write_to_accel_tensors():
     assert_same(a, expected)
 
 
-def test_fallback_stats_count_calls_per_operator():
-    # atan2 and lgamma have no accel kernel (yaml/accel_functions.yaml does not list them).
+def test_fallback_stats_count_calls_per_operator(force_fallback):
     torch.accel.reset_fallback_stats()
     x = torch.ones(4, device="accel")
     for _ in range(3):
-        x = torch.atan2(x, x) + 1  # add is underlying: not counted
+        x = torch.atan2(x, x)
     torch.lgamma(x)
-    assert torch.accel.fallback_stats() == {"aten::atan2.out": 3, "aten::lgamma.out": 1}
+    x.fill_(2.0)  # native: never the fallback
+    assert torch.accel.fallback_stats() == {"aten::atan2": 3, "aten::lgamma": 1}
     torch.accel.reset_fallback_stats()
     assert torch.accel.fallback_stats() == {}
 
 
-def test_fallback_warns_once_per_operator(fallback_mode):
+def test_fallback_warns_once_per_operator(fallback_mode, force_fallback):
     fallback_mode("warn")
     x = torch.ones(3, device="accel")
     with warnings.catch_warnings(record=True) as caught:
@@ -167,10 +167,10 @@ def test_fallback_warns_once_per_operator(fallback_mode):
     assert "ACCEL_FALLBACK=silent" in messages[0]
 
 
-def test_error_mode_refuses_the_fallback(fallback_mode):
+def test_error_mode_refuses_the_fallback(fallback_mode, force_fallback):
     fallback_mode("error")
     x = torch.ones(3, device="accel")
-    with pytest.raises(NotImplementedError, match=r"aten::hypot.out has no accel kernel.*ACCEL"):
+    with pytest.raises(NotImplementedError, match=r"aten::hypot has no accel kernel.*ACCEL"):
         torch.hypot(x, x)
     x.fill_(3.0)  # native operators are unaffected
     fallback_mode("silent")
@@ -205,7 +205,7 @@ def test_two_devices_in_one_op_is_an_error_and_devices_stay_usable():
 
 
 def test_fallback_refuses_cpu_tensors_that_are_not_scalars():
-    # As on CUDA: operators without an accel kernel do not move CPU tensor arguments either.
+    # As on CUDA: no tier moves CPU tensor arguments (other than indices) to the device.
     torch.accel.reset_fallback_stats()
     x = torch.randn(4, 3, device="accel")
     msg = "accel:0 and cpu! .when running aten::_cdist_forward; CPU tensors combine"
@@ -230,8 +230,12 @@ def test_fallback_refuses_cpu_tensors_that_are_not_scalars():
     xc.index_put_((torch.tensor([0, 0]), torch.tensor([2, 2])), torch.tensor(0.5), accumulate=True)
     assert_same(x, xc)
     assert torch.accel.fallback_stats() == {}
-    assert_same(torch.hypot(x, torch.tensor(2.0)), torch.hypot(xc, torch.tensor(2.0)))
-    assert torch.accel.fallback_stats().get("aten::hypot.out") == 1  # went through the fallback
+    torch_accel._C._set_force_fallback(True)
+    try:
+        assert_same(torch.hypot(x, torch.tensor(2.0)), torch.hypot(xc, torch.tensor(2.0)))
+    finally:
+        torch_accel._C._set_force_fallback(False)
+    assert torch.accel.fallback_stats().get("aten::hypot") == 1  # went through the fallback
 
 
 def test_results_land_on_the_inputs_device():

@@ -10,7 +10,7 @@
 #include <ATen/native/transformers/sdp_utils_cpp.h>
 #include <ATen/ops/_fused_sdp_choice.h>
 
-#include "aten/device_kernel.h"
+#include "aten/host_task.h"
 #include "device/common.h"
 
 namespace accel::aten {

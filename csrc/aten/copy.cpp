@@ -8,6 +8,7 @@
 //
 // Blocking behaviour follows CUDA: with non_blocking=False a copy has completed when copy_
 // returns; with non_blocking=True a copy from or to pinned memory is only enqueued.
+#include <ATen/ExpandUtils.h>
 #include <ATen/MemoryOverlap.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/_local_scalar_dense.h>
@@ -18,7 +19,7 @@
 #include <torch/library.h>
 
 #include "AccelNativeFunctions.h"
-#include "aten/device_kernel.h"
+#include "aten/host_task.h"
 #include "device/common.h"
 
 namespace accel::aten {
@@ -166,8 +167,25 @@ at::Tensor& copy_(at::Tensor& self, const at::Tensor& src, bool non_blocking) {
               src.device(), " tensor");
   TORCH_CHECK(self.layout() == c10::Layout::Strided && src.layout() == c10::Layout::Strided,
               "copy_: accel copies dense (strided) tensors only");
-  if (self.is_same(src) || self.numel() == 0) return self;
+  if (self.is_same(src)) return self;
+  // src must broadcast to self's shape, also when self is empty (as on the CPU).
+  if (!src.sizes().equals(self.sizes())) {
+    const c10::DimVector shape = at::infer_size_dimvector(self.sizes(), src.sizes());
+    TORCH_CHECK(c10::IntArrayRef(shape).equals(self.sizes()), "output with shape ",
+                self.sizes(), " doesn't match the broadcast shape ", c10::IntArrayRef(shape));
+  }
+  if (self.numel() == 0) return self;
+  // A view of exactly the same data: nothing to do (as on the CPU).
+  if (self.is_alias_of(src) && self.storage_offset() == src.storage_offset() &&
+      self.sizes().equals(src.sizes()) && self.strides().equals(src.strides()) &&
+      self.scalar_type() == src.scalar_type() && self.is_conj() == src.is_conj() &&
+      self.is_neg() == src.is_neg()) {
+    return self;
+  }
   at::assert_no_internal_overlap(self);
+  // Like the CPU and CUDA, refuse a source that partly overlaps the destination
+  // (x[1:].copy_(x[:-1])): the result would depend on the order elements are written in.
+  at::assert_no_partial_overlap(self, src);
   const at::Tensor source = src.sizes() == self.sizes() ? src : src.expand_as(self);
   if (is_accel(self) && is_accel(source)) {
     copy_within_accel(self, source);
@@ -195,8 +213,8 @@ at::Tensor _copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) 
 }
 
 at::Tensor& fill_Scalar(at::Tensor& self, const c10::Scalar& value) {
+  // Overlapping elements (an expanded tensor) all get the same value: accepted, as on CUDA.
   if (self.numel() == 0) return self;
-  at::assert_no_internal_overlap(self);
   c10::DeviceGuard guard(self.device());
   launch(self.device().index(), "fill_",
          [l = Layout::of(self), value] { l.cpu_view().fill_(value); });

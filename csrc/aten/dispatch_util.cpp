@@ -27,20 +27,22 @@ struct DeviceScan {
       other = index;
     }
   }
-  void see(const at::Tensor& t, bool index) {
+  // `cpu_ok`: a CPU tensor is accepted here whatever its dimensions (indices, the scalars of
+  // _foreach_ operators); `written`: not even a 0-dim CPU tensor is (an out= argument).
+  void see(const at::Tensor& t, bool cpu_ok, bool written) {
     if (!t.defined()) return;
     see(t.device());
     accel_tensor = accel_tensor || t.device().type() == kAccel;
-    cpu_tensor = cpu_tensor || (!index && t.device().is_cpu() && t.dim() > 0);
+    cpu_tensor = cpu_tensor || (!cpu_ok && t.device().is_cpu() && (t.dim() > 0 || written));
   }
-  void see(const c10::IValue& v) {
+  void see(const c10::IValue& v, bool cpu_ok, bool written) {
     if (v.isTensor()) {
-      see(v.toTensor(), /*index=*/false);
-    } else if (v.isTensorList()) {  // cat, stack
-      for (const at::Tensor& t : v.toTensorList()) see(t, /*index=*/false);
+      see(v.toTensor(), cpu_ok, written);
+    } else if (v.isTensorList()) {  // cat, stack, _foreach_
+      for (const at::Tensor& t : v.toTensorList()) see(t, cpu_ok, written);
     } else if (v.isList()) {  // Tensor?[]: indices, which CUDA takes on the CPU too
       for (const c10::IValue& e : v.toListRef()) {
-        if (e.isTensor()) see(e.toTensor(), /*index=*/true);
+        if (e.isTensor()) see(e.toTensor(), /*cpu_ok=*/true, written);
       }
     } else if (v.isDevice()) {
       see(v.toDevice());
@@ -57,26 +59,32 @@ std::string op_name(const c10::OperatorHandle& op) {
 
 c10::DeviceIndex call_device(const c10::OperatorHandle& op, const torch::jit::Stack& stack,
                              std::string_view name) {
-  const size_t n = op.schema().arguments().size();
+  const auto& args = op.schema().arguments();
+  const size_t begin = stack.size() - args.size();
+  // _foreach_ operators take their `scalars` as a CPU tensor (_foreach_addcdiv_.Tensor).
+  const bool foreach = name.starts_with("aten::_foreach_");
+  // index_fill takes its index on the CPU too, as CUDA does (the call uploads it).
+  const bool index_fill = name.starts_with("aten::index_fill");
   DeviceScan scan;
   bool accel_generator = false;
-  for (size_t i = stack.size() - n; i < stack.size(); ++i) {
-    scan.see(stack[i]);
-    if (stack[i].isGenerator() && device::is_accel_generator(stack[i].toGenerator())) {
-      accel_generator = true;
-    }
+  for (size_t i = 0; i < args.size(); ++i) {
+    const c10::IValue& v = stack[begin + i];
+    const c10::AliasInfo* alias = args[i].alias_info();
+    const bool cpu_ok = (foreach && args[i].name() == "scalars") ||
+                        (index_fill && args[i].name() == "index");
+    scan.see(v, cpu_ok, alias != nullptr && alias->isWrite());
+    if (v.isGenerator() && device::is_accel_generator(v.toGenerator())) accel_generator = true;
   }
   TORCH_CHECK(!scan.other,
               "Expected all tensors to be on the same device, but found at least two devices, "
               "accel:",
               static_cast<int>(*scan.device), " and accel:", static_cast<int>(*scan.other),
               "! (when running ", name, ")");
-  // _foreach_ operators take CPU tensors of scalars (the `scalars` of _foreach_addcdiv_).
-  TORCH_CHECK(!scan.cpu_tensor || !scan.accel_tensor || name.starts_with("aten::_foreach_"),
+  TORCH_CHECK(!scan.cpu_tensor || !scan.accel_tensor,
               "Expected all tensors to be on the same device, but found at least two devices, "
               "accel:",
               static_cast<int>(*scan.device), " and cpu! (when running ", name,
-              "; CPU tensors combine with accel tensors only as 0-dim scalars)");
+              "; CPU tensors combine with accel tensors only as 0-dim scalar inputs)");
   TORCH_CHECK(scan.device || !accel_generator, name,
               ": an accel generator was given but no tensor is on accel; use a generator of the "
               "tensors' device");
@@ -97,8 +105,13 @@ void substitute_generators(const c10::OperatorHandle& op, torch::jit::Stack* sta
   for (size_t i = 0; i < args.size(); ++i) {
     if (!is_generator_argument(args[i])) continue;
     c10::IValue& v = (*stack)[begin + i];
-    if (v.isGenerator() && device::is_accel_generator(v.toGenerator())) {
-      v = c10::IValue(device::next_cpu_generator(v.toGenerator()));
+    if (v.isGenerator()) {
+      // CUDA's check_generator words it the same way.
+      const at::Generator& g = v.toGenerator();
+      TORCH_CHECK(device::is_accel_generator(g), "Expected a 'accel' device type for generator "
+                  "but found '", c10::DeviceTypeName(g.device().type(), /*lower_case=*/true),
+                  "' (when running ", op_name(op), ")");
+      v = c10::IValue(device::next_cpu_generator(g));
     } else if (v.isNone()) {
       v = c10::IValue(device::next_cpu_generator(device::default_generator(device)));
     }

@@ -174,38 +174,33 @@ void count_and_warn(const std::string& name, FallbackMode mode) {
   }
 }
 
-// Runs the operator on the CPU with copies of its accel arguments (no policy checks), then
-// counts the call: calls that raise (a user error the CPU kernel reports) are not counted.
+// Runs the operator on the CPU with copies of its accel arguments, then counts the call: calls
+// that raise (a user error the CPU kernel reports) are not counted.
 void copying_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack,
                       const std::string& name, FallbackMode mode) {
   const c10::DeviceIndex dev = call_device(op, *stack, name);
   c10::DeviceGuard guard(c10::Device(kAccel, dev));
   // Random operators draw from the accel generator through a CPU generator derived from it.
   substitute_generators(op, stack, dev);
-
-  if (returns_view(op.schema())) {
-    view_fallback(op, stack, name);
-  } else {
-    at::native::cpu_fallback(op, stack, /*error_on_views=*/true);
-    // cpu_fallback puts new results on the device of the first tensor argument, which is the
-    // CPU for a Python scalar first (5 // x): results belong on the accel device.
-    const c10::Device target(kAccel, dev);
-    const size_t n_returns = op.schema().returns().size();
-    for (size_t i = stack->size() - n_returns; i < stack->size(); ++i) {
-      c10::IValue& r = (*stack)[i];
-      if (r.isTensor() && r.toTensor().defined() && r.toTensor().device().is_cpu()) {
-        r = r.toTensor().to(target);
-      } else if (r.isTensorList()) {
-        std::vector<at::Tensor> ts = r.toTensorVector();
-        bool moved = false;
-        for (at::Tensor& t : ts) {
-          if (t.defined() && t.device().is_cpu()) {
-            t = t.to(target);
-            moved = true;
-          }
+  at::native::cpu_fallback(op, stack, /*error_on_views=*/true);
+  // cpu_fallback puts new results on the device of the first tensor argument, which is the
+  // CPU for a Python scalar first (5 // x): results belong on the accel device.
+  const c10::Device target(kAccel, dev);
+  const size_t n_returns = op.schema().returns().size();
+  for (size_t i = stack->size() - n_returns; i < stack->size(); ++i) {
+    c10::IValue& r = (*stack)[i];
+    if (r.isTensor() && r.toTensor().defined() && r.toTensor().device().is_cpu()) {
+      r = r.toTensor().to(target);
+    } else if (r.isTensorList()) {
+      std::vector<at::Tensor> ts = r.toTensorVector();
+      bool moved = false;
+      for (at::Tensor& t : ts) {
+        if (t.defined() && t.device().is_cpu()) {
+          t = t.to(target);
+          moved = true;
         }
-        if (moved) r = std::move(ts);
       }
+      if (moved) r = std::move(ts);
     }
   }
   count_and_warn(name, mode);
@@ -216,6 +211,16 @@ void accel_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const std::string why = denied(name);
   TORCH_CHECK_NOT_IMPLEMENTED(why.empty(), name,
                               " cannot run on accel through the CPU fallback: ", why);
+  if (returns_view(op.schema())) {
+    // Not a fallback: the view is computed from metadata and aliases the accel storage.
+    const c10::DeviceIndex dev = call_device(op, *stack, name);
+    c10::DeviceGuard guard(c10::Device(kAccel, dev));
+    view_fallback(op, stack, name);
+    return;
+  }
+  TORCH_CHECK_NOT_IMPLEMENTED(op.hasComputedKernelForDispatchKey(c10::DispatchKey::CPU), name,
+                              " has no accel kernel, and no CPU kernel to fall back to (PyTorch "
+                              "implements it for other devices only)");
   const FallbackMode mode = fallback_mode();
   TORCH_CHECK_NOT_IMPLEMENTED(mode != FallbackMode::Error, name,
                               " has no accel kernel, and ACCEL_FALLBACK=error forbids running it "
@@ -249,12 +254,6 @@ FallbackMode mode_from_env() {
 
 void cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   accel_fallback(op, stack);
-}
-
-void copying_path(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  const FallbackMode mode = fallback_mode();
-  copying_fallback(op, stack, op_name(op),
-                   mode == FallbackMode::Error ? FallbackMode::Silent : mode);
 }
 
 bool parse_fallback_mode(const std::string& text, FallbackMode* mode) {

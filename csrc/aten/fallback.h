@@ -16,12 +16,6 @@ enum class FallbackMode { Warn, Silent, Error };
 // Runs an operator through the CPU fallback (the boxed kernel registered for PrivateUse1).
 void cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack);
 
-// The same copying path for an operator that has an accel kernel but cannot take its fast path
-// for this call (see underlying.cpp): no deny list, and ACCEL_FALLBACK=error does not refuse
-// it (the operator is implemented). Successful calls still count in fallback_stats() so slow
-// paths stay visible; calls that raise do not count.
-void copying_path(const c10::OperatorHandle& op, torch::jit::Stack* stack);
-
 // The mode starts from ACCEL_FALLBACK (warn, silent or error; warn by default).
 FallbackMode fallback_mode();
 void set_fallback_mode(FallbackMode mode);

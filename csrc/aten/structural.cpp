@@ -1,6 +1,9 @@
 // Structural operators: they create tensors or change storage and metadata, so they are always
 // native (DESIGN.md): empty, empty_strided, the view operators, resize_, set_, record_stream.
+#include <ATen/Context.h>
 #include <ATen/EmptyTensor.h>
+#include <ATen/native/ResizeCommon.h>
+#include <ATen/native/TensorFactories.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/detail/PrivateUse1HooksInterface.h>
 #include <ATen/ops/_reshape_alias_native.h>
@@ -30,6 +33,18 @@ void check_creatable(std::optional<c10::Layout> layout, std::optional<bool> pin_
                               "dtype ", dtype);
 }
 
+// torch.use_deterministic_algorithms(True) with fill_uninitialized_memory (the default): new
+// memory is filled with NaN (integers: their maximum), as on the CPU and CUDA.
+bool fill_uninitialized() {
+  const at::Context& ctx = at::globalContext();
+  return ctx.deterministicAlgorithms() && ctx.deterministicFillUninitializedMemory();
+}
+
+at::Tensor filled_if_deterministic(at::Tensor t) {
+  if (C10_UNLIKELY(fill_uninitialized())) at::native::fill_empty_deterministic_(t);
+  return t;
+}
+
 c10::DeviceIndex index_of(std::optional<c10::Device> device) {
   if (device && device->has_index()) return device::resolve_device(device->index());
   return device::current_device();
@@ -44,9 +59,9 @@ at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<c10::ScalarT
   const c10::ScalarType st = dtype.value_or(c10::get_default_dtype_as_scalartype());
   check_creatable(layout, pin_memory, st, "empty");
   c10::DeviceGuard guard(c10::Device(kAccel, index_of(device)));
-  return at::detail::empty_generic(size, device::device_allocator(),
-                                   c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), st,
-                                   memory_format);
+  return filled_if_deterministic(at::detail::empty_generic(
+      size, device::device_allocator(), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), st,
+      memory_format));
 }
 
 at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride,
@@ -55,8 +70,9 @@ at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride,
   const c10::ScalarType st = dtype.value_or(c10::get_default_dtype_as_scalartype());
   check_creatable(layout, pin_memory, st, "empty_strided");
   c10::DeviceGuard guard(c10::Device(kAccel, index_of(device)));
-  return at::detail::empty_strided_generic(size, stride, device::device_allocator(),
-                                           c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), st);
+  return filled_if_deterministic(at::detail::empty_strided_generic(
+      size, stride, device::device_allocator(),
+      c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), st));
 }
 
 namespace {
@@ -83,10 +99,16 @@ const at::Tensor& resize_(const at::Tensor& self, c10::IntArrayRef size,
     TORCH_CHECK(s >= 0, "resize_: sizes must be non-negative, got ", size);
   }
   c10::TensorImpl* impl = self.unsafeGetTensorImpl();
+  // Same sizes: the tensor keeps its strides (an out= tensor keeps its layout), as on the CPU.
+  if (impl->sizes() == size && !memory_format) return self;
   c10::DeviceGuard guard(self.device());
+  const size_t old_nbytes = impl->unsafe_storage().nbytes();
   impl->set_sizes_contiguous(size);
   ensure_storage(impl->unsafe_storage(),
                  needed_bytes(size, impl->strides(), self.itemsize(), impl->storage_offset()));
+  if (C10_UNLIKELY(fill_uninitialized())) {
+    at::native::fill_resize_deterministic_(self, static_cast<int64_t>(old_nbytes));
+  }
   if (memory_format) {
     TORCH_CHECK(*memory_format != c10::MemoryFormat::Preserve,
                 "resize_: unsupported memory format ", *memory_format);
@@ -155,6 +177,53 @@ at::Tensor _unsafe_view(const at::Tensor& self, c10::IntArrayRef size) {
 
 at::Tensor _reshape_alias(const at::Tensor& self, c10::IntArrayRef size, c10::IntArrayRef stride) {
   return at::native::_reshape_alias(self, size, stride);
+}
+
+// `param.data = t` and Module.to() (which keeps Parameter objects when this is true) ask
+// whether one tensor's impl can take the other's metadata. c10 knows only its own dense
+// backends; accel tensors are dense and strided like CPU and CUDA tensors, so accel and those
+// are interchangeable, as CPU and CUDA are.
+bool _has_compatible_shallow_copy_type(const at::Tensor& self, const at::Tensor& from) {
+  const auto dense = [](const at::Tensor& t) {
+    return t.layout() == c10::Layout::Strided && !t.is_quantized() && !t.is_nested() &&
+           (t.device().type() == kAccel ||
+            t.unsafeGetTensorImpl()->has_compatible_shallow_copy_type(
+                c10::DispatchKeySet(c10::DispatchKey::CPU)));
+  };
+  if (self.unsafeGetTensorImpl()->has_compatible_shallow_copy_type(from.key_set())) return true;
+  return dense(self) && dense(from);
+}
+
+namespace {
+
+// The memory of efficient zero tensors: none. The ZeroTensor dispatch key makes operators see
+// zeros (PyTorch's ZeroTensor fallback materializes them where an operator needs the data).
+class ZeroTensorAllocator final : public c10::Allocator {
+ public:
+  c10::DataPtr allocate(size_t) override {
+    return {nullptr, nullptr, &no_delete, c10::Device(kAccel, device::current_device())};
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return &no_delete; }
+  void copy_data(void*, const void*, std::size_t) const override {}
+
+ private:
+  static void no_delete(void*) {}
+};
+
+}  // namespace
+
+at::Tensor _efficientzerotensor(c10::IntArrayRef size, std::optional<c10::ScalarType> dtype,
+                                std::optional<c10::Layout> layout,
+                                std::optional<c10::Device> device,
+                                std::optional<bool> pin_memory) {
+  const c10::ScalarType st = dtype.value_or(c10::get_default_dtype_as_scalartype());
+  check_creatable(layout, pin_memory, st, "_efficientzerotensor");
+  c10::DeviceGuard guard(c10::Device(kAccel, index_of(device)));
+  static ZeroTensorAllocator allocator;  // never freed: storages keep a pointer to it
+  return at::detail::empty_generic(
+      size, &allocator,
+      c10::DispatchKeySet({c10::DispatchKey::PrivateUse1, c10::DispatchKey::ZeroTensor}), st,
+      std::nullopt);
 }
 
 at::Tensor _pin_memory(const at::Tensor& self, std::optional<c10::Device>) {

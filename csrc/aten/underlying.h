@@ -42,8 +42,16 @@ struct OpConfig {
   // of the arguments and of the results allocated for them, and it computes straight into the
   // results (nullptr: the task runs the CPU operator and copies its results).
   void (*into)(torch::jit::Stack& args, const std::vector<at::Tensor>& results);
+  // Dtypes CUDA's kernel takes and the CPU's does not: pairs (from, to) of ScalarType codes,
+  // ended by -1. A call whose first tensor argument has dtype `from` runs with its `from`
+  // tensors converted to `to`, and the results converted back (nullptr: none).
+  const int8_t* widen;
   const char* reason;       // error tier: why the operator is refused
 };
+
+// Runs the call with the dtypes OpConfig::widen names converted (false: nothing to widen).
+bool widened_call(const OpConfig& config, const c10::OperatorHandle& op,
+                  torch::jit::Stack* stack);
 
 // The boxed kernel registered for an operator of the underlying, cpu_fallback or error tier.
 torch::CppFunction make_kernel(const OpConfig& config);

@@ -45,6 +45,10 @@ uint64_t parse_size(const std::string& text, const char* variable) {
   std::size_t pos = 0;
   unsigned long long value = 0;
   try {
+    // stoull accepts a sign and leading spaces ("-1" is 2^64-1): a size starts with a digit.
+    if (text.empty() || !std::isdigit(static_cast<unsigned char>(text[0]))) {
+      throw std::invalid_argument(text);
+    }
     value = std::stoull(text, &pos);
   } catch (const std::exception&) {
     ACCEL_RT_THROW(InitError, variable, "='", text,

@@ -42,6 +42,7 @@ from torch_accel.accel.random import (
     set_rng_state,
     set_rng_state_all,
 )
+from torch_accel.accel.storage import STORAGE_CLASSES
 from torch_accel.accel.streams import (
     Event,
     Stream,
@@ -96,7 +97,9 @@ __all__ = [
     "synchronize",
     "amp",
     "get_amp_supported_dtype",
+    *STORAGE_CLASSES,
 ]
+globals().update(STORAGE_CLASSES)
 
 _initialized = False  # read by torch.utils.checkpoint
 _initialization_lock = threading.Lock()
@@ -221,8 +224,15 @@ class _AccelDeviceProperties:
 
 
 def get_device_properties(device: Any = None) -> _AccelDeviceProperties:
-    """Name, driver, memory, compute units and capability of an accel device."""
-    p = _C.get_device_properties(_lazy_device_index(device))
+    """Name, driver, memory, compute units and capability of an accel device (``None``: the
+    current one). Like ``torch.cuda``, a negative or out-of-range index raises."""
+    index = _lazy_device_index(device)
+    if index < 0:
+        raise _C.AccelError(
+            f"get_device_properties: invalid device index {index}: use 0 to "
+            f"{device_count() - 1}, or None for the current device"
+        )
+    p = _C.get_device_properties(index)
     return _AccelDeviceProperties(
         name=p["name"],
         driver=p["driver"],

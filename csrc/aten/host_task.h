@@ -1,0 +1,66 @@
+// Running CPU kernels on accel memory in stream order (drivers whose device memory is host
+// memory, i.e. the host driver).
+//
+// A task captures the raw layout of its tensors (storage, offset, sizes, strides, dtype,
+// conj/neg bits), never the tensors themselves: as with CUDA kernels, the stream-ordered caching
+// allocator keeps the memory valid for work already enqueued. Inside the task, CPU tensors are
+// built over the same memory and the ATen CPU kernel runs on them.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Storage.h>
+#include <c10/util/SmallVector.h>
+
+#include <utility>
+
+#include "device/common.h"
+
+namespace accel::aten {
+
+// The CPU storages of one kernel call: views of one accel storage get one CPU storage, so the
+// kernel's overlap checks (an out= tensor that overlaps an input) see what aliases what. The
+// storages are resizable: a kernel that resizes an out= tensor beyond its storage moves it to
+// new CPU memory, which the caller detects (Layout::moved) and copies back.
+class CpuStorages {
+ public:
+  c10::Storage get(void* base, size_t nbytes);
+
+ private:
+  c10::SmallVector<std::pair<void*, c10::Storage>, 4> storages_;
+};
+
+struct Layout {
+  void* base = nullptr;  // the start of the storage
+  size_t nbytes = 0;     // the size of the storage
+  int64_t offset = 0;    // storage offset, in elements
+  c10::SmallVector<int64_t, 5> sizes;
+  c10::SmallVector<int64_t, 5> strides;
+  c10::ScalarType dtype = c10::ScalarType::Undefined;
+  bool conj = false;
+  bool neg = false;
+
+  // An undefined tensor has dtype Undefined, and its cpu_view() is undefined too.
+  static Layout of(const at::Tensor& t);
+  // A CPU tensor over this memory (valid on the host only where device memory is host memory).
+  // Views made with the same `storages` share the CPU storage of their accel storage.
+  at::Tensor cpu_view(CpuStorages* storages = nullptr) const;
+  // Whether the CPU view `v` of this layout no longer describes it: resized or moved.
+  bool changed_in(const at::Tensor& v) const;
+};
+
+// Whether the driver's device memory is host memory (asked once: the driver does not change).
+bool host_accessible();
+
+// Throws NotImplementedError naming `what` unless the driver's device memory is host memory.
+void require_host_accessible(const char* what);
+
+// Enqueues f() on the current stream of `device`.
+template <class F>
+void launch(c10::DeviceIndex device, const char* what, F&& f) {
+  require_host_accessible(what);
+  device::call(
+      [&] { rt::launch_host_func(rt::current_stream(device), rt::Task(std::forward<F>(f))); },
+      what);
+}
+
+}  // namespace accel::aten

@@ -1,0 +1,90 @@
+// Result metadata of underlying operator calls, and the cache that keeps it per call signature.
+//
+// An underlying call allocates its results before its kernel runs, so it needs their sizes,
+// strides and dtypes up front. They come from PyTorch's meta functions, and are verified by the
+// first call of each signature, which runs synchronously (see underlying.cpp). The cache key is
+// the metadata of the arguments (and their non-floating-point values, the default dtype, and
+// which written tensors alias which arguments): a repeated call with the same key allocates
+// its results without running any meta kernel (PyTorch implements many in Python, tens of
+// microseconds each). Shapes that depend on tensor data never come here.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
+#include <c10/util/SmallVector.h>
+
+#include <array>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace accel::aten {
+
+struct TensorMeta {
+  c10::SmallVector<int64_t, 5> sizes;
+  c10::SmallVector<int64_t, 5> strides;
+  c10::ScalarType dtype = c10::ScalarType::Undefined;
+  bool conj = false;
+  bool neg = false;
+
+  // Undefined results (backward operators whose output_mask leaves a gradient out) have dtype
+  // Undefined and allocate as undefined tensors.
+  static TensorMeta of(const at::Tensor& t);
+  bool describes(const at::Tensor& t) const;
+};
+
+struct CachedResult {
+  // Per result: one TensorMeta (tensor result) or several (tensor list result).
+  std::vector<std::vector<TensorMeta>> results;
+  std::vector<bool> result_is_list;
+  // Per argument: the metadata after the call (write arguments may be resized).
+  std::vector<std::optional<TensorMeta>> written;
+  // The kernel did not do what the meta functions said (it resized an out= tensor they did not
+  // resize, say): calls with this key run synchronously, where the actual results are known.
+  bool run_on_caller = false;
+};
+
+// How a call is described in its cache key.
+struct KeyOptions {
+  // Numbers inside generic lists are described by their type only when false (the scalar lists
+  // of _foreach_ operators change every step).
+  bool list_values = true;
+  // Floating-point numbers are described by their type only unless true (they decide result
+  // shapes only in arange; learning rates and the like change every step).
+  bool float_values = false;
+  // Which tensors share storage, and where (operators that write: overlap is an error there).
+  bool aliasing = false;
+};
+
+// The cache key of the call whose arguments are stack[begin:]; false if some argument cannot be
+// described (the call is not cached then).
+bool encode_call(const torch::jit::Stack& stack, size_t begin, const KeyOptions& options,
+                 std::string& key);
+
+class MetaCache {
+ public:
+  std::shared_ptr<const CachedResult> find(const std::string& key);
+  void insert(const std::string& key, std::shared_ptr<const CachedResult> value);
+
+ private:
+  static constexpr size_t kMaxEntries = 4096;
+  std::mutex mutex_;
+  std::unordered_map<std::string, std::shared_ptr<const CachedResult>> entries_;
+};
+
+// The call's results and its arguments afterwards, computed on meta tensors: by `meta` (a C++
+// meta function on a boxed stack) where given, else by the operator's Meta kernel. Null if the
+// call cannot be represented on meta tensors (a CPU tensor with elements) or the meta
+// computation fails (no meta kernel, a shape that depends on the data, an invalid call).
+std::shared_ptr<CachedResult> meta_results(const c10::OperatorHandle& op,
+                                           void (*meta)(torch::jit::Stack*),
+                                           const torch::jit::Stack& stack, size_t begin);
+
+// Whether `v` is a Tensor?[] (indices).
+bool is_optional_tensor_list(const c10::IValue& v);
+
+}  // namespace accel::aten

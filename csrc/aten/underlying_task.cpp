@@ -1,0 +1,287 @@
+#include "aten/underlying_task.h"
+
+#include <ATen/Parallel.h>
+#include <c10/util/Exception.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/LegacyTypeDispatch.h>
+
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+
+#include "aten/meta_cache.h"
+
+namespace accel::aten {
+namespace {
+
+using device::kAccel;
+
+bool is_accel(const at::Tensor& t) { return t.defined() && t.device().type() == kAccel; }
+
+// Below this many elements in every tensor of a call, its kernel runs without intra-op
+// parallelism (ATen's own grain size).
+constexpr int64_t kSerialNumel = 32768;
+
+// ATen's CPU kernels parallelize with OpenMP (the copy PyTorch ships, already loaded and
+// global), and OpenMP's thread count is per thread: one on the stream's worker for the length
+// of a small task. Without OpenMP in the process this does nothing.
+class SerialScope {
+ public:
+  SerialScope() {
+    const Omp& o = omp();
+    if (o.set == nullptr || o.get == nullptr) return;
+    (void)at::get_num_threads();  // ATen's per-thread set-up first (torch.set_num_threads)
+    saved_ = o.get();
+    if (saved_ > 1) o.set(1);
+  }
+  ~SerialScope() {
+    if (saved_ > 1) omp().set(saved_);
+  }
+  SerialScope(const SerialScope&) = delete;
+  SerialScope& operator=(const SerialScope&) = delete;
+
+ private:
+  struct Omp {
+    void (*set)(int);
+    int (*get)();
+  };
+  static const Omp& omp() {
+    static const Omp o{reinterpret_cast<void (*)(int)>(dlsym(RTLD_DEFAULT, "omp_set_num_threads")),
+                       reinterpret_cast<int (*)()>(dlsym(RTLD_DEFAULT, "omp_get_max_threads"))};
+    return o;
+  }
+  int saved_ = 0;
+};
+
+// Keeps the warnings of a kernel call, to be passed on after it.
+class CollectWarnings final : public c10::WarningHandler {
+ public:
+  void process(const c10::Warning& w) override { list.push_back(w); }
+  std::vector<c10::Warning> list;
+};
+
+int64_t numel_of(const Layout& l) {
+  int64_t n = 1;
+  for (int64_t d : l.sizes) n *= d;
+  return n;
+}
+
+void copy_result(const Layout& into, const at::Tensor& result, CpuStorages& storages) {
+  if (into.dtype != c10::ScalarType::Undefined && result.defined()) {
+    into.cpu_view(&storages).copy_(result);
+  }
+}
+
+// Buffers go back to a pool when their task is destroyed (on the stream's worker) and are
+// reused by later calls: freeing on the worker what the caller allocated would make the two
+// threads contend for the caller's malloc arena on every call.
+class BufferPool {
+ public:
+  std::unique_ptr<WorkBuffers> take() {
+    // A calling thread keeps a stash, refilled with everything returned so far in one go: one
+    // lock per batch of calls rather than per call.
+    thread_local std::vector<std::unique_ptr<WorkBuffers>> stash;
+    if (stash.empty()) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stash.swap(free_);
+    }
+    if (stash.empty()) return std::make_unique<WorkBuffers>();
+    std::unique_ptr<WorkBuffers> b = std::move(stash.back());
+    stash.pop_back();
+    return b;
+  }
+  void give(WorkBuffers* b) {
+    std::unique_ptr<WorkBuffers> owned(b);
+    // Slots are kept, not destroyed: their heap parts were allocated by the calling thread,
+    // and freeing them here, on the stream's worker, would contend for its malloc arena.
+    owned->clear();
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (free_.size() < kMaxPooled) free_.push_back(std::move(owned));
+  }
+  // Buffers left in a thread's stash when it exits are freed with it.
+
+ private:
+  static constexpr size_t kMaxPooled = 256;
+  std::mutex mutex_;
+  std::vector<std::unique_ptr<WorkBuffers>> free_;
+};
+
+BufferPool& buffer_pool() {
+  static BufferPool* pool = new BufferPool;  // never destroyed: workers may run at exit
+  return *pool;
+}
+
+}  // namespace
+
+void Arg::stash(const c10::IValue& v) {
+  if (v.isTensor()) {
+    const at::Tensor& t = v.toTensor();
+    if (is_accel(t)) {
+      kind = Kind::Tensor;
+      tensor = Layout::of(t);
+    } else {
+      value = t.defined() ? c10::IValue(t.clone()) : v;
+    }
+  } else if (v.isTensorList()) {
+    // Lists with CPU tensors never get here: the meta pass refuses them.
+    kind = Kind::TensorList;
+    for (const at::Tensor& t : v.toTensorList()) list.push_back(Layout::of(t));
+  } else if (is_optional_tensor_list(v)) {
+    kind = Kind::OptionalTensorList;
+    for (const c10::IValue& e : v.toListRef()) {
+      if (e.isNone()) {
+        optional_list.emplace_back(std::nullopt);
+      } else {
+        optional_list.emplace_back(Layout::of(e.toTensor()));
+      }
+    }
+  } else if (v.isDevice() && v.toDevice().type() == kAccel) {
+    value = c10::Device(c10::kCPU);
+  } else {
+    value = v;
+  }
+}
+
+void Arg::reset() {
+  kind = Kind::Value;
+  result = false;
+  value = c10::IValue();
+  list.clear();
+  optional_list.clear();
+}
+
+c10::IValue Arg::materialize(CpuStorages& storages) const {
+  switch (kind) {
+    case Kind::Tensor:
+      return tensor.cpu_view(&storages);
+    case Kind::TensorList: {
+      std::vector<at::Tensor> views;
+      views.reserve(list.size());
+      for (const Layout& l : list) views.push_back(l.cpu_view(&storages));
+      return views;
+    }
+    case Kind::OptionalTensorList: {
+      c10::List<std::optional<at::Tensor>> views;
+      for (const auto& l : optional_list) {
+        views.push_back(l ? std::optional<at::Tensor>(l->cpu_view(&storages)) : std::nullopt);
+      }
+      return views;
+    }
+    case Kind::Value:
+      break;
+  }
+  return value;
+}
+
+void WorkBuffers::clear() {
+  for (size_t i = 0; i < count; ++i) slots[i].reset();
+  count = 0;
+  copy_into.clear();
+}
+
+std::unique_ptr<WorkBuffers> take_buffers() { return buffer_pool().take(); }
+
+void RecycleBuffers::operator()(WorkBuffers* b) const noexcept { buffer_pool().give(b); }
+
+bool small_work(const WorkBuffers& buf) {
+  int64_t most = 0;
+  for (const Arg& a : buf.args()) {
+    switch (a.kind) {
+      case Arg::Kind::Tensor:
+        most = std::max(most, numel_of(a.tensor));
+        break;
+      case Arg::Kind::TensorList:
+        for (const Layout& l : a.list) most = std::max(most, numel_of(l));
+        break;
+      case Arg::Kind::OptionalTensorList:
+        for (const auto& l : a.optional_list) {
+          if (l) most = std::max(most, numel_of(*l));
+        }
+        break;
+      case Arg::Kind::Value:
+        if (a.value.isTensor() && a.value.toTensor().defined()) {
+          most = std::max(most, a.value.toTensor().numel());
+        }
+        break;
+    }
+  }
+  for (const Layout& l : buf.copy_into) most = std::max(most, numel_of(l));
+  return most < kSerialNumel;
+}
+
+void Work::operator()() const {
+  try {
+    run();
+  } catch (const c10::Error& e) {
+    // A failure found by the kernel (an index out of range, say) surfaces at the next
+    // synchronizing call, as on CUDA: name the operator, and leave out the C++ backtrace.
+    throw std::runtime_error(std::string(op.schema().name()) + ": " + e.what_without_backtrace());
+  }
+}
+
+void Work::run() const {
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
+  std::optional<SerialScope> no_parallel;
+  if (serial) no_parallel.emplace();
+  CpuStorages storages;
+  torch::jit::Stack stack;
+  stack.reserve(buf->count);
+  for (const Arg& a : buf->args()) stack.push_back(a.materialize(storages));
+  if (into != nullptr) {
+    std::vector<at::Tensor> results;
+    results.reserve(buf->copy_into.size());
+    for (const Layout& l : buf->copy_into) results.push_back(l.cpu_view(&storages));
+    into(stack, results);
+    return;
+  }
+  // The accel tensors of the call and their CPU views: a kernel may move an out= tensor to new
+  // memory (resizing it past its storage and back: smooth_l1_loss's mean), whose contents
+  // then go back into the accel memory.
+  c10::SmallVector<std::pair<const Arg*, at::Tensor>, 4> views;
+  for (size_t i = 0; i < buf->count; ++i) {
+    if (buf->slots[i].kind == Arg::Kind::Tensor) {
+      views.emplace_back(&buf->slots[i], stack[i].toTensor());
+    }
+  }
+  CollectWarnings warnings;
+  {
+    c10::WarningUtils::WarningHandlerGuard guard(&warnings);
+    op.callBoxed(&stack);
+  }
+  bool moved = false;  // a result the caller allocated was moved
+  for (const auto& [slot, view] : views) {
+    const Layout* layout = &slot->tensor;
+    if (!view.defined() || !layout->changed_in(view)) continue;
+    moved = moved || slot->result;
+    TORCH_CHECK(view.sizes() == c10::IntArrayRef(layout->sizes), "the kernel resized an output to ",
+                view.sizes(), " where ", c10::IntArrayRef(layout->sizes),
+                " was predicted (a bug of accel: please report it)");
+    layout->cpu_view().copy_(view);
+  }
+  // The kernel's warnings, less the one about resizing a result the caller allocated (the user
+  // called the functional form, where the CPU passes no out= tensor).
+  for (const c10::Warning& w : warnings.list) {
+    if (moved && w.msg().find("was resized since it had shape") != std::string::npos) continue;
+    c10::WarningUtils::get_warning_handler()->process(w);
+  }
+  // The results in order, tensor lists flattened, as copy_into lists them.
+  const std::vector<Layout>& copy_into = buf->copy_into;
+  size_t k = 0;
+  for (const c10::IValue& r : stack) {
+    if (k == copy_into.size()) break;
+    if (r.isTensorList()) {
+      for (const at::Tensor& t : r.toTensorVector()) copy_result(copy_into[k++], t, storages);
+    } else {
+      copy_result(copy_into[k++], r.toTensor(), storages);
+    }
+  }
+}
+
+static_assert(sizeof(Work) <= rt::Task::kInlineSize && std::is_nothrow_move_constructible_v<Work>,
+              "Work must fit a Task's inline storage (no allocation per call)");
+
+}  // namespace accel::aten

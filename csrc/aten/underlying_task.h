@@ -1,0 +1,79 @@
+// The work of one underlying operator call on the stream (the host driver's executor): its
+// arguments, stashed by value on the calling thread, and the task that runs the CPU kernel on
+// CPU views of the accel memory.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
+
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "aten/host_task.h"
+
+namespace accel::aten {
+
+// One argument of the CPU call, stashed by value for the task.
+struct Arg {
+  enum class Kind : uint8_t { Value, Tensor, TensorList, OptionalTensorList };
+  Kind kind = Kind::Value;
+  bool result = false;  // a new result the caller allocated, passed as the out= tensor
+  c10::IValue value;
+  Layout tensor;
+  std::vector<Layout> list;
+  std::vector<std::optional<Layout>> optional_list;
+
+  // Fills this (cleared) slot with the task's copy of `v`: accel tensors by layout, CPU
+  // tensors cloned (the caller may change them as soon as the call returns, as with CUDA),
+  // accel device arguments turned into the CPU device (factories build on the CPU).
+  void stash(const c10::IValue& v);
+  // Back to an empty slot, keeping the lists' capacity (slots are reused by later calls).
+  void reset();
+  // The argument of the CPU call.
+  c10::IValue materialize(CpuStorages& storages) const;
+};
+
+// The arguments of one call, filled on the calling thread and read by the task.
+struct WorkBuffers {
+  std::vector<Arg> slots;  // the first `count` are this call's arguments; the rest are spare
+  size_t count = 0;
+  std::vector<Layout> copy_into;  // functional results without an out= variant
+
+  Arg& add() {
+    if (count == slots.size()) slots.emplace_back();
+    return slots[count++];
+  }
+  c10::ArrayRef<Arg> args() const { return {slots.data(), count}; }
+  void clear();
+};
+
+// Buffers for a call: from a pool of buffers whose tasks are done (see underlying_task.cpp).
+std::unique_ptr<WorkBuffers> take_buffers();
+
+struct RecycleBuffers {
+  void operator()(WorkBuffers* b) const noexcept;
+};
+
+// The work of one operator call on the stream (small enough for the Task's inline storage).
+struct Work {
+  c10::OperatorHandle op;
+  std::unique_ptr<WorkBuffers, RecycleBuffers> buf;
+  // Computes into the results (copy_into) instead of running `op` (OpConfig::into).
+  void (*into)(torch::jit::Stack& args, const std::vector<at::Tensor>& results) = nullptr;
+  // Small work runs on the worker alone: an OpenMP team started for a few elements costs more
+  // than the work, and its threads spin afterwards, taking a core from the calling thread.
+  bool serial = false;
+
+  void operator()() const;
+
+ private:
+  void run() const;
+};
+
+// Whether every tensor of the call has fewer elements than ATen's grain size (its kernel then
+// runs without intra-op parallelism).
+bool small_work(const WorkBuffers& buf);
+
+}  // namespace accel::aten

@@ -1,0 +1,141 @@
+"""Bad input from Python: refused at the call with the CPU's (or CUDA's) error, the device
+usable afterwards. Each case was once accepted, or refused late."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+ACCEL = torch.device("accel")
+
+
+def _usable() -> None:
+    torch.accel.synchronize()
+    assert torch.ones(3, device=ACCEL).sum().item() == 3.0
+
+
+def test_out_overlapping_input_is_refused() -> None:
+    x = torch.arange(6.0, device=ACCEL)
+    idx = torch.tensor([1, 0], device=ACCEL)
+    with pytest.raises(RuntimeError, match="refer to a single memory location"):
+        torch.index_select(x, 0, idx, out=x)
+    torch.testing.assert_close(x.cpu(), torch.arange(6.0))  # untouched
+    _usable()
+
+
+def test_copy_with_partial_overlap_is_refused_like_cpu() -> None:
+    cpu = torch.arange(6.0)
+    with pytest.raises(RuntimeError, match="single memory location") as expected:
+        cpu[1:].copy_(cpu[:-1])
+    x = torch.arange(6.0, device=ACCEL)
+    with pytest.raises(RuntimeError, match="single memory location") as actual:
+        x[1:].copy_(x[:-1])
+    assert str(actual.value).splitlines()[0] == str(expected.value).splitlines()[0]
+    x.copy_(x)  # the same memory: nothing to do
+    x[:3].copy_(x[3:])  # disjoint parts of one storage are fine
+    torch.testing.assert_close(x.cpu(), torch.tensor([3.0, 4, 5, 3, 4, 5]))
+    _usable()
+
+
+def test_foreach_refuses_cpu_tensors_with_elements() -> None:
+    a = [torch.ones(3, device=ACCEL)]
+    with pytest.raises(RuntimeError, match="only as 0-dim scalar inputs"):
+        torch._foreach_add_(a, [torch.ones(3)])
+    torch.testing.assert_close(a[0].cpu(), torch.ones(3))
+    _usable()
+
+
+def test_generator_of_another_device_type_is_refused() -> None:
+    with pytest.raises(RuntimeError, match="Expected a 'accel' device type for generator"):
+        torch.randn(3, device=ACCEL, generator=torch.Generator())
+    g = torch.Generator(device=ACCEL).manual_seed(3)
+    first = torch.randn(3, device=ACCEL, generator=g).cpu()
+    g.manual_seed(3)
+    torch.testing.assert_close(torch.randn(3, device=ACCEL, generator=g).cpu(), first)
+
+
+def test_zero_dim_cpu_out_is_refused() -> None:
+    out = torch.zeros(())
+    with pytest.raises(RuntimeError, match="only as 0-dim scalar inputs"):
+        torch.add(torch.ones((), device=ACCEL), 1, out=out)
+    assert out.item() == 0.0
+    # A 0-dim CPU tensor as an input is a scalar, as on CUDA.
+    r = torch.ones(2, device=ACCEL) + torch.tensor(2.0)
+    torch.testing.assert_close(r.cpu(), torch.full((2,), 3.0))
+
+
+def test_argument_checks_of_cpu_kernels_raise_at_the_call() -> None:
+    # CUDA checks these arguments before launching: so does accel (the first call of each
+    # signature runs on the caller).
+    with pytest.raises(RuntimeError, match="single memory location"):
+        torch.zeros(1, device=ACCEL).expand(6).bernoulli_()
+    mask = torch.ones(4, dtype=torch.bool, device=ACCEL)
+    with pytest.raises(RuntimeError, match="Number of elements of source"):
+        torch.zeros(4, device=ACCEL).masked_scatter_(mask, torch.ones(2, device=ACCEL))
+    _usable()
+
+
+def test_fill_and_zero_of_an_expanded_tensor() -> None:
+    # Allowed on the CPU and CUDA: every element is the same memory.
+    base = torch.zeros(1, device=ACCEL)
+    base.expand(3).fill_(2.0)
+    assert base.item() == 2.0
+    base.expand(3).zero_()
+    assert base.item() == 0.0
+
+
+def test_deterministic_mode_fills_uninitialized_memory() -> None:
+    torch.use_deterministic_algorithms(True)
+    try:
+        assert torch.utils.deterministic.fill_uninitialized_memory
+        assert torch.empty(4, device=ACCEL).isnan().all().item()
+        e = torch.empty(2, 3, dtype=torch.int64, device=ACCEL)
+        assert (e == torch.iinfo(torch.int64).max).all().item()
+        s = torch.empty_strided((2, 2), (1, 2), dtype=torch.int32, device=ACCEL)
+        assert (s == torch.iinfo(torch.int32).max).all().item()
+        r = torch.zeros(2, device=ACCEL)
+        r.resize_(5)
+        torch.testing.assert_close(r[:2].cpu(), torch.zeros(2))
+        assert r[2:].isnan().all().item()
+    finally:
+        torch.use_deterministic_algorithms(False)
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda out: torch.ones(4, 3, out=out),
+        lambda out: torch.zeros(4, 3, out=out),
+        lambda out: torch.full((4, 3), 2.0, out=out),
+        lambda out: torch.softmax(torch.arange(12.0).view(4, 3).to(out.device), 0, out=out),
+        lambda out: torch.log_softmax(torch.arange(12.0).view(4, 3).to(out.device), 1, out=out),
+    ],
+    ids=["ones", "zeros", "full", "softmax", "log_softmax"],
+)
+def test_out_tensors_of_the_right_size_keep_their_strides(fn) -> None:
+    expected = torch.empty(3, 4).t()
+    fn(expected)
+    out = torch.empty(3, 4, device=ACCEL).t()
+    fn(out)
+    assert out.stride() == expected.stride() == (1, 4)
+    torch.testing.assert_close(out.cpu(), expected)
+
+
+def test_result_dtype_follows_the_default_dtype() -> None:
+    # The cache of result metadata keys on the default dtype: int / int is a float of it.
+    a = torch.tensor([3], dtype=torch.int32, device=ACCEL)
+    torch.set_default_dtype(torch.float64)
+    try:
+        assert (a / a).dtype == torch.float64
+    finally:
+        torch.set_default_dtype(torch.float32)
+    assert (a / a).dtype == torch.float32
+    assert torch.arange(3, device=ACCEL).div(2).dtype == torch.float32
+
+
+def test_negative_host_memory_is_refused(run_python) -> None:
+    r = run_python(
+        "import torch, torch_accel; torch.ones(1, device='accel')", ACCEL_HOST_MEMORY="-1"
+    )
+    assert r.returncode != 0
+    assert "ACCEL_HOST_MEMORY" in r.stderr and "'-1' is not a size" in r.stderr
