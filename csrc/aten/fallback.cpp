@@ -20,6 +20,7 @@
 #include <torch/library.h>
 
 #include "aten/dispatch_util.h"
+#include "aten/nested.h"
 #include "aten/fallback.h"
 #include "device/common.h"
 #include "device/generator.h"
@@ -64,7 +65,6 @@ std::string denied(const std::string& name) {
       {"aten::to_mkldnn", "it produces mkldnn tensors, which accel does not support"},
       {"aten::quantize_per", "it produces quantized tensors, which accel does not support"},
       {"aten::_make_per_", "it produces quantized tensors, which accel does not support"},
-      {"aten::_nested", "nested tensors are not supported on accel"},
   };
   for (const auto& [prefix, why] : kPrefixes) {
     if (name.rfind(prefix, 0) == 0) return why;
@@ -208,6 +208,11 @@ void copying_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack,
 
 void accel_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const std::string name = op_name(op);
+  if (name.rfind("aten::_nested", 0) == 0) {
+    // Operators that make or inspect nested tensors from dense ones (nested.cpp): not a fallback.
+    nested_kernel(op, stack);
+    return;
+  }
   const std::string why = denied(name);
   TORCH_CHECK_NOT_IMPLEMENTED(why.empty(), name,
                               " cannot run on accel through the CPU fallback: ", why);

@@ -1,0 +1,229 @@
+// Nested tensors on accel (torch.nested with the strided layout, and nn.Transformer's fast path,
+// which PyTorch takes for PrivateUse1 in eval mode).
+//
+// A nested accel tensor is ATen's NestedTensorImpl over an accel buffer, with its metadata
+// (sizes, strides, offsets) in CPU tensors as on every device. Operators on it dispatch to the
+// NestedTensorPrivateUse1 key; ATen has kernels for NestedTensorCPU and NestedTensorCUDA only. On
+// a driver whose device memory is host memory, the kernel below runs the CPU kernel on CPU
+// nested tensors over the same memory (no copy of the inputs), after the stream has drained:
+// nested kernels read their metadata and often the data on the host, so they run on the caller.
+// New results are copied to accel; results over an argument's memory (views) alias it.
+//
+// The same kernel runs the dense-input operators that make nested tensors
+// (_nested_tensor_from_mask and the other aten::_nested* operators, through the fallback).
+#include <ATen/NestedTensorImpl.h>
+#include <ATen/core/LegacyTypeDispatch.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/ops/empty.h>
+#include <c10/core/DeviceGuard.h>
+#include <torch/library.h>
+
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "aten/dispatch_util.h"
+#include "aten/host_task.h"
+#include "aten/nested.h"
+#include "device/common.h"
+
+namespace accel::aten {
+namespace {
+
+using device::kAccel;
+
+bool is_accel(const at::Tensor& t) { return t.defined() && t.device().type() == kAccel; }
+
+// Accel storages by base address (the address their CPU views have on the host driver).
+struct AccelMemory {
+  std::vector<std::pair<const void*, c10::Storage>> storages;
+
+  void add(const c10::Storage& s) {
+    const void* base = s.data();
+    if (base == nullptr) return;
+    for (const auto& entry : storages) {
+      if (entry.first == base) return;
+    }
+    storages.emplace_back(base, s);
+  }
+  std::optional<c10::Storage> find(const void* base) const {
+    if (base == nullptr) return std::nullopt;
+    for (const auto& [b, s] : storages) {
+      if (b == base) return s;
+    }
+    return std::nullopt;
+  }
+};
+
+// A contiguous 1-d tensor over all of `storage` (a nested tensor's buffer).
+at::Tensor whole_buffer(c10::Storage storage, c10::DispatchKeySet keys, caffe2::TypeMeta dtype) {
+  const int64_t n = static_cast<int64_t>(storage.nbytes() / dtype.itemsize());
+  auto impl = c10::make_intrusive<c10::TensorImpl>(std::move(storage), keys, dtype);
+  impl->set_sizes_contiguous({n});
+  return at::Tensor(std::move(impl));
+}
+
+at::Tensor nested_over(const at::Tensor& buffer, const at::native::NestedTensorImpl& like) {
+  return at::detail::make_tensor<at::native::NestedTensorImpl>(
+      buffer, like.get_nested_sizes(), like.get_nested_strides(), like.get_storage_offsets());
+}
+
+class Converter {
+ public:
+  explicit Converter(c10::DeviceIndex device) : device_(device) {}
+
+  // The CPU tensor over the memory of an accel argument (dense or nested).
+  at::Tensor to_cpu(const at::Tensor& t) {
+    if (!is_accel(t)) return t;
+    const c10::Storage& s = t.storage();
+    memory_.add(s);
+    guard(s);
+    if (!t.is_nested()) return Layout::of(t).cpu_view(&storages_);
+    const auto* nt = at::native::get_nested_tensor_impl(t);
+    c10::Storage cpu = storages_.get(s.mutable_data(), s.nbytes());
+    return nested_over(
+        whole_buffer(std::move(cpu), c10::DispatchKeySet(c10::DispatchKey::CPU), t.dtype()), *nt);
+  }
+
+  // The accel tensor for a CPU result: an alias where it lies in an argument's memory, else a
+  // copy on the call's device.
+  at::Tensor to_accel(const at::Tensor& r, const char* what) {
+    if (!r.defined() || !r.device().is_cpu()) return r;
+    TORCH_CHECK_NOT_IMPLEMENTED(r.layout() == c10::Layout::Strided && !r.is_quantized(), what,
+                                " returns a ", r.layout(), " tensor, which accel does not support");
+    const c10::Storage storage = accel_storage(r.storage(), what);
+    if (!r.is_nested()) {
+      auto impl = c10::make_intrusive<c10::TensorImpl>(
+          c10::Storage(storage), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), r.dtype());
+      impl->set_sizes_and_strides(r.sizes(), r.strides(), r.storage_offset());
+      at::Tensor out(std::move(impl));
+      if (r.is_conj()) out._set_conj(true);
+      if (r.is_neg()) out._set_neg(true);
+      return out;
+    }
+    const at::Tensor buffer =
+        whole_buffer(storage, c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), r.dtype());
+    return nested_over(buffer, *at::native::get_nested_tensor_impl(r));
+  }
+
+ private:
+  // The accel storage the CPU storage `s` views, or a new accel storage with a copy of it.
+  c10::Storage accel_storage(const c10::Storage& s, const char* what) {
+    if (std::optional<c10::Storage> mine = memory_.find(s.data())) return *mine;
+    if (std::optional<c10::Storage> done = copied_.find(s.data())) return *done;
+    const size_t bytes = s.nbytes();
+    const at::Tensor raw =
+        at::empty({static_cast<int64_t>(bytes)},
+                  at::TensorOptions().dtype(at::kByte).device(kAccel, device_));
+    if (bytes > 0) {
+      device::call(
+          [&] { rt::memcpy(raw.data_ptr(), s.data(), bytes, rt::CopyKind::HostToDevice); }, what);
+    }
+    copied_.storages.emplace_back(s.data(), raw.storage());  // results sharing it share the copy
+    return raw.storage();
+  }
+
+  void guard(const c10::Storage& s) {
+    if (s.data() == nullptr || s.nbytes() == 0) return;
+    for (const auto& g : guarded_) {
+      if (g == s.data()) return;
+    }
+    guarded_.push_back(s.data());
+    access_.push_back(std::make_unique<rt::HostAccessGuard>(s.data(), s.nbytes()));
+  }
+
+ private:
+  c10::DeviceIndex device_;
+  CpuStorages storages_;
+  AccelMemory memory_;  // the arguments' memory
+  AccelMemory copied_;  // the accel copies of new results' CPU memory, by CPU address
+  std::vector<const void*> guarded_;
+  std::vector<std::unique_ptr<rt::HostAccessGuard>> access_;
+};
+
+c10::DeviceIndex nested_call_device(const torch::jit::Stack& stack, size_t begin) {
+  for (size_t i = begin; i < stack.size(); ++i) {
+    const c10::IValue& v = stack[i];
+    if (v.isTensor() && is_accel(v.toTensor())) return v.toTensor().device().index();
+    if (v.isTensorList()) {
+      for (const at::Tensor& t : v.toTensorVector()) {
+        if (is_accel(t)) return t.device().index();
+      }
+    }
+  }
+  return device::current_device();
+}
+
+}  // namespace
+
+void nested_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const std::string name = op_name(op);
+  require_host_accessible(name.c_str());
+  const c10::FunctionSchema& schema = op.schema();
+  const size_t n = schema.arguments().size();
+  const size_t begin = stack->size() - n;
+  const c10::DeviceIndex device = nested_call_device(*stack, begin);
+  c10::DeviceGuard device_guard(c10::Device(kAccel, device));
+  // The kernel reads the data on this thread: wait for the work queued on it.
+  device::call([&] { rt::stream_synchronize(rt::current_stream(device)); }, name.c_str());
+
+  Converter convert(device);
+  bool cpu_target = false;  // an explicit CPU device argument: the results stay on the CPU
+  torch::jit::Stack cpu;
+  cpu.reserve(n);
+  for (size_t i = begin; i < stack->size(); ++i) {
+    const c10::IValue& v = (*stack)[i];
+    if (v.isTensor()) {
+      cpu.emplace_back(convert.to_cpu(v.toTensor()));
+    } else if (v.isTensorList()) {
+      std::vector<at::Tensor> ts;
+      for (const at::Tensor& t : v.toTensorVector()) ts.push_back(convert.to_cpu(t));
+      cpu.emplace_back(std::move(ts));
+    } else if (v.isDevice()) {
+      cpu_target = cpu_target || v.toDevice().is_cpu();
+      cpu.emplace_back(v.toDevice().type() == kAccel ? c10::Device(c10::kCPU) : v.toDevice());
+    } else {
+      cpu.push_back(v);
+    }
+  }
+  {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    op.callBoxed(&cpu);
+  }
+
+  std::vector<c10::IValue> results;
+  for (size_t j = 0; j < cpu.size(); ++j) {
+    const c10::AliasInfo* alias = j < schema.returns().size() ? schema.returns()[j].alias_info()
+                                                              : nullptr;
+    std::optional<size_t> written;
+    if (alias != nullptr && alias->isWrite()) {
+      for (size_t i = 0; i < n && !written; ++i) {
+        const c10::AliasInfo* a = schema.arguments()[i].alias_info();
+        if (a != nullptr && a->isWrite() && a->beforeSets() == alias->beforeSets()) written = i;
+      }
+    }
+    c10::IValue& r = cpu[j];
+    if (written) {
+      results.push_back((*stack)[begin + *written]);  // in place: the argument itself
+    } else if (cpu_target) {
+      results.push_back(std::move(r));
+    } else if (r.isTensor()) {
+      results.emplace_back(convert.to_accel(r.toTensor(), name.c_str()));
+    } else if (r.isTensorList()) {
+      std::vector<at::Tensor> ts;
+      for (const at::Tensor& t : r.toTensorVector()) ts.push_back(convert.to_accel(t, name.c_str()));
+      results.emplace_back(std::move(ts));
+    } else {
+      results.push_back(std::move(r));
+    }
+  }
+  torch::jit::drop(*stack, n);
+  for (c10::IValue& r : results) stack->push_back(std::move(r));
+}
+
+TORCH_LIBRARY_IMPL(_, NestedTensorPrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&nested_kernel>());
+}
+
+}  // namespace accel::aten

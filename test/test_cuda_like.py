@@ -1,0 +1,227 @@
+"""What CUDA accepts, accel accepts too: libraries treat every device that is not the CPU like
+CUDA, and ATen takes CUDA's paths for PrivateUse1 (the fused RNN cells, efficient zero
+tensors). Results are compared with the CPU's."""
+
+from __future__ import annotations
+
+import copy
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+ACCEL = torch.device("accel")
+
+
+def _grads(module: nn.Module, inputs: list[torch.Tensor], out: object) -> list[torch.Tensor]:
+    flat = [t for t in (out if isinstance(out, tuple) else (out,)) if isinstance(t, torch.Tensor)]
+    flat += [t for o in out if isinstance(o, tuple) for t in o] if isinstance(out, tuple) else []
+    gen = torch.Generator().manual_seed(1)
+    seeds = [torch.randn(t.shape, generator=gen).to(t.device, t.dtype) for t in flat]
+    leaves = [*inputs, *module.parameters()]
+    return list(torch.autograd.grad(flat, leaves, seeds))
+
+
+RNNS = {
+    "lstm": lambda: nn.LSTM(5, 7, num_layers=2),
+    "lstm_bidirectional_batch_first": lambda: nn.LSTM(5, 7, bidirectional=True, batch_first=True),
+    "lstm_no_bias_proj": lambda: nn.LSTM(5, 7, bias=False, proj_size=3),
+    "gru": lambda: nn.GRU(5, 7, num_layers=2),
+    "gru_bidirectional_no_bias": lambda: nn.GRU(5, 7, bidirectional=True, bias=False),
+    "lstm_cell": lambda: nn.LSTMCell(5, 7),
+    "gru_cell": lambda: nn.GRUCell(5, 7),
+}
+
+
+@pytest.mark.parametrize("name", RNNS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rnn_modules_match_cpu(name: str, dtype: torch.dtype) -> None:
+    torch.manual_seed(0)
+    cpu = RNNS[name]().to(dtype)
+    acc = copy.deepcopy(cpu).to(ACCEL)
+    cell = name.endswith("cell")
+    x = torch.randn(3, 5) if cell else torch.randn(4, 3, 5)
+    x = x.to(dtype).requires_grad_()
+    xa = x.detach().to(ACCEL).requires_grad_()
+    # The fused cells compute in float for bfloat16, as CUDA's do; the CPU's path rounds each
+    # step to bfloat16.
+    tol = {} if dtype == torch.float32 else {"rtol": 4e-2, "atol": 4e-2}
+    out_cpu, out_acc = cpu(x), acc(xa)
+    flat_cpu = out_cpu if isinstance(out_cpu, tuple) else (out_cpu,)
+    flat_acc = out_acc if isinstance(out_acc, tuple) else (out_acc,)
+    torch.testing.assert_close(
+        torch.utils._pytree.tree_map(lambda t: t.cpu(), flat_acc), flat_cpu, **tol
+    )
+    for g_acc, g_cpu in zip(_grads(acc, [xa], out_acc), _grads(cpu, [x], out_cpu), strict=True):
+        torch.testing.assert_close(g_acc.cpu(), g_cpu, **tol)
+
+
+def test_rnn_runs_the_fused_cells_without_fallback(fallback_mode) -> None:
+    fallback_mode("error")
+    torch.accel.reset_fallback_stats()
+    lstm = nn.LSTM(4, 6).to(ACCEL)
+    out, (h, c) = lstm(torch.randn(5, 2, 4, device=ACCEL))
+    out.sum().backward()
+    gru = nn.GRU(4, 6).to(ACCEL).eval()
+    with torch.no_grad():
+        gru(torch.randn(5, 2, 4, device=ACCEL))
+    assert torch.accel.fallback_stats() == {}
+    assert lstm.weight_ih_l0.grad.device.type == "accel"
+
+
+def test_fused_lstm_cell_checks_its_arguments() -> None:
+    ig = torch.randn(2, 8, device=ACCEL)
+    with pytest.raises(RuntimeError, match="hidden_gates has size"):
+        torch.ops.aten._thnn_fused_lstm_cell(
+            ig, torch.randn(2, 4, device=ACCEL), torch.randn(2, 2, device=ACCEL)
+        )
+    with pytest.raises(RuntimeError, match="expected accel tensors"):
+        torch.ops.aten._thnn_fused_lstm_cell(ig, ig, torch.randn(2, 2))
+
+
+def test_fused_gru_cell_matches_cpu_composition() -> None:
+    torch.manual_seed(0)
+    ig, hg, hx = torch.randn(3, 12), torch.randn(3, 12), torch.randn(3, 4)
+    bi, bh = torch.randn(12), torch.randn(12)
+    hy, ws = torch.ops.aten._thnn_fused_gru_cell(*(t.to(ACCEL) for t in (ig, hg, hx, bi, bh)))
+    a, b = (ig + bi).chunk(3, 1), (hg + bh).chunk(3, 1)
+    r, z = torch.sigmoid(a[0] + b[0]), torch.sigmoid(a[1] + b[1])
+    n = torch.tanh(a[2] + r * b[2])
+    torch.testing.assert_close(hy.cpu(), n + z * (hx - n))
+    torch.testing.assert_close(ws.cpu(), torch.cat([r, z, n, hx, b[2]], 1))
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64, torch.uint8, torch.int16])
+def test_histc_on_integers_like_cuda(dtype: torch.dtype, fallback_mode) -> None:
+    fallback_mode("error")
+    x = torch.tensor([0, 1, 1, 3, 4, 4, 4, 9], dtype=dtype)
+    h = torch.histc(x.to(ACCEL), bins=5, min=0, max=9)
+    assert h.dtype == dtype and h.device.type == "accel"
+    expected = torch.histc(x.double(), bins=5, min=0, max=9).to(dtype)
+    torch.testing.assert_close(h.cpu(), expected)
+    out = torch.empty(0, dtype=dtype, device=ACCEL)
+    torch.histc(x.to(ACCEL), bins=5, min=0, max=9, out=out)
+    torch.testing.assert_close(out.cpu(), expected)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_kernels_the_cpu_lacks(dtype: torch.dtype, fallback_mode) -> None:
+    fallback_mode("error")
+    torch.manual_seed(0)
+    x = torch.randn(1, 2, 4, 4, 4)
+    got = nn.functional.avg_pool3d(x.to(dtype).to(ACCEL).requires_grad_(), 2)
+    expected = nn.functional.avg_pool3d(x, 2)
+    assert got.dtype == dtype
+    torch.testing.assert_close(got.float().cpu(), expected, rtol=1e-2, atol=1e-2)
+    got.sum().backward()
+    m = torch.randn(3, 3)
+    t = torch.trace(m.to(dtype).to(ACCEL))
+    assert t.dtype == dtype
+    torch.testing.assert_close(
+        t.float().cpu(), torch.trace(m.to(dtype).float()), rtol=1e-2, atol=1e-2
+    )
+    loss = nn.functional.multi_margin_loss(
+        m.to(dtype).to(ACCEL), torch.tensor([0, 2, 1], device=ACCEL)
+    )
+    expected = nn.functional.multi_margin_loss(m.to(dtype).float(), torch.tensor([0, 2, 1]))
+    torch.testing.assert_close(loss.float().cpu(), expected, rtol=1e-2, atol=1e-2)
+
+
+def test_abs_of_bool_like_cuda() -> None:
+    x = torch.tensor([True, False, True], device=ACCEL)
+    assert torch.abs(x).dtype == torch.bool
+    assert torch.abs(x).cpu().tolist() == [True, False, True]
+    x.abs_()
+    assert x.cpu().tolist() == [True, False, True]
+
+
+def test_ldexp_with_integer_exponents(fallback_mode) -> None:
+    fallback_mode("error")
+    x, e = torch.tensor([1.0, 0.5, -3.0]), torch.tensor([1, 2, 3])
+    torch.testing.assert_close(torch.ldexp(x.to(ACCEL), e.to(ACCEL)).cpu(), torch.ldexp(x, e))
+    y = x.to(ACCEL)
+    y.ldexp_(e.to(ACCEL))
+    torch.testing.assert_close(y.cpu(), torch.ldexp(x, e))
+
+
+def test_mode_and_index_fill_with_cpu_index() -> None:
+    v, i = torch.mode(torch.tensor([1.0, 2, 2, 3], device=ACCEL))
+    assert (v.item(), v.device.type) == (2.0, "accel")
+    x = torch.zeros(4, device=ACCEL).index_fill(0, torch.tensor([1, 2]), 5.0)
+    assert x.cpu().tolist() == [0.0, 5.0, 5.0, 0.0]
+    x.index_fill_(0, torch.tensor([0]), -1.0)
+    assert x.cpu().tolist() == [-1.0, 5.0, 5.0, 0.0]
+
+
+def test_storage_type_is_the_accel_legacy_class() -> None:
+    with pytest.warns(UserWarning, match="TypedStorage is deprecated"):
+        t = torch.ones(2, device=ACCEL).storage_type()
+    assert t is torch.accel.FloatStorage
+    assert torch.ones(1, dtype=torch.int64, device=ACCEL).storage_type() is torch.accel.LongStorage
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # TypedStorage's warning comes once only
+        s = torch.accel.FloatStorage(3)
+    assert s.device.type == "accel" and s.dtype == torch.float32 and s.size() == 3
+
+
+def test_efficient_zero_tensors(fallback_mode) -> None:
+    # sgn's backward (and others) return efficient zero tensors for zero gradients.
+    fallback_mode("error")
+    z = torch._efficientzerotensor((2, 3), device=ACCEL)
+    assert z.device.type == "accel" and z._is_zerotensor()
+    torch.testing.assert_close((z + 1).cpu(), torch.ones(2, 3))
+    x = torch.randn(4, device=ACCEL, requires_grad=True)
+    (g,) = torch.autograd.grad(torch.sgn(x), x, torch.ones(4, device=ACCEL))
+    torch.testing.assert_close(g.cpu(), torch.zeros(4))
+
+
+def test_transformer_fast_path_with_padding_mask_matches_cpu(fallback_mode) -> None:
+    # In eval mode PyTorch takes its fused fast path for PrivateUse1 as for CUDA: the padded
+    # batch becomes a nested tensor (_nested_tensor_from_mask) that the layers run on.
+    fallback_mode("error")
+    torch.manual_seed(0)
+    x, y = torch.randn(2, 5, 8), torch.randn(2, 4, 8)
+    mask = torch.tensor([[False] * 5, [False] * 3 + [True] * 2])
+    layer = nn.TransformerEncoderLayer(8, 2, 16, batch_first=True)
+    modules = {
+        "encoder": (nn.TransformerEncoder(layer, 2, enable_nested_tensor=True), (x,)),
+        "transformer": (nn.Transformer(8, 2, 1, 1, 16, batch_first=True), (x, y)),
+    }
+    for name, (cpu, args) in modules.items():
+        cpu.eval()
+        acc = copy.deepcopy(cpu).to(ACCEL)
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # nested tensors are a prototype
+            expected = cpu(*args, src_key_padding_mask=mask)
+            got = acc(*(a.to(ACCEL) for a in args), src_key_padding_mask=mask.to(ACCEL))
+        assert got.device.type == "accel", name
+        torch.testing.assert_close(got.cpu(), expected, msg=name)
+    mha = nn.MultiheadAttention(8, 2, batch_first=True).eval()
+    mha_acc = copy.deepcopy(mha).to(ACCEL)
+    with torch.no_grad():
+        expected, _ = mha(x, x, x, key_padding_mask=mask, need_weights=False)
+        xa = x.to(ACCEL)
+        got, _ = mha_acc(xa, xa, xa, key_padding_mask=mask.to(ACCEL), need_weights=False)
+    torch.testing.assert_close(got.cpu(), expected)
+
+
+def test_nested_tensors_run_the_cpu_kernels_on_accel_memory(fallback_mode) -> None:
+    fallback_mode("error")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # nested tensors are a prototype
+        n = torch.nested.nested_tensor([torch.randn(2, 3), torch.randn(4, 3)])
+        na = n.to(ACCEL)
+    assert na.is_nested and na.device.type == "accel"
+    got = (na * 2 + 1).to_padded_tensor(0.0)
+    assert got.device.type == "accel"
+    torch.testing.assert_close(got.cpu(), (n * 2 + 1).to_padded_tensor(0.0))
+    parts = na.unbind()
+    assert [p.device.type for p in parts] == ["accel", "accel"]
+    torch.testing.assert_close(parts[1].cpu(), n.unbind()[1])
+    parts[0].fill_(7.0)  # unbind returns views: writing one writes the nested tensor
+    assert (na.to_padded_tensor(0.0)[0, :2].cpu() == 7.0).all()
+    back = na.cpu()
+    assert back.is_nested and back.device.type == "cpu"
+    torch.testing.assert_close(back.unbind()[1], n.unbind()[1])
+    assert torch.accel.fallback_stats() == {}
