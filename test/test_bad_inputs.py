@@ -75,6 +75,34 @@ def test_argument_checks_of_cpu_kernels_raise_at_the_call() -> None:
     _usable()
 
 
+def test_checks_of_float_arguments_raise_at_the_call() -> None:
+    # A call with new floating-point values runs first on the caller, like any new signature:
+    # kernels check them (CUDA checks them before launching).
+    x = torch.zeros(4, device=ACCEL)
+    x.bernoulli_(0.5)
+    with pytest.raises(RuntimeError, match="expects p to be in"):
+        x.bernoulli_(1.5)
+    x.uniform_(0.0, 1.0)
+    with pytest.raises(RuntimeError, match="from=2 > to=1"):
+        x.uniform_(2.0, 1.0)
+    _usable()
+
+
+def test_float_arguments_that_change_every_call_give_cpu_results() -> None:
+    # A learning rate that changes every step: after a few values the operator keys its calls
+    # on the types of its float arguments (so they stay asynchronous); results stay exact.
+    torch.manual_seed(0)
+    x, g = torch.randn(64), torch.randn(64)
+    xa, ga = x.to(ACCEL), g.to(ACCEL)
+    for step in range(40):
+        lr = 0.1 / (step + 1)
+        x.add_(g, alpha=-lr)
+        xa.add_(ga, alpha=-lr)
+        x.mul_(1.0 - lr * 0.01)
+        xa.mul_(1.0 - lr * 0.01)
+    torch.testing.assert_close(xa.cpu(), x, rtol=0, atol=0)
+
+
 def test_fill_and_zero_of_an_expanded_tensor() -> None:
     # Allowed on the CPU and CUDA: every element is the same memory.
     base = torch.zeros(1, device=ACCEL)

@@ -3,6 +3,7 @@
 #include <ATen/EmptyTensor.h>
 #include <c10/core/DefaultDtype.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "device/common.h"
@@ -37,12 +38,14 @@ class KeyWriter {
       key_.push_back('i');
       put_int(v.toInt());
     } else if (v.isDouble()) {
-      key_.push_back('d');
+      floats_ = true;
+      key_.push_back(options_.float_values ? 'e' : 'd');  // distinct tags: no ambiguity
       if (options_.float_values) put_value(v.toDouble());
     } else if (v.isBool()) {
       key_.push_back(v.toBool() ? 'T' : 'F');
     } else if (v.isComplexDouble()) {
-      key_.push_back('c');
+      floats_ = true;
+      key_.push_back(options_.float_values ? 'x' : 'c');
       if (options_.float_values) put_value(v.toComplexDouble());
     } else if (v.isIntList()) {
       key_.push_back('I');
@@ -72,6 +75,9 @@ class KeyWriter {
     }
     return true;
   }
+
+  // Whether a floating-point number was described (by value or by type).
+  bool floats() const { return floats_; }
 
   // Which tensors share a storage with an earlier one, and at which offsets: written tensors
   // that overlap an input are an error only some kernels detect, so such calls differ in key.
@@ -118,6 +124,7 @@ class KeyWriter {
 
   std::string& key_;
   const KeyOptions& options_;
+  bool floats_ = false;
   c10::SmallVector<std::pair<const void*, int64_t>, 8> storages_;
 };
 
@@ -193,7 +200,7 @@ bool TensorMeta::describes(const at::Tensor& t) const {
 }
 
 bool encode_call(const torch::jit::Stack& stack, size_t begin, const KeyOptions& options,
-                 std::string& key) {
+                 std::string& key, bool* has_floats) {
   // Type promotion of Python numbers and integer division depend on the default dtype.
   key.push_back(static_cast<char>(c10::get_default_dtype_as_scalartype()));
   KeyWriter writer(key, options);
@@ -201,7 +208,23 @@ bool encode_call(const torch::jit::Stack& stack, size_t begin, const KeyOptions&
     if (!writer.value(stack[i])) return false;
   }
   if (options.aliasing) writer.aliasing();
+  if (has_floats != nullptr) *has_floats = writer.floats();
   return true;
+}
+
+bool FloatVariation::varies(const std::string& type_key, const std::string& value_key) {
+  if (varies_.load(std::memory_order_relaxed)) return true;
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (seen_.size() >= kMaxKeys) seen_.clear();  // bounded, like the cache
+  std::vector<std::string>& values = seen_[type_key];
+  if (std::find(values.begin(), values.end(), value_key) == values.end()) {
+    values.push_back(value_key);
+  }
+  if (values.size() > kMaxValues) {
+    varies_.store(true, std::memory_order_relaxed);
+    seen_.clear();
+  }
+  return varies_.load(std::memory_order_relaxed);
 }
 
 namespace {

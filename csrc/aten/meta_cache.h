@@ -15,6 +15,7 @@
 #include <c10/util/SmallVector.h>
 
 #include <array>
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -53,9 +54,12 @@ struct KeyOptions {
   // Numbers inside generic lists are described by their type only when false (the scalar lists
   // of _foreach_ operators change every step).
   bool list_values = true;
-  // Floating-point numbers are described by their type only unless true (they decide result
-  // shapes only in arange; learning rates and the like change every step).
-  bool float_values = false;
+  // Floating-point numbers are described by their value when true, else by their type only.
+  // Values decide result shapes only in arange, but argument checks of many kernels read them
+  // (bernoulli_'s p, uniform_'s range): a call with a new value runs first on the caller, where
+  // such a check raises. Operators whose values change every call (learning rates) turn this
+  // off (FloatVariation).
+  bool float_values = true;
   // Which tensors share storage, and where (operators that write: overlap is an error there).
   bool aliasing = false;
 };
@@ -63,7 +67,24 @@ struct KeyOptions {
 // The cache key of the call whose arguments are stack[begin:]; false if some argument cannot be
 // described (the call is not cached then).
 bool encode_call(const torch::jit::Stack& stack, size_t begin, const KeyOptions& options,
-                 std::string& key);
+                 std::string& key, bool* has_floats = nullptr);
+
+// Per operator: whether the floating-point values of its calls vary so much that keying on them
+// would make most calls cache misses (a learning rate that changes every step). Fed with the
+// keys of cache misses with and without float values; once more than kMaxValues values are
+// seen for one type-only key, it answers true for good.
+class FloatVariation {
+ public:
+  bool varies() const { return varies_.load(std::memory_order_relaxed); }
+  bool varies(const std::string& type_key, const std::string& value_key);
+
+ private:
+  static constexpr size_t kMaxValues = 8;
+  static constexpr size_t kMaxKeys = 256;
+  std::atomic<bool> varies_{false};
+  std::mutex mutex_;
+  std::unordered_map<std::string, std::vector<std::string>> seen_;
+};
 
 class MetaCache {
  public:

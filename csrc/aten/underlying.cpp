@@ -230,7 +230,7 @@ class UnderlyingKernel final : public c10::OperatorKernel {
       out_op_ = find_op(config_->out_variant);
       functional_op_ = find_op(config_->functional);
       key_options_.list_values = !foreach_;
-      key_options_.float_values = float_shapes_;
+      key_options_.float_values = !foreach_;  // _foreach_ scalars change every step
       key_options_.aliasing = info_.has_write_arguments && !foreach_;
     });
   }
@@ -253,8 +253,24 @@ class UnderlyingKernel final : public c10::OperatorKernel {
 
     thread_local std::string key;  // reused: no allocation per call
     key.clear();
-    const bool cacheable = encode_call(*stack, begin, key_options_, key);
+    KeyOptions options = key_options_;
+    options.float_values = options.float_values && (float_shapes_ || !floats_vary_.varies());
+    bool has_floats = false;
+    const bool cacheable = encode_call(*stack, begin, options, key, &has_floats);
     std::shared_ptr<const CachedResult> shapes = cacheable ? cache_.find(key) : nullptr;
+    if (!shapes && cacheable && has_floats && options.float_values && !float_shapes_) {
+      // A miss keyed on float values: where they keep changing (a learning rate), key calls
+      // on their types instead, so they stay asynchronous.
+      thread_local std::string type_key;
+      type_key.clear();
+      KeyOptions by_type = options;
+      by_type.float_values = false;
+      encode_call(*stack, begin, by_type, type_key);
+      if (floats_vary_.varies(type_key, key)) {
+        key = type_key;
+        shapes = cache_.find(key);
+      }
+    }
     const bool miss = shapes == nullptr;
     if (miss) {
       const std::string miss_key = key;  // the meta pass below may run operators on this thread
@@ -522,6 +538,7 @@ class UnderlyingKernel final : public c10::OperatorKernel {
   const bool float_shapes_;  // floating-point arguments decide result shapes (arange)
   SchemaInfo info_;          // set by resolve_ops
   KeyOptions key_options_;   // set by resolve_ops
+  FloatVariation floats_vary_;
   MetaCache cache_;
   std::once_flag resolved_;
   std::optional<c10::OperatorHandle> cpu_op_;
