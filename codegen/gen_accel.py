@@ -25,10 +25,10 @@ import yaml
 
 TIERS = ("native", "underlying", "cpu_fallback", "error")
 DRIVERS = ("host", "cuda", "level_zero")
-VARIANTS = ("functional", "inplace", "out")
+VARIANTS = ("functional", "inplace", "mutable", "out")
 KEYS = {
     "op", "tier", "kernel", "variants", "drivers", "dtypes", "cpu_op", "sync", "metadata_only",
-    "out_equivalent", "structured_meta", "into", "widen", "reason",
+    "out_equivalent", "structured_meta", "into", "widen", "cuda_like", "reason",
 }  # fmt: skip
 # c10::ScalarType values.
 DTYPES = {
@@ -67,6 +67,7 @@ class Registration:
     entry: str = ""  # the yaml entry it comes from (for docs)
     into: str = ""  # underlying functional form: the task function writing into the results
     widen: dict[str, str] = field(default_factory=dict)  # dtype the CPU lacks: dtype it runs in
+    cuda_like: str = ""  # function handling calls CUDA's kernel takes and the CPU's refuses
 
 
 @dataclass
@@ -226,11 +227,17 @@ def same_inputs(functional: Any, out: Any) -> bool:
 
 
 def members_of(op: str, nf: NativeFunctions) -> dict[str, Any]:
-    """The functional, inplace and out forms of the group `op` belongs to (or just `op`)."""
+    """The functional, inplace, mutable and out forms of the group `op` belongs to (or just
+    `op`). A mutable form writes an argument that is not `self` (rrelu_with_noise's noise)."""
     group = nf.groups.get(op)
     if group is None:
         return {"functional": nf.functions[op]}
-    members = {"functional": group.functional, "inplace": group.inplace, "out": group.out}
+    members = {
+        "functional": group.functional,
+        "inplace": group.inplace,
+        "mutable": group.mutable,
+        "out": group.out,
+    }
     return {k: v for k, v in members.items() if v is not None}
 
 
@@ -275,6 +282,27 @@ NOT_DENSE_PREFIXES = (
     "to_sparse", "_to_sparse", "to_mkldnn", "quantize_per", "_make_per_", "_nested",
     "fbgemm_", "_fbgemm",
 )  # fmt: skip
+
+
+def unregistered(nf: NativeFunctions, registered: set[str]) -> list[tuple[str, str]]:
+    """Operators with kernels of their own in PyTorch (not views, not composite) that accel
+    registers nothing for, and what happens when they are called on accel."""
+    out = []
+    for name, f in sorted(nf.functions.items()):
+        keys = nf.kernels[name]
+        if name in registered or is_view(f) or keys & COMPOSITE_KEYS:
+            continue
+        dense = {k for k in keys if not k.startswith(("Sparse", "Quantized", "Nested", "Mkldnn"))}
+        if not dense:
+            continue  # kernels for sparse/quantized/nested tensors only: accel has none of those
+        if name.startswith("_nested"):
+            why = "runs through the nested-tensor path (csrc/aten/nested.cpp)"
+        elif name.startswith(NOT_DENSE_PREFIXES):
+            why = "makes tensors accel cannot hold (sparse, quantized, mkldnn): refused"
+        else:
+            why = f"no CPU kernel (PyTorch has {', '.join(sorted(dense))}): refused"
+        out.append((name, why))
+    return out
 
 
 def default_registrations(nf: NativeFunctions, listed: set[str]) -> list[Registration]:
@@ -349,6 +377,11 @@ def expand(entry: dict[str, Any], nf: NativeFunctions, torch_dir: Path) -> list[
             raise EntryError(f"widen: {b} is widened itself")
     if widen and tier != "underlying":
         raise EntryError("'widen' applies to underlying operators")
+    cuda_like = entry.get("cuda_like", "")
+    if cuda_like and tier != "underlying":
+        raise EntryError("'cuda_like' applies to underlying operators")
+    if cuda_like and not re.fullmatch(r"[A-Za-z_]\w*", str(cuda_like)):
+        raise EntryError(f"'cuda_like' must name a C++ function in accel::aten, not {cuda_like!r}")
     if sync and metadata_only:
         raise EntryError("'sync' and 'metadata_only' exclude each other")
     reason = entry.get("reason", "")
@@ -443,6 +476,7 @@ def expand(entry: dict[str, Any], nf: NativeFunctions, torch_dir: Path) -> list[
                 meta_header=meta_header,
                 into=into if v == "functional" else "",
                 widen=dict(widen),
+                cuda_like=str(cuda_like),
                 dtypes=list(dtypes),
                 reason=reason,
                 entry=op,
@@ -473,6 +507,10 @@ def render_cpp(regs: list[Registration]) -> tuple[str, str]:
         "",
         "#include <vector>",
         "",
+        "namespace c10 {",
+        "class OperatorHandle;",
+        "}  // namespace c10",
+        "",
         "namespace accel::aten {",
     ]
     header += [f"{r.signature};" for r in regs if r.kernel]
@@ -480,6 +518,10 @@ def render_cpp(regs: list[Registration]) -> tuple[str, str]:
         f"void {r.into}(torch::jit::Stack& args, const std::vector<at::Tensor>& results);"
         for r in regs
         if r.into
+    ]
+    header += [
+        f"bool {name}(const c10::OperatorHandle& op, torch::jit::Stack* stack);"
+        for name in sorted({r.cuda_like for r in regs if r.cuda_like})
     ]
     header += ["}  // namespace accel::aten", ""]
 
@@ -519,13 +561,15 @@ def render_cpp(regs: list[Registration]) -> tuple[str, str]:
             f"{'true' if r.sync else 'false'}, "
             f"{'true' if r.metadata_only else 'false'}, {mask}ull, {meta}, "
             f"{'&' + r.into if r.into else 'nullptr'}, "
-            f"{f'widen_{i}' if r.widen else 'nullptr'}, {cpp_string(r.reason)}}},"
+            f"{f'widen_{i}' if r.widen else 'nullptr'}, "
+            f"{'&' + r.cuda_like if r.cuda_like else 'nullptr'}, {cpp_string(r.reason)}}},"
         )
     if not boxed:
         # C++ has no empty arrays: one unused entry.
         tiers = ", ".join(["Tier::CpuFallback"] * 3)
         cpp.append(
-            f'    {{"", {tiers}, "", "", "", false, false, 0ull, nullptr, nullptr, nullptr, ""}},'
+            f'    {{"", {tiers}, "", "", "", false, false, 0ull, nullptr, nullptr, nullptr, '
+            'nullptr, ""}},'
         )
     cpp += ["};", "", "}  // namespace", "", "TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {"]
     for r in regs:
@@ -537,7 +581,7 @@ def render_cpp(regs: list[Registration]) -> tuple[str, str]:
     return "\n".join(header), "\n".join(cpp)
 
 
-def render_docs(regs: list[Registration]) -> str:
+def render_docs(regs: list[Registration], missing: list[tuple[str, str]]) -> str:
     counts = {t: sum(1 for r in regs if r.tiers["host"] == t) for t in TIERS}
     lines = [
         "# Operator coverage",
@@ -562,6 +606,16 @@ def render_docs(regs: list[Registration]) -> str:
     if declined:
         lines += ["## What does not run underlying on the host driver, and why", ""]
         lines += [f"- `{r.name}` ({r.tiers['host']}): {r.reason}" for r in declined]
+        lines += [""]
+    if missing:
+        lines += [
+            "## Operators accel registers nothing for, and why",
+            "",
+            "They are not composite (PyTorch does not decompose them), so a call on accel takes",
+            "the path named here; on the host driver none of them runs the copying fallback.",
+            "",
+        ]
+        lines += [f"- `{name}`: {why}" for name, why in missing]
         lines += [""]
     lines += [
         "## Every registered operator",
@@ -589,6 +643,8 @@ def render_docs(regs: list[Registration]) -> str:
             notes.append("dtypes: " + ", ".join(r.dtypes) + " (others: cpu_fallback)")
         if r.widen:
             notes.append("computes " + ", ".join(f"{a} in {b}" for a, b in r.widen.items()))
+        if r.cuda_like:
+            notes.append(f"`{r.cuda_like}` takes what CUDA's kernel takes and the CPU's does not")
         if r.reason:
             notes.append(r.reason)
         t = r.tiers
@@ -635,7 +691,8 @@ def main() -> int:
     out_dir = Path(args.out_dir)
     write_if_changed(out_dir / "AccelNativeFunctions.h", header)
     write_if_changed(out_dir / "RegisterAccel.cpp", cpp)
-    write_if_changed(Path(args.docs), render_docs(regs))
+    missing = unregistered(nf, {r.name for r in regs})
+    write_if_changed(Path(args.docs), render_docs(regs, missing))
     return 0
 
 

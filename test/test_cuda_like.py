@@ -225,3 +225,98 @@ def test_nested_tensors_run_the_cpu_kernels_on_accel_memory(fallback_mode) -> No
     assert back.is_nested and back.device.type == "cpu"
     torch.testing.assert_close(back.unbind()[1], n.unbind()[1])
     assert torch.accel.fallback_stats() == {}
+
+
+# Dtypes PyTorch's OpInfo database lists for CUDA and not for the CPU, which accel cannot take,
+# and why (everything else of that list must run on accel, with CUDA's result dtype).
+CUDA_DTYPES_NOT_TAKEN = {
+    "fft.": "PyTorch's composite FFT operators refuse float16 and complex32 for any device but "
+    "CUDA before an accel kernel is reached (promote_type_fft in SpectralOps.cpp)",
+    "torch.ops.aten._flash_attention_forward": "a CUDA kernel's internal entry point",
+    "torch.ops.aten._efficient_attention_forward": "a CUDA kernel's internal entry point",
+    "__rmod__": "the samples divide by zero, which CUDA leaves undefined and the CPU refuses",
+}
+WIDER = {
+    torch.float16: torch.float32,
+    torch.bfloat16: torch.float32,
+    torch.complex32: torch.complex64,
+    torch.bool: torch.uint8,
+}
+
+
+def _cuda_only_dtypes() -> list[tuple[str, torch.dtype]]:
+    from torch.testing._internal.common_methods_invocations import op_db
+
+    cases = []
+    for op in op_db:
+        if any(op.full_name.startswith(p) for p in CUDA_DTYPES_NOT_TAKEN):
+            continue
+        extra = set(op.supported_dtypes("cuda")) - set(op.supported_dtypes("cpu"))
+        cases += [(op.full_name, dt) for dt in sorted(extra, key=str)]
+    return cases
+
+
+def _tensors(tree: object) -> list[torch.Tensor]:
+    return [t for t in torch.utils._pytree.tree_leaves(tree) if isinstance(t, torch.Tensor)]
+
+
+def _map(fn: object, tree: object) -> object:
+    return torch.utils._pytree.tree_map(
+        lambda t: fn(t) if isinstance(t, torch.Tensor) else t,  # type: ignore[operator]
+        tree,
+    )
+
+
+def _nan_reduction(reduce: str):  # noqa: ANN202
+    # CUDA's nansum/nanmean of complex tensors leave out elements with a NaN part; the CPU's
+    # refuse complex tensors.
+    def ref(x: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
+        kept = ~torch.isnan(x)
+        total = torch.where(kept, x, torch.zeros((), dtype=x.dtype)).sum(*args, **kwargs)
+        if reduce == "sum":
+            return total
+        return total / kept.sum(*args, **{k: v for k, v in kwargs.items() if k != "dtype"})
+
+    return ref
+
+
+# How the CPU reference computes what the CPU kernel refuses, where the operator itself cannot.
+REFERENCE = {"nansum": _nan_reduction("sum"), "nanmean": _nan_reduction("mean")}
+# Half-precision accumulation over a whole convolution rounds far from the wide reference.
+TOLERANCE = {"nn.functional.conv_transpose": {"rtol": 0.1, "atol": 0.1}}
+
+
+@pytest.mark.parametrize(("name", "dtype"), _cuda_only_dtypes())
+def test_dtypes_cuda_takes_and_the_cpu_does_not(name: str, dtype: torch.dtype, fallback_mode):
+    # The reference: the CPU computing in a wider dtype (integers in float64), its results
+    # rounded to accel's result dtypes.
+    from torch.testing._internal.common_methods_invocations import op_db
+
+    fallback_mode("error")
+    op = next(o for o in op_db if o.full_name == name)
+    reference = REFERENCE.get(name, op)
+    random = name in ("nn.functional.rrelu",)
+    tol = next((t for p, t in TOLERANCE.items() if name.startswith(p)), None)
+    if tol is None and dtype in WIDER:
+        tol = {"rtol": 2e-2, "atol": 2e-2}
+    torch.manual_seed(0)
+    samples = list(op.sample_inputs("cpu", dtype, requires_grad=False))[:4]
+    assert samples, name
+    wider = WIDER.get(
+        dtype, dtype if dtype.is_floating_point or dtype.is_complex else torch.float64
+    )
+    for s in samples:
+        call = (s.input, s.args, s.kwargs)
+        got_in = _map(lambda t: t.to(ACCEL), call)
+        got = op(got_in[0], *got_in[1], **got_in[2])
+        ref_in = _map(lambda t: t.to(wider) if t.dtype == dtype else t, call)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            expected = reference(ref_in[0], *ref_in[1], **ref_in[2])
+        for g, e in zip(_tensors(got), _tensors(expected), strict=True):
+            assert g.device.type == "accel", name
+            if random:
+                assert (g.shape, g.dtype) == (e.shape, g.dtype), name
+                continue
+            # The reference rounded (and overflowing) as accel's result, compared in its dtype.
+            torch.testing.assert_close(g.cpu(), e.to(g.dtype), equal_nan=True, **(tol or {}))

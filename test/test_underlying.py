@@ -458,7 +458,13 @@ def test_layer_norm_computes_into_its_results(case: str, no_fallback: None) -> N
         res[dev] = [out.detach(), mean, rstd, *grads]
     for a, c in zip(res["accel"], res["cpu"], strict=True):
         assert a.shape == c.shape and a.dtype == c.dtype and a.stride() == c.stride()
-        assert_same(a, c, exact=False)
+        if case == "bf16_float_params":
+            # The float gradients of the parameters sum bfloat16 products: CPU's kernel splits
+            # that sum over its threads even for 6 rows, and a call this small runs on one
+            # thread on accel, so they round like bfloat16 apart (within 1%).
+            torch.testing.assert_close(a.cpu(), c, rtol=1.6e-2, atol=1e-5)
+        else:
+            assert_same(a, c, exact=False)
 
 
 def test_factory_operators_build_on_accel(no_fallback: None) -> None:

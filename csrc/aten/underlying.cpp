@@ -160,6 +160,7 @@ class UnderlyingKernel final : public c10::OperatorKernel {
         break;
     }
     if (c.widen != nullptr && widened_call(c, op, stack)) return;
+    if (c.cuda_like != nullptr && host_accessible() && c.cuda_like(op, stack)) return;
     if (g_force_fallback.load(std::memory_order_relaxed) || !host_accessible() ||
         !dtype_allowed(c, op, *stack)) {
       cpu_fallback(fallback_op, stack);
@@ -295,7 +296,7 @@ class UnderlyingKernel final : public c10::OperatorKernel {
         resize_written(*computed, *stack, begin);
         std::shared_ptr<CachedResult> seen;
         try {
-          seen = run_on_caller(op, stack, device, true);
+          seen = run_on_caller(op, stack, device, true, computed.get());
         } catch (...) {
           restore_written(before, *stack, begin);
           throw;
@@ -417,9 +418,12 @@ class UnderlyingKernel final : public c10::OperatorKernel {
   // whose shapes depend on the data, non-tensor results, calls the meta pass cannot represent,
   // and the first call of each signature. Operators that read no tensor data (metadata_only)
   // do not wait. Returns the metadata of the results and of the written arguments afterwards.
+  // `expected`: the results the meta pass computed, where known (they decide, with the
+  // arguments, whether the kernel runs serially, as the task of a later call would).
   std::shared_ptr<CachedResult> run_on_caller(const c10::OperatorHandle& op,
                                               torch::jit::Stack* stack, c10::DeviceIndex device,
-                                              bool synchronize) {
+                                              bool synchronize,
+                                              const CachedResult* expected = nullptr) {
     const size_t n = op.schema().arguments().size();
     const size_t begin = stack->size() - n;
     if (synchronize) {
@@ -471,6 +475,8 @@ class UnderlyingKernel final : public c10::OperatorKernel {
     }
     {
       at::AutoDispatchBelowADInplaceOrView below_autograd;
+      std::optional<SerialScope> serial;
+      if (small_call(*stack, begin, expected)) serial.emplace();
       (cpu_op_ ? *cpu_op_ : op).callBoxed(&cpu);
     }
 

@@ -46,6 +46,9 @@ struct OpConfig {
   // ended by -1. A call whose first tensor argument has dtype `from` runs with its `from`
   // tensors converted to `to`, and the results converted back (nullptr: none).
   const int8_t* widen;
+  // Handles the calls CUDA's kernel takes and the CPU's refuses (nansum of complex tensors),
+  // returning true; false: the call runs as usual (nullptr: none).
+  bool (*cuda_like)(const c10::OperatorHandle& op, torch::jit::Stack* stack);
   const char* reason;       // error tier: why the operator is refused
 };
 

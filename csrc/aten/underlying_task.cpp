@@ -26,36 +26,6 @@ bool is_accel(const at::Tensor& t) { return t.defined() && t.device().type() == 
 // parallelism (ATen's own grain size).
 constexpr int64_t kSerialNumel = 32768;
 
-// ATen's CPU kernels parallelize with OpenMP (the copy PyTorch ships, already loaded and
-// global), and OpenMP's thread count is per thread: one on the stream's worker for the length
-// of a small task. Without OpenMP in the process this does nothing.
-class SerialScope {
- public:
-  SerialScope() {
-    const Omp& o = omp();
-    if (o.set == nullptr || o.get == nullptr) return;
-    (void)at::get_num_threads();  // ATen's per-thread set-up first (torch.set_num_threads)
-    saved_ = o.get();
-    if (saved_ > 1) o.set(1);
-  }
-  ~SerialScope() {
-    if (saved_ > 1) omp().set(saved_);
-  }
-  SerialScope(const SerialScope&) = delete;
-  SerialScope& operator=(const SerialScope&) = delete;
-
- private:
-  struct Omp {
-    void (*set)(int);
-    int (*get)();
-  };
-  static const Omp& omp() {
-    static const Omp o{reinterpret_cast<void (*)(int)>(dlsym(RTLD_DEFAULT, "omp_set_num_threads")),
-                       reinterpret_cast<int (*)()>(dlsym(RTLD_DEFAULT, "omp_get_max_threads"))};
-    return o;
-  }
-  int saved_ = 0;
-};
 
 // Keeps the warnings of a kernel call, to be passed on after it.
 class CollectWarnings final : public c10::WarningHandler {
@@ -116,6 +86,33 @@ BufferPool& buffer_pool() {
 }
 
 }  // namespace
+
+// ATen's CPU kernels parallelize with OpenMP (the copy PyTorch ships, already loaded and
+// global), and OpenMP's thread count is per thread. Without OpenMP in the process this does
+// nothing.
+namespace {
+struct Omp {
+  void (*set)(int);
+  int (*get)();
+};
+const Omp& omp() {
+  static const Omp o{reinterpret_cast<void (*)(int)>(dlsym(RTLD_DEFAULT, "omp_set_num_threads")),
+                     reinterpret_cast<int (*)()>(dlsym(RTLD_DEFAULT, "omp_get_max_threads"))};
+  return o;
+}
+}  // namespace
+
+SerialScope::SerialScope() {
+  const Omp& o = omp();
+  if (o.set == nullptr || o.get == nullptr) return;
+  (void)at::get_num_threads();  // ATen's per-thread set-up first (torch.set_num_threads)
+  saved_ = o.get();
+  if (saved_ > 1) o.set(1);
+}
+
+SerialScope::~SerialScope() {
+  if (saved_ > 1) omp().set(saved_);
+}
 
 void Arg::stash(const c10::IValue& v) {
   if (v.isTensor()) {
@@ -210,6 +207,36 @@ bool small_work(const WorkBuffers& buf) {
     }
   }
   for (const Layout& l : buf.copy_into) most = std::max(most, numel_of(l));
+  return most < kSerialNumel;
+}
+
+bool small_call(const torch::jit::Stack& stack, size_t begin, const CachedResult* results) {
+  int64_t most = 0;
+  const auto count = [&](const at::Tensor& t) {
+    if (t.defined()) most = std::max(most, t.numel());
+  };
+  for (size_t i = begin; i < stack.size(); ++i) {
+    const c10::IValue& v = stack[i];
+    if (v.isTensor()) {
+      count(v.toTensor());
+    } else if (v.isTensorList()) {
+      for (const at::Tensor& t : v.toTensorVector()) count(t);
+    } else if (is_optional_tensor_list(v)) {
+      for (const c10::IValue& e : v.toListRef()) {
+        if (e.isTensor()) count(e.toTensor());
+      }
+    }
+  }
+  if (results != nullptr) {
+    for (const auto& list : results->results) {
+      for (const TensorMeta& m : list) {
+        if (m.dtype == c10::ScalarType::Undefined) continue;
+        int64_t n = 1;
+        for (int64_t d : m.sizes) n *= d;
+        most = std::max(most, n);
+      }
+    }
+  }
   return most < kSerialNumel;
 }
 

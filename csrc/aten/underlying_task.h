@@ -76,4 +76,22 @@ struct Work {
 // runs without intra-op parallelism).
 bool small_work(const WorkBuffers& buf);
 
+struct CachedResult;
+// The same rule for a call run on the calling thread (its arguments stack[begin:] and, where
+// known, its results): the first call of a signature must compute what later calls, run as
+// tasks, compute, bit for bit (a reduction split over threads rounds differently).
+bool small_call(const torch::jit::Stack& stack, size_t begin, const CachedResult* results);
+
+// While alive, the calling thread's OpenMP work runs on one thread.
+class SerialScope {
+ public:
+  SerialScope();
+  ~SerialScope();
+  SerialScope(const SerialScope&) = delete;
+  SerialScope& operator=(const SerialScope&) = delete;
+
+ private:
+  int saved_ = 0;
+};
+
 }  // namespace accel::aten

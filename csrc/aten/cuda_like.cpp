@@ -1,0 +1,151 @@
+// What CUDA's kernels take and the CPU's do not: libraries treat every device that is not the
+// CPU like CUDA (transformers calls histc on int32 tensors there), so accel takes it too.
+// - Dtypes (yaml `widen`): on the host driver such a call runs with those tensors converted to a
+//   dtype the CPU kernel takes, and its new results converted back; tensors it writes (in-place,
+//   out=) get the results copied in.
+// - Other arguments (yaml `cuda_like`): a function per operator that computes the call from
+//   other accel operators, as CUDA's kernel would.
+#include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/ops/isnan.h>
+#include <ATen/ops/scalar_tensor.h>
+#include <ATen/ops/where.h>
+
+#include <algorithm>
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include "aten/host_task.h"
+#include "aten/underlying.h"
+
+namespace accel::aten {
+namespace {
+
+// The (from, to) pairs of OpConfig::widen.
+std::vector<std::pair<c10::ScalarType, c10::ScalarType>> pairs_of(const int8_t* pairs) {
+  std::vector<std::pair<c10::ScalarType, c10::ScalarType>> out;
+  for (const int8_t* p = pairs; *p != -1; p += 2) {
+    out.emplace_back(static_cast<c10::ScalarType>(p[0]), static_cast<c10::ScalarType>(p[1]));
+  }
+  return out;
+}
+
+template <class F>
+void for_each_tensor(const torch::jit::Stack& stack, size_t begin, F f) {
+  for (size_t i = begin; i < stack.size(); ++i) {
+    const c10::IValue& v = stack[i];
+    if (v.isTensor()) {
+      f(v.toTensor());
+    } else if (v.isTensorList()) {
+      for (const at::Tensor& t : v.toTensorVector()) f(t);
+    }
+  }
+}
+
+}  // namespace
+
+bool widened_call(const OpConfig& config, const c10::OperatorHandle& op,
+                  torch::jit::Stack* stack) {
+  if (config.widen == nullptr || !host_accessible()) return false;
+  const c10::FunctionSchema& schema = op.schema();
+  const size_t n = schema.arguments().size();
+  const size_t begin = stack->size() - n;
+  // The pairs whose narrow dtype some tensor argument has.
+  const auto table = pairs_of(config.widen);
+  std::vector<std::pair<c10::ScalarType, c10::ScalarType>> active;
+  for_each_tensor(*stack, begin, [&](const at::Tensor& t) {
+    if (!t.defined()) return;
+    for (const auto& p : table) {
+      if (p.first == t.scalar_type() &&
+          std::find(active.begin(), active.end(), p) == active.end()) {
+        active.push_back(p);
+      }
+    }
+  });
+  if (active.empty()) return false;
+  // An explicit result dtype (sum(x, dtype=...)) is what the results must keep.
+  bool explicit_dtype = false;
+  for (size_t i = 0; i < n; ++i) {
+    const c10::IValue& v = (*stack)[begin + i];
+    explicit_dtype = explicit_dtype || (schema.arguments()[i].name() == "dtype" && !v.isNone());
+  }
+
+  const auto widen = [&](const at::Tensor& t) {
+    if (!t.defined()) return t;
+    for (const auto& [from, to] : active) {
+      if (t.scalar_type() == from) return t.to(to);
+    }
+    return t;
+  };
+  std::vector<std::pair<at::Tensor, at::Tensor>> written;  // (the argument, its wide copy)
+  for (size_t i = 0; i < n; ++i) {
+    c10::IValue& v = (*stack)[begin + i];
+    const c10::AliasInfo* alias = schema.arguments()[i].alias_info();
+    const bool write = alias != nullptr && alias->isWrite();
+    if (v.isTensor()) {
+      at::Tensor wide = widen(v.toTensor());
+      if (write && !wide.is_same(v.toTensor())) written.emplace_back(v.toTensor(), wide);
+      v = std::move(wide);
+    } else if (v.isTensorList()) {
+      TORCH_CHECK(!write, config.name, ": widening a written tensor list is not supported");
+      std::vector<at::Tensor> ts;
+      for (const at::Tensor& t : v.toTensorVector()) ts.push_back(widen(t));
+      v = std::move(ts);
+    }
+  }
+  op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), stack);
+  for (auto& [arg, wide] : written) {
+    if (!arg.sizes().equals(wide.sizes())) arg.resize_(wide.sizes());  // an out= the kernel sized
+    arg.copy_(wide);
+  }
+  // New results in a wide dtype of the table go back to its narrow dtype, the one CUDA's kernel
+  // returns (an fft of float16 is complex32 there, an angle of complex32 is float16); the first
+  // active pair wins where several narrow dtypes share a wide one (histc's integers).
+  const auto narrow = [&](c10::ScalarType wide) -> std::optional<c10::ScalarType> {
+    for (const auto& [from, to] : active) {
+      if (to == wide) return from;
+    }
+    for (const auto& [from, to] : table) {
+      if (to == wide) return from;
+    }
+    return std::nullopt;
+  };
+  const size_t n_returns = schema.returns().size();
+  for (size_t j = stack->size() - n_returns; j < stack->size(); ++j) {
+    c10::IValue& r = (*stack)[j];
+    if (!r.isTensor() || !r.toTensor().defined()) continue;
+    const at::Tensor& t = r.toTensor();
+    const auto w = std::find_if(written.begin(), written.end(),
+                                [&](const auto& p) { return p.second.is_same(t); });
+    if (w != written.end()) {
+      r = w->first;  // the argument the result aliases
+    } else if (explicit_dtype) {
+      continue;
+    } else if (const std::optional<c10::ScalarType> back = narrow(t.scalar_type())) {
+      r = t.to(*back);
+    }
+  }
+  return true;
+}
+
+// nansum (and nanmean, which calls it) of complex tensors: the CPU kernel refuses them; CUDA's
+// skips the elements with a NaN part. Computed as the sum of the tensor with those elements
+// zeroed (nansum and sum take the same arguments, out= included).
+bool nansum_complex(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const size_t n = op.schema().arguments().size();
+  const size_t begin = stack->size() - n;
+  const at::Tensor self = (*stack)[begin].toTensor();
+  if (!self.is_complex()) return false;
+  const at::Tensor zero = at::scalar_tensor(0, self.options());
+  (*stack)[begin] = at::where(at::isnan(self), zero, self);
+  const bool out = op.schema().overload_name() == "out";
+  static const c10::OperatorHandle sum =
+      c10::Dispatcher::singleton().findSchemaOrThrow("aten::sum", "dim_IntList");
+  static const c10::OperatorHandle sum_out =
+      c10::Dispatcher::singleton().findSchemaOrThrow("aten::sum", "IntList_out");
+  (out ? sum_out : sum).callBoxed(stack);
+  return true;
+}
+
+}  // namespace accel::aten
