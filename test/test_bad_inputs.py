@@ -3,6 +3,8 @@ usable afterwards. Each case was once accepted, or refused late."""
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 
@@ -167,3 +169,66 @@ def test_negative_host_memory_is_refused(run_python) -> None:
     )
     assert r.returncode != 0
     assert "ACCEL_HOST_MEMORY" in r.stderr and "'-1' is not a size" in r.stderr
+
+
+def test_in_place_ops_never_resize_self() -> None:
+    # atan2_'s meta function resizes self to the broadcast shape; the CPU kernel refuses.
+    x = torch.randn(3, device=ACCEL)
+    with pytest.raises(RuntimeError, match=r"output with shape \[3\] doesn't match the broadcast"):
+        x.atan2_(torch.randn(4, 3, device=ACCEL))
+    assert x.shape == (3,)
+    _usable()
+
+
+def test_out_of_the_right_element_count_keeps_its_shape() -> None:
+    # The CPU kernel resizes an out= tensor only when its element count differs.
+    expected = torch.zeros(2, 3)
+    torch.logspace(0, 3, 4, base=2, out=expected.narrow(1, 1, 2))
+    x = torch.zeros(2, 3, device=ACCEL)
+    torch.logspace(0, 3, 4, base=2, device=ACCEL, out=x.narrow(1, 1, 2))
+    torch.testing.assert_close(x.cpu(), expected)
+
+
+def test_reading_a_lazy_clone_keeps_it_lazy() -> None:
+    t = torch.tensor([[0.0, 1], [2, 3]], device=ACCEL)
+    c = t._lazy_clone()
+    torch.testing.assert_close((t + c).cpu(), torch.tensor([[0.0, 2], [4, 6]]))
+    assert torch._C._is_cow_tensor(t) and torch._C._is_cow_tensor(c)
+    c.add_(1)  # a write gives the clone its own memory
+    torch.testing.assert_close(t.cpu(), torch.tensor([[0.0, 1], [2, 3]]))
+    torch.testing.assert_close(c.cpu(), torch.tensor([[1.0, 2], [3, 4]]))
+
+
+def test_kernel_warnings_reach_python_once_per_call() -> None:
+    for device in ("cpu", ACCEL):
+        y = torch.empty(5, device=device)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for _ in range(3):
+                y.random_(0, 2**30)  # beyond float's exact integers: the kernel warns
+            torch.accel.synchronize()
+        assert len(caught) == 3, (device, [str(w.message) for w in caught])
+
+
+def test_deterministic_alerts_raise_at_the_call() -> None:
+    a = torch.randn(10, device=ACCEL)
+    i, v = torch.tensor([0, 0], device=ACCEL), torch.tensor([0.0, 1], device=ACCEL)
+    a.put_(i, v)  # the same signature, cached while deterministic mode is off
+    torch.use_deterministic_algorithms(True)
+    try:
+        with pytest.raises(RuntimeError, match="put_ does not have a deterministic"):
+            a.put_(i, v)
+    finally:
+        torch.use_deterministic_algorithms(False)
+    a.put_(i, v)
+    _usable()
+
+
+def test_indices_on_another_device_give_atens_error() -> None:
+    msg = r"indices should be either on cpu or on the same device as the indexed tensor \(cpu\)"
+    with pytest.raises(RuntimeError, match=msg):
+        torch.randn(3, 4)[torch.tensor([0, 2], device=ACCEL)]
+    msg = r"indices should be either on cpu or on the same device as the indexed tensor \(accel:0\)"
+    with pytest.raises(RuntimeError, match=msg):
+        torch.randn(3, 4, device="accel:0")[torch.tensor([0, 2], device="accel:1")]
+    _usable()

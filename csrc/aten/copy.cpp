@@ -93,11 +93,12 @@ void copy_within_accel(const at::Tensor& dst, const at::Tensor& src) {
     });
   }
   if (same_bytes(dst, src)) {
-    memcpy_on(stream, dst.data_ptr(), src.data_ptr(), nbytes_of(dst), rt::CopyKind::DeviceToDevice,
-              "copy_");
+    memcpy_on(stream, dst.data_ptr(), src.const_data_ptr(), nbytes_of(dst),
+              rt::CopyKind::DeviceToDevice, "copy_");
   } else {
-    launch(dst_dev, "copy_",
-           [d = Layout::of(dst), s = Layout::of(src)] { d.cpu_view().copy_(s.cpu_view()); });
+    launch(dst_dev, "copy_", [d = Layout::of(dst), s = Layout::of(src, /*write=*/false)] {
+      d.cpu_view().copy_(s.cpu_view());
+    });
   }
   if (src_dev != dst_dev) {
     device::call([&] {
@@ -119,8 +120,8 @@ void copy_host_to_accel(const at::Tensor& dst, const at::Tensor& src, bool non_b
     host.copy_(src);
   }
   if (same_bytes(dst, host)) {
-    memcpy_on(stream, dst.data_ptr(), host.data_ptr(), nbytes_of(dst), rt::CopyKind::HostToDevice,
-              "copy_");
+    memcpy_on(stream, dst.data_ptr(), host.const_data_ptr(), nbytes_of(dst),
+              rt::CopyKind::HostToDevice, "copy_");
     const bool pinned = rt::is_pinned(host.data_ptr());
     if (pinned) device::call([&] { rt::host_record_stream(host.data_ptr(), stream); });
     if (!non_blocking || !pinned) synchronize(stream);
@@ -138,8 +139,8 @@ void copy_accel_to_host(const at::Tensor& dst, const at::Tensor& src, bool non_b
   const rt::Stream stream = device::call([&] { return rt::current_stream(src.device().index()); });
   if (same_bytes(dst, src)) {
     const bool pinned = rt::is_pinned(dst.data_ptr());
-    memcpy_on(stream, dst.data_ptr(), src.data_ptr(), nbytes_of(dst), rt::CopyKind::DeviceToHost,
-              "copy_");
+    memcpy_on(stream, dst.data_ptr(), src.const_data_ptr(), nbytes_of(dst),
+              rt::CopyKind::DeviceToHost, "copy_");
     if (pinned) device::call([&] { rt::host_record_stream(dst.data_ptr(), stream); });
     if (!non_blocking || !pinned) synchronize(stream);
     return;
@@ -151,8 +152,8 @@ void copy_accel_to_host(const at::Tensor& dst, const at::Tensor& src, bool non_b
     copy_within_accel(dense, src);
   }
   at::Tensor host = cpu_like(dense);
-  memcpy_on(stream, host.data_ptr(), dense.data_ptr(), nbytes_of(dense), rt::CopyKind::DeviceToHost,
-            "copy_");
+  memcpy_on(stream, host.data_ptr(), dense.const_data_ptr(), nbytes_of(dense),
+            rt::CopyKind::DeviceToHost, "copy_");
   synchronize(stream);
   dst.copy_(host);
 }
@@ -171,8 +172,8 @@ at::Tensor& copy_(at::Tensor& self, const at::Tensor& src, bool non_blocking) {
   // src must broadcast to self's shape, also when self is empty (as on the CPU).
   if (!src.sizes().equals(self.sizes())) {
     const c10::DimVector shape = at::infer_size_dimvector(self.sizes(), src.sizes());
-    TORCH_CHECK(c10::IntArrayRef(shape).equals(self.sizes()), "output with shape ",
-                self.sizes(), " doesn't match the broadcast shape ", c10::IntArrayRef(shape));
+    TORCH_CHECK(c10::IntArrayRef(shape).equals(self.sizes()), "output with shape ", self.sizes(),
+                " doesn't match the broadcast shape ", c10::IntArrayRef(shape));
   }
   if (self.numel() == 0) return self;
   // A view of exactly the same data: nothing to do (as on the CPU).
@@ -249,7 +250,7 @@ c10::Scalar _local_scalar_dense(const at::Tensor& self) {
   // the runtime reports, named here after the user-facing call.
   device::call(
       [&] {
-        rt::memcpy_async(host.data_ptr(), self.data_ptr(), self.itemsize(),
+        rt::memcpy_async(host.data_ptr(), self.const_data_ptr(), self.itemsize(),
                          rt::CopyKind::DeviceToHost, stream);
       },
       "Tensor.item() (aten::_local_scalar_dense)");

@@ -45,8 +45,7 @@ void for_each_tensor(const torch::jit::Stack& stack, size_t begin, F f) {
 
 }  // namespace
 
-bool widened_call(const OpConfig& config, const c10::OperatorHandle& op,
-                  torch::jit::Stack* stack) {
+bool widened_call(const OpConfig& config, const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   if (config.widen == nullptr || !host_accessible()) return false;
   const c10::FunctionSchema& schema = op.schema();
   const size_t n = schema.arguments().size();

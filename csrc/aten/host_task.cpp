@@ -25,11 +25,11 @@ c10::Storage CpuStorages::get(void* base, size_t nbytes) {
   return storages_.back().second;
 }
 
-Layout Layout::of(const at::Tensor& t) {
+Layout Layout::of(const at::Tensor& t, bool write) {
   Layout l;
   if (!t.defined()) return l;  // dtype Undefined
   const c10::Storage& s = t.storage();
-  l.base = s.mutable_data();
+  l.base = write ? s.mutable_data() : const_cast<void*>(s.data());
   l.nbytes = s.nbytes();
   l.offset = t.storage_offset();
   l.sizes.assign(t.sizes().begin(), t.sizes().end());

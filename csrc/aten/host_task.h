@@ -39,8 +39,10 @@ struct Layout {
   bool conj = false;
   bool neg = false;
 
-  // An undefined tensor has dtype Undefined, and its cpu_view() is undefined too.
-  static Layout of(const at::Tensor& t);
+  // An undefined tensor has dtype Undefined, and its cpu_view() is undefined too. `write`:
+  // the work writes the tensor, so a copy-on-write storage gets its own memory first; a tensor
+  // that is only read keeps sharing it (a lazy clone stays lazy, as on the CPU).
+  static Layout of(const at::Tensor& t, bool write = true);
   // A CPU tensor over this memory (valid on the host only where device memory is host memory).
   // Views made with the same `storages` share the CPU storage of their accel storage.
   at::Tensor cpu_view(CpuStorages* storages = nullptr) const;

@@ -1,7 +1,9 @@
 #include "aten/meta_cache.h"
 
+#include <ATen/Context.h>
 #include <ATen/EmptyTensor.h>
 #include <c10/core/DefaultDtype.h>
+#include <c10/util/Exception.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -13,7 +15,9 @@ namespace {
 
 using device::kAccel;
 
-bool is_accel(const at::Tensor& t) { return t.defined() && t.device().type() == kAccel; }
+bool is_accel(const at::Tensor& t) {
+  return t.defined() && t.device().type() == kAccel;
+}
 
 // Appends a binary description of `v` to `key` (fixed-size fields, lengths before lists and
 // strings, so distinct argument lists never describe alike); false if `v` cannot be described.
@@ -201,8 +205,13 @@ bool TensorMeta::describes(const at::Tensor& t) const {
 
 bool encode_call(const torch::jit::Stack& stack, size_t begin, const KeyOptions& options,
                  std::string& key, bool* has_floats) {
-  // Type promotion of Python numbers and integer division depend on the default dtype.
+  // Type promotion of Python numbers and integer division depend on the default dtype; kernels
+  // read the deterministic-algorithms settings (an alert, filling new memory).
   key.push_back(static_cast<char>(c10::get_default_dtype_as_scalartype()));
+  const at::Context& ctx = at::globalContext();
+  key.push_back(static_cast<char>(ctx.deterministicAlgorithms() |
+                                  (ctx.deterministicAlgorithmsWarnOnly() << 1) |
+                                  (ctx.deterministicFillUninitializedMemory() << 2)));
   KeyWriter writer(key, options);
   for (size_t i = begin; i < stack.size(); ++i) {
     if (!writer.value(stack[i])) return false;
@@ -278,6 +287,11 @@ std::shared_ptr<CachedResult> meta_results(const c10::OperatorHandle& op,
     args.push_back(std::move(m));
   }
   torch::jit::Stack results = args;  // the call consumes its stack; `args` keeps the inputs
+  // The meta functions' warnings are dropped: the CPU kernel gives its own when it runs.
+  struct Drop final : c10::WarningHandler {
+    void process(const c10::Warning&) override {}
+  } drop;
+  c10::WarningUtils::WarningHandlerGuard quiet(&drop);
   try {
     if (meta != nullptr) {
       meta(&results);

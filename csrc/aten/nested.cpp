@@ -33,7 +33,9 @@ namespace {
 
 using device::kAccel;
 
-bool is_accel(const at::Tensor& t) { return t.defined() && t.device().type() == kAccel; }
+bool is_accel(const at::Tensor& t) {
+  return t.defined() && t.device().type() == kAccel;
+}
 
 // Accel storages by base address (the address their CPU views have on the host driver).
 struct AccelMemory {
@@ -113,12 +115,11 @@ class Converter {
     if (std::optional<c10::Storage> mine = memory_.find(s.data())) return *mine;
     if (std::optional<c10::Storage> done = copied_.find(s.data())) return *done;
     const size_t bytes = s.nbytes();
-    const at::Tensor raw =
-        at::empty({static_cast<int64_t>(bytes)},
-                  at::TensorOptions().dtype(at::kByte).device(kAccel, device_));
+    const at::Tensor raw = at::empty({static_cast<int64_t>(bytes)},
+                                     at::TensorOptions().dtype(at::kByte).device(kAccel, device_));
     if (bytes > 0) {
-      device::call(
-          [&] { rt::memcpy(raw.data_ptr(), s.data(), bytes, rt::CopyKind::HostToDevice); }, what);
+      device::call([&] { rt::memcpy(raw.data_ptr(), s.data(), bytes, rt::CopyKind::HostToDevice); },
+                   what);
     }
     copied_.storages.emplace_back(s.data(), raw.storage());  // results sharing it share the copy
     return raw.storage();
@@ -194,8 +195,8 @@ void nested_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 
   std::vector<c10::IValue> results;
   for (size_t j = 0; j < cpu.size(); ++j) {
-    const c10::AliasInfo* alias = j < schema.returns().size() ? schema.returns()[j].alias_info()
-                                                              : nullptr;
+    const c10::AliasInfo* alias =
+        j < schema.returns().size() ? schema.returns()[j].alias_info() : nullptr;
     std::optional<size_t> written;
     if (alias != nullptr && alias->isWrite()) {
       for (size_t i = 0; i < n && !written; ++i) {
@@ -212,7 +213,8 @@ void nested_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
       results.emplace_back(convert.to_accel(r.toTensor(), name.c_str()));
     } else if (r.isTensorList()) {
       std::vector<at::Tensor> ts;
-      for (const at::Tensor& t : r.toTensorVector()) ts.push_back(convert.to_accel(t, name.c_str()));
+      for (const at::Tensor& t : r.toTensorVector())
+        ts.push_back(convert.to_accel(t, name.c_str()));
       results.emplace_back(std::move(ts));
     } else {
       results.push_back(std::move(r));

@@ -1,10 +1,10 @@
 #include "aten/underlying.h"
 
 #include <ATen/EmptyTensor.h>
+#include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/DeviceGuard.h>
-#include <ATen/core/LegacyTypeDispatch.h>
 
 #include <algorithm>
 #include <atomic>
@@ -39,7 +39,9 @@ Tier driver_tier(const OpConfig& c) {
   return driver == 1 ? c.cuda : driver == 2 ? c.level_zero : c.host;
 }
 
-bool is_accel(const at::Tensor& t) { return t.defined() && t.device().type() == kAccel; }
+bool is_accel(const at::Tensor& t) {
+  return t.defined() && t.device().type() == kAccel;
+}
 
 // CPU indices (the Tensor?[] of index, index_put_) go to the device first, as CUDA's indexing
 // moves them: the call then runs in stream order like any other.
@@ -156,8 +158,7 @@ class UnderlyingKernel final : public c10::OperatorKernel {
       case Tier::Native:  // a native operator has its own kernel; never registered here
         cpu_fallback(fallback_op, stack);
         return;
-      case Tier::Underlying:
-        break;
+      case Tier::Underlying: break;
     }
     if (c.widen != nullptr && widened_call(c, op, stack)) return;
     if (c.cuda_like != nullptr && host_accessible() && c.cuda_like(op, stack)) return;
@@ -166,6 +167,7 @@ class UnderlyingKernel final : public c10::OperatorKernel {
       cpu_fallback(fallback_op, stack);
       return;
     }
+    if (info_.has_index_list) check_index_devices(op, *stack);
     const c10::DeviceIndex device = call_device(op, *stack, c.name);
     c10::DeviceGuard guard(c10::Device(kAccel, device));
     if (info_.has_index_list) upload_cpu_indices(op, stack, device);
@@ -178,6 +180,24 @@ class UnderlyingKernel final : public c10::OperatorKernel {
   }
 
  private:
+  // Indices on a device other than the CPU's and the indexed tensor's: ATen's indexing error
+  // (a CPU tensor indexed with accel indices, accel:0 with accel:1), as CUDA raises it.
+  static void check_index_devices(const c10::OperatorHandle& op, const torch::jit::Stack& stack) {
+    const size_t begin = stack.size() - op.schema().arguments().size();
+    const c10::IValue& self = stack[begin];
+    if (!self.isTensor() || !self.toTensor().defined()) return;
+    const c10::Device device = self.toTensor().device();
+    for (size_t i = begin + 1; i < stack.size(); ++i) {
+      if (!is_optional_tensor_list(stack[i])) continue;
+      for (const c10::IValue& e : stack[i].toListRef()) {
+        if (!e.isTensor() || !e.toTensor().defined()) continue;
+        const c10::Device d = e.toTensor().device();
+        TORCH_CHECK(d.is_cpu() || d == device, "indices should be either on ", c10::kCPU,
+                    " or on the same device as the indexed tensor (", device, ")");
+      }
+    }
+  }
+
   static bool dtype_allowed(const OpConfig& c, const c10::OperatorHandle& op,
                             const torch::jit::Stack& stack) {
     if (c.dtypes == 0) return true;
@@ -200,8 +220,9 @@ class UnderlyingKernel final : public c10::OperatorKernel {
   // What the kernel needs to know about the operator's schema, computed once.
   struct SchemaInfo {
     std::vector<std::optional<size_t>> return_alias;  // per result: the argument it writes
-    std::vector<bool> write_argument;                  // per argument: written (out=, in-place)
-    bool tensor_returns_only = true;                   // results are tensors or tensor lists
+    std::vector<bool> write_argument;                 // per argument: written (out=, in-place)
+    std::vector<bool> out_argument;                   // per argument: an out= tensor
+    bool tensor_returns_only = true;                  // results are tensors or tensor lists
     bool has_write_arguments = false;
     bool has_generator = false;
     bool has_index_list = false;  // a Tensor?[] argument (indices)
@@ -215,6 +236,7 @@ class UnderlyingKernel final : public c10::OperatorKernel {
       }
       for (const c10::Argument& a : schema.arguments()) {
         info_.write_argument.push_back(a.alias_info() != nullptr && a.alias_info()->isWrite());
+        info_.out_argument.push_back(info_.write_argument.back() && a.is_out());
         info_.has_write_arguments = info_.has_write_arguments || info_.write_argument.back();
         const c10::TypePtr& t = a.type();
         info_.has_generator = info_.has_generator || is_generator_argument(a);
@@ -255,11 +277,14 @@ class UnderlyingKernel final : public c10::OperatorKernel {
     thread_local std::string key;  // reused: no allocation per call
     key.clear();
     KeyOptions options = key_options_;
-    options.float_values = options.float_values && (float_shapes_ || !floats_vary_.varies());
+    // Float values stay in the key of arange (they decide its shape) and of random operators
+    // (their checks read them: uniform_'s range; their values rarely change per step).
+    const bool keep_floats = float_shapes_ || info_.has_generator;
+    options.float_values = options.float_values && (keep_floats || !floats_vary_.varies());
     bool has_floats = false;
     const bool cacheable = encode_call(*stack, begin, options, key, &has_floats);
     std::shared_ptr<const CachedResult> shapes = cacheable ? cache_.find(key) : nullptr;
-    if (!shapes && cacheable && has_floats && options.float_values && !float_shapes_) {
+    if (!shapes && cacheable && has_floats && options.float_values && !keep_floats) {
       // A miss keyed on float values: where they keep changing (a learning rate), key calls
       // on their types instead, so they stay asynchronous.
       thread_local std::string type_key;
@@ -293,7 +318,9 @@ class UnderlyingKernel final : public c10::OperatorKernel {
         // norm's statistics in eval mode, strides). A call that raises is not cached, and
         // leaves its out= tensors as they were (the CPU kernel checks before it resizes).
         const std::vector<std::optional<Layout>> before = written_layouts(*stack, begin);
-        resize_written(*computed, *stack, begin);
+        // Empty out= tensors get their size here; others are for the CPU kernel to judge (it
+        // resizes only where the element count differs: logspace into a [2, 2] view keeps it).
+        resize_written(*computed, *stack, begin, /*only_empty=*/true);
         std::shared_ptr<CachedResult> seen;
         try {
           seen = run_on_caller(op, stack, device, true, computed.get());
@@ -344,13 +371,16 @@ class UnderlyingKernel final : public c10::OperatorKernel {
       // (see codegen/gen_accel.py for why it is not called boxed).
       work.op = *functional_op_;
       for (size_t i = 0; i < n; ++i) {
-        if (!info_.write_argument[i]) buf.add().stash((*stack)[begin + i]);
+        if (!info_.write_argument[i]) buf.add().stash((*stack)[begin + i], false);
       }
       for (const std::optional<size_t>& arg : info_.return_alias) {
         buf.copy_into.push_back(Layout::of((*stack)[begin + *arg].toTensor()));
       }
     } else {
-      for (size_t i = begin; i < stack->size(); ++i) buf.add().stash((*stack)[i]);
+      materialize_written(*stack, begin);
+      for (size_t i = begin; i < stack->size(); ++i) {
+        buf.add().stash((*stack)[i], info_.write_argument[i - begin]);
+      }
     }
     if (!fresh.empty()) {
       if (config_->into != nullptr) {
@@ -376,12 +406,29 @@ class UnderlyingKernel final : public c10::OperatorKernel {
     return true;
   }
 
-  // out= arguments the meta pass resized get the same shape on accel.
-  void resize_written(const CachedResult& shapes, const torch::jit::Stack& stack,
-                      size_t begin) const {
+  // out= arguments the meta pass resized get the same shape on accel. Tensors written in place
+  // never change shape (some Python meta functions resize them, atan2_'s: the CPU kernel then
+  // refuses the call, on the caller).
+  void resize_written(const CachedResult& shapes, const torch::jit::Stack& stack, size_t begin,
+                      bool only_empty = false) const {
     for (size_t i = 0; i < info_.write_argument.size(); ++i) {
-      if (!info_.write_argument[i] || !shapes.written[i]) continue;
+      if (!info_.out_argument[i] || !shapes.written[i]) continue;
+      if (only_empty && stack[begin + i].toTensor().numel() != 0) continue;
       adopt_layout(stack[begin + i].toTensor(), *shapes.written[i]);
+    }
+  }
+
+  // Written copy-on-write tensors get their own memory before any argument is described: a
+  // tensor read in the same call through a shared storage then sees that memory too.
+  void materialize_written(const torch::jit::Stack& stack, size_t begin) const {
+    for (size_t i = 0; i < info_.write_argument.size(); ++i) {
+      const c10::IValue& v = stack[begin + i];
+      if (!info_.write_argument[i]) continue;
+      if (v.isTensor() && v.toTensor().defined()) {
+        (void)v.toTensor().storage().mutable_data();
+      } else if (v.isTensorList()) {
+        for (const at::Tensor& t : v.toTensorList()) (void)t.storage().mutable_data();
+      }
     }
   }
 
@@ -433,8 +480,10 @@ class UnderlyingKernel final : public c10::OperatorKernel {
     std::vector<std::unique_ptr<rt::HostAccessGuard>> access;
     c10::SmallVector<const void*, 8> accessed;
     std::vector<at::Tensor> written_views(n);  // the CPU views of written accel tensors
+    materialize_written(*stack, begin);
+    bool write = false;  // whether the argument being viewed is written
     const auto view = [&](const at::Tensor& t) {
-      const Layout l = Layout::of(t);
+      const Layout l = Layout::of(t, write);
       if (std::find(accessed.begin(), accessed.end(), l.base) == accessed.end()) {
         accessed.push_back(l.base);
         access.push_back(std::make_unique<rt::HostAccessGuard>(l.base, l.nbytes));
@@ -449,6 +498,7 @@ class UnderlyingKernel final : public c10::OperatorKernel {
     cpu.reserve(n);
     for (size_t i = begin; i < stack->size(); ++i) {
       const c10::IValue& v = (*stack)[i];
+      write = info_.write_argument[i - begin];
       if (v.isTensor() && is_accel(v.toTensor())) {
         cpu.emplace_back(view(v.toTensor()));
         if (info_.write_argument[i - begin]) written_views[i - begin] = cpu.back().toTensor();
@@ -473,14 +523,27 @@ class UnderlyingKernel final : public c10::OperatorKernel {
         cpu.push_back(v);
       }
     }
+    // Warnings pass on to the caller's handler (Python's); a signature whose kernel warns keeps
+    // running here, so that each call warns at the call, as on the CPU.
+    struct SeeWarnings final : c10::WarningHandler {
+      explicit SeeWarnings(c10::WarningHandler* next) : next(next) {}
+      void process(const c10::Warning& w) override {
+        seen = true;
+        next->process(w);
+      }
+      c10::WarningHandler* next;
+      bool seen = false;
+    } warnings(c10::WarningUtils::get_warning_handler());
     {
       at::AutoDispatchBelowADInplaceOrView below_autograd;
+      c10::WarningUtils::WarningHandlerGuard see(&warnings);
       std::optional<SerialScope> serial;
       if (small_call(*stack, begin, expected)) serial.emplace();
       (cpu_op_ ? *cpu_op_ : op).callBoxed(&cpu);
     }
 
     auto seen = std::make_shared<CachedResult>();
+    seen->run_on_caller = warnings.seen;
     seen->written.assign(n, std::nullopt);
     // Written tensors the kernel resized (an out= tensor the meta functions sized otherwise, or
     // not at all) take the new layout on accel; moved ones (grown past their storage into CPU
@@ -558,7 +621,11 @@ torch::CppFunction make_kernel(const OpConfig& config) {
   return torch::CppFunction::makeFromBoxedFunctor(std::make_unique<UnderlyingKernel>(&config));
 }
 
-void set_force_fallback(bool force) { g_force_fallback.store(force); }
-bool force_fallback() { return g_force_fallback.load(); }
+void set_force_fallback(bool force) {
+  g_force_fallback.store(force);
+}
+bool force_fallback() {
+  return g_force_fallback.load();
+}
 
 }  // namespace accel::aten

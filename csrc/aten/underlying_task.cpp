@@ -1,9 +1,9 @@
 #include "aten/underlying_task.h"
 
 #include <ATen/Parallel.h>
-#include <c10/util/Exception.h>
-#include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/LegacyTypeDispatch.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/util/Exception.h>
 
 #include <dlfcn.h>
 
@@ -20,12 +20,13 @@ namespace {
 
 using device::kAccel;
 
-bool is_accel(const at::Tensor& t) { return t.defined() && t.device().type() == kAccel; }
+bool is_accel(const at::Tensor& t) {
+  return t.defined() && t.device().type() == kAccel;
+}
 
 // Below this many elements in every tensor of a call, its kernel runs without intra-op
 // parallelism (ATen's own grain size).
 constexpr int64_t kSerialNumel = 32768;
-
 
 // Keeps the warnings of a kernel call, to be passed on after it.
 class CollectWarnings final : public c10::WarningHandler {
@@ -114,26 +115,26 @@ SerialScope::~SerialScope() {
   if (saved_ > 1) omp().set(saved_);
 }
 
-void Arg::stash(const c10::IValue& v) {
+void Arg::stash(const c10::IValue& v, bool write) {
   if (v.isTensor()) {
     const at::Tensor& t = v.toTensor();
     if (is_accel(t)) {
       kind = Kind::Tensor;
-      tensor = Layout::of(t);
+      tensor = Layout::of(t, write);
     } else {
       value = t.defined() ? c10::IValue(t.clone()) : v;
     }
   } else if (v.isTensorList()) {
     // Lists with CPU tensors never get here: the meta pass refuses them.
     kind = Kind::TensorList;
-    for (const at::Tensor& t : v.toTensorList()) list.push_back(Layout::of(t));
+    for (const at::Tensor& t : v.toTensorList()) list.push_back(Layout::of(t, write));
   } else if (is_optional_tensor_list(v)) {
     kind = Kind::OptionalTensorList;
     for (const c10::IValue& e : v.toListRef()) {
       if (e.isNone()) {
         optional_list.emplace_back(std::nullopt);
       } else {
-        optional_list.emplace_back(Layout::of(e.toTensor()));
+        optional_list.emplace_back(Layout::of(e.toTensor(), write));
       }
     }
   } else if (v.isDevice() && v.toDevice().type() == kAccel) {
@@ -153,8 +154,7 @@ void Arg::reset() {
 
 c10::IValue Arg::materialize(CpuStorages& storages) const {
   switch (kind) {
-    case Kind::Tensor:
-      return tensor.cpu_view(&storages);
+    case Kind::Tensor: return tensor.cpu_view(&storages);
     case Kind::TensorList: {
       std::vector<at::Tensor> views;
       views.reserve(list.size());
@@ -168,8 +168,7 @@ c10::IValue Arg::materialize(CpuStorages& storages) const {
       }
       return views;
     }
-    case Kind::Value:
-      break;
+    case Kind::Value: break;
   }
   return value;
 }
@@ -180,17 +179,19 @@ void WorkBuffers::clear() {
   copy_into.clear();
 }
 
-std::unique_ptr<WorkBuffers> take_buffers() { return buffer_pool().take(); }
+std::unique_ptr<WorkBuffers> take_buffers() {
+  return buffer_pool().take();
+}
 
-void RecycleBuffers::operator()(WorkBuffers* b) const noexcept { buffer_pool().give(b); }
+void RecycleBuffers::operator()(WorkBuffers* b) const noexcept {
+  buffer_pool().give(b);
+}
 
 bool small_work(const WorkBuffers& buf) {
   int64_t most = 0;
   for (const Arg& a : buf.args()) {
     switch (a.kind) {
-      case Arg::Kind::Tensor:
-        most = std::max(most, numel_of(a.tensor));
-        break;
+      case Arg::Kind::Tensor: most = std::max(most, numel_of(a.tensor)); break;
       case Arg::Kind::TensorList:
         for (const Layout& l : a.list) most = std::max(most, numel_of(l));
         break;

@@ -28,7 +28,8 @@ struct Arg {
   // Fills this (cleared) slot with the task's copy of `v`: accel tensors by layout, CPU
   // tensors cloned (the caller may change them as soon as the call returns, as with CUDA),
   // accel device arguments turned into the CPU device (factories build on the CPU).
-  void stash(const c10::IValue& v);
+  // `write`: the call writes `v` (see Layout::of).
+  void stash(const c10::IValue& v, bool write);
   // Back to an empty slot, keeping the lists' capacity (slots are reused by later calls).
   void reset();
   // The argument of the CPU call.

@@ -147,6 +147,11 @@ struct HostGraph {
 
 thread_local HostStream* tls_worker_stream = nullptr;
 
+// ACCEL_PROTECT_DEVICE_MEMORY: whether the driver protects device memory, and access to all of
+// it for a stream worker's batch of tasks (defined after HostDriver).
+bool protects_memory(const HostDriver* driver);
+void access_all_memory(HostDriver* driver, bool begin);
+
 struct HostStream {
   HostDriver* driver = nullptr;
   int device = 0;
@@ -258,18 +263,36 @@ struct HostStream {
         if (queue.empty() && stop) return;
         batch.swap(queue);
       }
-      for (Task& t : batch) {
+      // With protected memory, every task unprotects all device memory while it runs; a batch
+      // holds that access throughout, so tasks inside it pay no mprotect of their own. It ends
+      // before the last task counts as completed: a synchronize that returns finds the memory
+      // protected again.
+      const bool lease = protects_memory(driver) && access(true);
+      for (std::size_t i = 0; i < batch.size(); ++i) {
         try {
-          t();
+          batch[i]();
         } catch (const std::exception& e) {
           record_error(e.what());
         } catch (...) {
           record_error("unknown exception");
         }
-        t.reset();
+        batch[i].reset();
+        if (lease && i + 1 == batch.size()) access(false);
         mark_completed();
       }
       batch.clear();
+    }
+  }
+
+  // Begins or ends the batch's access to all device memory; false if that failed (each task
+  // then still gets its own access).
+  bool access(bool begin) {
+    try {
+      access_all_memory(driver, begin);
+      return true;
+    } catch (const std::exception& e) {
+      record_error(e.what());
+      return false;
     }
   }
 
@@ -811,9 +834,26 @@ class HostDriver final : public Driver {
     s.frontier = cap_frontier;
   }
 
+  friend bool protects_memory(const HostDriver* driver);
+  friend void access_all_memory(HostDriver* driver, bool begin);
+
   HostDriverOptions options_;
   std::vector<std::unique_ptr<HostDevice>> devices_;
 };
+
+bool protects_memory(const HostDriver* driver) {
+  return driver->options_.protect_device_memory;
+}
+
+void access_all_memory(HostDriver* driver, bool begin) {
+  for (auto& d : driver->devices_) {
+    if (begin) {
+      d->memory.acquire_all();
+    } else {
+      d->memory.release_all();
+    }
+  }
+}
 
 }  // namespace
 }  // namespace accel::rt::host
