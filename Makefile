@@ -8,6 +8,10 @@
 #   make bench     set up, then run the benchmarks (tables on stdout, JSON in benchmarks/results)
 #   make opinfo    set up, then PyTorch's whole OpInfo database on accel against the CPU
 #                  (make test runs it once, and a fast subset in each configuration)
+#   make pytorch-suites
+#                  set up, then PyTorch's own device-generic test files (v2.6.0) on accel,
+#                  every test, with a CPU reference run (make test runs them without the
+#                  slowest tests, once)
 #
 # Wheels are kept in $(WHEELHOUSE) (outside the checkout), so a fresh clone on the same
 # machine installs torch from there instead of downloading it again.
@@ -32,7 +36,8 @@ APT_PACKAGES := g++ ccache googletest libgtest-dev
 REQUIREMENTS := requirements-dev.txt
 DEPS_STAMP := $(VENV)/.deps-$(shell sha1sum $(REQUIREMENTS) | cut -c1-12)
 
-.PHONY: demo test install sanitize bench opinfo opinfo-sweep system-deps deps test-cpp test-python build-cpp clean
+.PHONY: demo test install sanitize bench opinfo opinfo-sweep pytorch-suites system-deps deps test-cpp \
+        test-python build-cpp clean
 
 demo: install
 	$(PY) examples/transformer_lm.py
@@ -105,6 +110,11 @@ opinfo: install opinfo-sweep
 
 opinfo-sweep:
 	OPINFO_FULL=1 $(PY) -m pytest -q -p no:cacheprovider test/test_opinfo.py
+
+# PyTorch's test files, every test, and the same files on the CPU to tell drift from defects.
+pytorch-suites: install
+	PYTORCH_SUITES_FULL=1 PYTORCH_SUITES_CPU=1 $(PY) -m pytest -q -p no:cacheprovider \
+	  test/test_pytorch_suites.py
 
 clean:
 	rm -rf $(BUILD_DIR) $(BUILD_DIR)-address $(BUILD_DIR)-thread torch_accel/_C*.so torch_accel/lib

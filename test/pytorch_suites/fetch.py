@@ -1,0 +1,149 @@
+"""Fetches PyTorch's own test files, pinned to one source release, for running them on accel.
+
+The files come from Debian's `pytorch` source package 2.6.0+dfsg-7 (its orig tarball, whose
+sha256 the signed .dsc lists). Only the files in FILES are extracted, each checked against its
+own pinned sha256, so a second run with the files in place does nothing and needs no network.
+
+    python test/pytorch_suites/fetch.py TARGET_DIR [--cache-dir DIR]
+
+The tarball is kept in --cache-dir, else $TORCH_ACCEL_PYTORCH_SRC_CACHE, else
+~/.cache/torch_accel/pytorch-src. Exit status 0 when TARGET_DIR holds every file, verified.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import sys
+import tarfile
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+VERSION = "2.6.0+dfsg-7"
+TARBALL = "pytorch_2.6.0+dfsg.orig.tar.xz"
+URL = f"http://deb.debian.org/debian/pool/main/p/pytorch/{TARBALL}"
+# From Checksums-Sha256 of pytorch_2.6.0+dfsg-7.dsc (27212640 bytes).
+TARBALL_SHA256 = "099a9601bc40d67656e75735c44abedb0fbe92d08817852ab7472eebb7e6ddff"
+TARBALL_SIZE = 27212640
+PREFIX = "pytorch-v2.6.0/test/"
+
+# The test files (path under test/ in the tarball) and their sha256. They import nothing from
+# PyTorch's test tree besides torch.testing._internal, which comes with the installed torch.
+FILES: dict[str, str] = {
+    "test_torch.py": "790fe2fb308e6531e84e7ee96edeb508503483fde8d1f25def59004da658d2c9",
+    "test_view_ops.py": "d66cabc237335a0c79f25e85b4defeefba695fb7e00e0d884720ebd391c6f8d3",
+    "test_indexing.py": "9e7abcf122d765803ac8d8f5aa397d845f4fce9fb47ee6485c26a19fdb3fa3d5",
+    "test_shape_ops.py": "fb2c33d1e36c12f0ce921786d37a634105617a97b92eabe071e35e0d6cd5980d",
+    "test_type_promotion.py": "5ad36927fd071da2dd8e7c10cbe0effbdef67fc5b5fa5be0fbdb0129196a8a2a",
+    "test_tensor_creation_ops.py": (
+        "37dfe52ce9dcd2deb4fdb42dcab09779ee3815a4b443c5952c0cbe30ee48dd07"
+    ),
+    "test_sort_and_select.py": "37cb72f7df04e1c8610d434d82eaa5206b0551e02ab001a161485f5922e69def",
+}
+
+CACHE_ENV = "TORCH_ACCEL_PYTORCH_SRC_CACHE"
+DEFAULT_CACHE = Path.home() / ".cache" / "torch_accel" / "pytorch-src"
+CHUNK = 1 << 20
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def verified(path: Path, sha256: str) -> bool:
+    return path.is_file() and sha256_of(path) == sha256
+
+
+def log(message: str) -> None:
+    print(f"fetch.py: {message}", file=sys.stderr)
+
+
+def download_tarball(cache_dir: Path) -> Path:
+    """The tarball in cache_dir, downloaded (atomically) unless a verified copy is there."""
+    tarball = cache_dir / TARBALL
+    if verified(tarball, TARBALL_SHA256):
+        return tarball
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    log(f"downloading {URL} ({TARBALL_SIZE / 2**20:.1f} MiB)")
+    start = time.monotonic()
+    digest = hashlib.sha256()
+    fd, tmp_name = tempfile.mkstemp(prefix=TARBALL + ".", suffix=".part", dir=cache_dir)
+    tmp = Path(tmp_name)
+    try:
+        with os.fdopen(fd, "wb") as out, urllib.request.urlopen(URL, timeout=60) as response:
+            while chunk := response.read(CHUNK):
+                digest.update(chunk)
+                out.write(chunk)
+        if digest.hexdigest() != TARBALL_SHA256:
+            raise RuntimeError(
+                f"sha256 mismatch for {URL}: got {digest.hexdigest()}, expected {TARBALL_SHA256}"
+            )
+        tmp.replace(tarball)
+    finally:
+        tmp.unlink(missing_ok=True)
+    log(f"downloaded in {time.monotonic() - start:.1f} s")
+    return tarball
+
+
+def extract(tarball: Path, target: Path, names: set[str]) -> None:
+    """Streams through the tarball once and writes out only the wanted regular files."""
+    wanted = {PREFIX + name: name for name in names}
+    target.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(tarball, mode="r|xz") as archive:
+        for member in archive:
+            name = wanted.pop(member.name, None)
+            if name is None:
+                continue
+            if not member.isfile():
+                raise RuntimeError(f"{member.name} is not a regular file in {TARBALL}")
+            source = archive.extractfile(member)
+            if source is None:
+                raise RuntimeError(f"cannot read {member.name} from {TARBALL}")
+            data = source.read()
+            if hashlib.sha256(data).hexdigest() != FILES[name]:
+                raise RuntimeError(f"sha256 mismatch for {member.name} in {TARBALL}")
+            tmp = target / (name + ".part")
+            tmp.write_bytes(data)
+            tmp.replace(target / name)
+            if not wanted:
+                break
+    if wanted:
+        raise RuntimeError(f"not in {TARBALL}: {', '.join(sorted(wanted))}")
+
+
+def fetch(target: Path, cache_dir: Path) -> None:
+    missing = {name for name, sha256 in FILES.items() if not verified(target / name, sha256)}
+    if not missing:
+        log(f"{len(FILES)} files already in {target} (PyTorch {VERSION})")
+        return
+    extract(download_tarball(cache_dir), target, missing)
+    log(f"extracted {len(missing)} files into {target} (PyTorch {VERSION})")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("target", type=Path, help="directory to put the test files in")
+    parser.add_argument(
+        "--cache-dir",
+        type=Path,
+        default=Path(os.environ.get(CACHE_ENV) or DEFAULT_CACHE),
+        help=f"where the tarball is kept (default: ${CACHE_ENV} or {DEFAULT_CACHE})",
+    )
+    args = parser.parse_args(argv)
+    try:
+        fetch(args.target.expanduser(), args.cache_dir.expanduser())
+    except (OSError, RuntimeError, tarfile.TarError) as error:
+        log(f"error: {error}")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,194 @@
+"""A pytest plugin for the PyTorch test files that test_pytorch_suites.py runs in a subprocess.
+
+Loaded with ``-p plugin`` (this folder on PYTHONPATH). It writes one JSON line per event to the
+file named by $PYTORCH_SUITES_REPORT, flushed at once, so that a crash or a hang still leaves
+the outcomes of the tests before it, and the test that was running:
+
+    {"start": nodeid}
+    {"id": nodeid, "outcome": "passed" | "failed" | "skipped", "seconds": 0.1, "message": "..."}
+
+Only the tests instantiated for a device run (classes made by instantiate_device_type_tests).
+Deselected: tests that match a pattern of $PYTORCH_SUITES_EXCLUDE (fnmatch patterns separated by
+commas, "{device}" standing for the device: the slow tests), and the tests named in the file
+$PYTORCH_SUITES_DESELECT (one node id a line: the runner restarts a file after a crash or a hang
+without the tests that already ran).
+
+On accel ($PYTORCH_SUITES_DEVICE=accel) the device is synchronized after each test: an error
+that a stream task found (an index out of range checked in the kernel) fails the test that
+enqueued the work, instead of the next test that happens to synchronize.
+
+It also adds back the few names of torch's testing utilities that the v2.6.0 files import and
+torch 2.11 removed (see _compat_shims), so that the files import at all.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import os
+import time
+from collections.abc import Generator
+from typing import IO, Any
+
+import pytest
+
+_OUT: IO[str] | None = None
+_RESULTS: dict[str, dict[str, Any]] = {}
+_STARTED: dict[str, float] = {}
+MESSAGE_CHARS = 400
+
+
+def _write(data: dict[str, Any]) -> None:
+    if _OUT is not None:
+        _OUT.write(json.dumps(data) + "\n")
+        _OUT.flush()
+
+
+def _compat_shims() -> None:
+    """Names the v2.6.0 test files import that torch 2.11 no longer has."""
+    from torch.testing._internal import common_cuda, common_mkldnn
+
+    # Both removed after 2.6; test_torch.py imports them.
+    if not hasattr(common_cuda, "tf32_is_not_fp32"):
+        common_cuda.tf32_is_not_fp32 = lambda: False  # no TF32 here
+    if not hasattr(common_mkldnn, "bf32_on_and_off"):  # became reduced_f32_on_and_off
+
+        def bf32_on_and_off(bf32_precision: float = 1e-2) -> Any:
+            return common_mkldnn.reduced_f32_on_and_off(bf32_precision=bf32_precision)
+
+        common_mkldnn.bf32_on_and_off = bf32_on_and_off
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    global _OUT
+    _compat_shims()
+    path = os.environ.get("PYTORCH_SUITES_REPORT")
+    if path:
+        _OUT = open(path, "a", encoding="utf-8")  # noqa: SIM115 (open for the whole session)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    global _OUT
+    if _OUT is not None:
+        _OUT.close()
+        _OUT = None
+
+
+def _device_generic(item: pytest.Item) -> bool:
+    """Whether the test is one instantiated for a device (TestFooPRIVATEUSE1.test_bar_accel),
+    not one of a plain TestCase that runs on the CPU whatever the device."""
+    from torch.testing._internal.common_device_type import DeviceTypeTestBase
+
+    cls = getattr(item, "cls", None)
+    return cls is not None and issubclass(cls, DeviceTypeTestBase)
+
+
+# The class suffixes of instantiate_device_type_tests: a PrivateUse1 class is named after
+# "privateuse1" until PrivateUse1TestBase.setUpClass ran, after the backend's name from then on.
+CLASS_SUFFIXES = {"accel": ("PRIVATEUSE1", "ACCEL"), "cpu": ("CPU",)}
+
+
+def cpu_twin(test_id: str, device: str) -> str:
+    """The id of the same test instantiated for the CPU:
+    f.py::TestFooPRIVATEUSE1::test_bar_accel_float32 -> f.py::TestFooCPU::test_bar_cpu_float32.
+    The device suffix is the last _<device> of the name (only dtype suffixes come after it)."""
+    if device == "cpu":
+        return test_id
+    path, cls, name = test_id.split("::")
+    for suffix in CLASS_SUFFIXES[device]:
+        if cls.endswith(suffix):
+            cls = cls[: -len(suffix)] + "CPU"
+            break
+    head, sep, tail = name.rpartition("_" + device)
+    if sep:
+        name = f"{head}_cpu{tail}"
+    return f"{path}::{cls}::{name}"
+
+
+def excluded(test_id: str, device: str, patterns: list[str]) -> bool:
+    """Whether a test matches one of the patterns ("{device}" stands for the device's name)."""
+    return any(fnmatch.fnmatchcase(test_id, p.replace("{device}", device)) for p in patterns)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    skip: set[str] = set()
+    path = os.environ.get("PYTORCH_SUITES_DESELECT")
+    if path:
+        with open(path, encoding="utf-8") as f:
+            skip = {line.strip() for line in f if line.strip()}
+    device = os.environ.get("PYTORCH_SUITES_DEVICE", "accel")
+    patterns = [p for p in os.environ.get("PYTORCH_SUITES_EXCLUDE", "").split(",") if p]
+
+    def keep(item: pytest.Item) -> bool:
+        if item.nodeid in skip or not _device_generic(item):
+            return False
+        return not excluded(item.nodeid, device, patterns)
+
+    kept = [item for item in items if keep(item)]
+    deselected = [item for item in items if not keep(item)]
+    if deselected:
+        config.hook.pytest_deselected(items=deselected)
+        items[:] = kept
+
+
+def pytest_runtest_logstart(nodeid: str, location: tuple[str, int | None, str]) -> None:
+    _STARTED[nodeid] = time.perf_counter()
+    _RESULTS[nodeid] = {"id": nodeid, "outcome": "passed", "message": ""}
+    _write({"start": nodeid})
+
+
+def _message(report: pytest.TestReport) -> str:
+    longrepr = report.longrepr
+    if isinstance(longrepr, tuple):  # a skip: (path, line, reason)
+        text = str(longrepr[2])
+    else:
+        crash = getattr(longrepr, "reprcrash", None)
+        text = str(crash.message) if crash is not None else str(longrepr)
+    text = " ".join(text.split())
+    return text[:MESSAGE_CHARS]
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    result = _RESULTS.setdefault(report.nodeid, {"id": report.nodeid, "outcome": "passed"})
+    if report.failed and result["outcome"] != "failed":
+        result["outcome"] = "failed"
+        where = "" if report.when == "call" else f"[in {report.when}] "
+        result["message"] = where + _message(report)
+    elif report.skipped and result["outcome"] == "passed":
+        # xfail (unittest.expectedFailure) counts as skipped: the test did not pass.
+        result["outcome"] = "skipped"
+        result["message"] = _message(report)
+
+
+def pytest_runtest_logfinish(nodeid: str, location: tuple[str, int | None, str]) -> None:
+    result = _RESULTS.pop(nodeid, {"id": nodeid, "outcome": "passed", "message": ""})
+    result["seconds"] = round(time.perf_counter() - _STARTED.pop(nodeid, time.perf_counter()), 4)
+    _write(result)
+
+
+def _synchronize() -> None:
+    import torch
+
+    torch.accel.synchronize()  # type: ignore[attr-defined]  (registered by torch_accel)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, Any]:
+    if os.environ.get("PYTORCH_SUITES_DEVICE") != "accel":
+        return (yield)
+    try:
+        result = yield
+    except BaseException:
+        try:
+            _synchronize()
+        except Exception:  # noqa: BLE001 (the test failed already; clears the error)
+            pass
+        raise
+    failure = getattr(item, "_excinfo", None)  # a unittest failure, recorded by pytest
+    try:
+        _synchronize()
+    except Exception as e:
+        if failure:
+            return result  # the test failed already: its own error is the one to report
+        raise RuntimeError(f"raised at torch.accel.synchronize() after the test: {e}") from e
+    return result

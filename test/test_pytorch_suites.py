@@ -1,0 +1,386 @@
+"""PyTorch's own device-generic test files over accel.
+
+The test files of one PyTorch release (v2.6.0, fetched by pytorch_suites/fetch.py into
+$PYTORCH_SUITES_DIR, default ~/.cache/torch_accel/pytorch-suites-2.6.0; once, then offline) run
+in a subprocess each, under pytest, with PYTORCH_TESTING_DEVICE_ONLY_FOR=accel: torch's
+instantiate_device_type_tests makes their tests for the PrivateUse1 device (PrivateUse1TestBase:
+TestFooPRIVATEUSE1.test_bar_accel_float32), and only those run (plain TestCases, which run on the
+CPU whatever the device, are deselected). torch_accel comes in through torch's backend autoload.
+pytorch_suites/plugin.py writes each test's outcome as it ends, synchronizes accel after each
+test so that an error found by a stream task fails the test that caused it, and adds back the two
+names of torch's testing utilities that test_torch.py imports and torch 2.11 removed. A crash or
+a hang (no test ending in HANG_SECONDS) fails the test that was running; the file then goes on
+without the tests that already ran. Files run whole, in a fixed order: some outcomes depend on
+what ran before in the process (the first call of an op signature runs synchronously on accel,
+and raises its errors in time), so a -k subset may differ from the full file.
+
+Each failing test must be listed in pytorch_suites/known_failures.yaml (test id: reason), and
+each listed test must fail: a listed test that passes (or is skipped) fails the file's test too,
+so that the list stays honest. Reasons start with a category: "BUG:" (a defect of the backend),
+"CUDA:" (the test assumes that a device other than the CPU is cuda), "UNSUPPORTED:" (what accel
+does not support), "RNG:" (a seeded statistical check that accel's random stream misses), "DRIFT:"
+(the test fails on the CPU with torch 2.11 too: a v2.6.0 test against a newer torch).
+
+Modes:
+
+* default (make test): every file, without the few slow tests in SLOW (1.5 min on 2 cores);
+* PYTORCH_SUITES_FULL=1: every test of every file (3 min; with PYTORCH_SUITES_CPU=1, 5 min);
+* PYTORCH_SUITES_FILES=test_a.py,test_b.py: those files only (without SLOW unless FULL too);
+* PYTORCH_SUITES_CPU=1 (with any): also runs the files on the CPU (plain torch, no
+  torch_accel) as the reference: an accel failure whose CPU twin fails too is drift; checks that
+  the DRIFT: entries do fail on the CPU and that no other entry does.
+
+The debug configurations of `make test` (ACCEL_LAUNCH_BLOCKING=1, ACCEL_PROTECT_DEVICE_MEMORY=1)
+skip the default run: errors found by stream tasks are raised at once there, which changes the
+outcomes; PYTORCH_SUITES_FULL or PYTORCH_SUITES_FILES run anyway (expect differences then).
+test_summary prints passed / failed / skipped / known per file with the times, and writes every
+outcome to build/pytorch_suites_summary.json. A file that cannot be fetched (no network) is skipped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+SUITES = HERE / "pytorch_suites"
+sys.path.insert(0, str(SUITES))
+import fetch  # noqa: E402  (pytorch_suites/fetch.py)
+from plugin import CLASS_SUFFIXES, cpu_twin, excluded  # noqa: E402  (pytorch_suites/plugin.py)
+
+KNOWN_FAILURES_FILE = SUITES / "known_failures.yaml"
+FILES_DIR = Path(
+    os.environ.get("PYTORCH_SUITES_DIR")
+    or Path.home() / ".cache" / "torch_accel" / f"pytorch-suites-{fetch.VERSION.split('+')[0]}"
+).expanduser()
+SUMMARY_FILE = ROOT / "build" / "pytorch_suites_summary.json"
+LOG_DIR = ROOT / "build" / "pytorch_suites"
+
+_OFF = ("", "0")
+FULL = os.environ.get("PYTORCH_SUITES_FULL", "") not in _OFF
+ONLY = [n for n in os.environ.get("PYTORCH_SUITES_FILES", "").split(",") if n]
+WITH_CPU = os.environ.get("PYTORCH_SUITES_CPU", "") not in _OFF
+DEFAULT = not (FULL or ONLY)
+# Tests that take seconds each on accel, left out unless PYTORCH_SUITES_FULL: file: test names
+# (every instantiation: dtypes, parameters). Times on accel, 2 cores, host driver.
+SLOW = {
+    # 13-43 s each on accel (1 s on the CPU): all(cond) over a million-element accel tensor, one
+    # .item() (a stream synchronization) per element.
+    "test_tensor_creation_ops.py": ["test_linspace"],
+}
+EXCLUDE = [f"{f}::*::{name}_{{device}}*" for f, names in SLOW.items() for name in names]
+DEBUG_MODES = ("ACCEL_LAUNCH_BLOCKING", "ACCEL_PROTECT_DEVICE_MEMORY")
+# No test starting or ending for this long is a hang: the subprocess is killed.
+HANG_SECONDS = float(os.environ.get("PYTORCH_SUITES_HANG_SECONDS", 180))
+FILES = list(fetch.FILES)
+CATEGORIES = ("BUG:", "CUDA:", "UNSUPPORTED:", "RNG:", "DRIFT:")
+
+
+# --- the known failures ------------------------------------------------------------------------
+
+
+def load_known_failures() -> dict[str, str]:
+    """{accel test id: reason} from known_failures.yaml."""
+    data = yaml.safe_load(KNOWN_FAILURES_FILE.read_text()) or {}
+    assert isinstance(data, dict), "known_failures.yaml: expected a mapping test id: reason"
+    known: dict[str, str] = {}
+    for test_id, reason in data.items():
+        assert isinstance(reason, str) and reason.strip(), f"{test_id}: no reason"
+        assert reason.startswith(CATEGORIES), f"{test_id}: reason must start with {CATEGORIES}"
+        parts = str(test_id).split("::")
+        assert len(parts) == 3 and parts[0] in FILES, f"{test_id}: not file.py::Class::test"
+        assert parts[1].endswith(CLASS_SUFFIXES["accel"]), f"{test_id}: not an accel test"
+        known[str(test_id)] = reason
+    return known
+
+
+def known_in_run(known: dict[str, str], name: str) -> dict[str, str]:
+    """The known failures of a file that this run selects (without SLOW's unless FULL)."""
+    prefix = name + "::"
+    exclude = [] if FULL else EXCLUDE
+    return {
+        t: r for t, r in known.items() if t.startswith(prefix) and not excluded(t, "accel", exclude)
+    }
+
+
+# --- running a file ----------------------------------------------------------------------------
+
+
+@dataclass
+class Outcome:
+    outcome: str  # passed | failed | skipped
+    message: str = ""
+    seconds: float = 0.0
+
+
+@dataclass
+class FileRun:
+    name: str
+    device: str
+    outcomes: dict[str, Outcome] = field(default_factory=dict)
+    seconds: float = 0.0
+    restarts: list[str] = field(default_factory=list)  # tests that crashed or hung
+    error: str = ""  # the file could not run (collection error)
+
+    def counts(self) -> Counter[str]:
+        return Counter(o.outcome for o in self.outcomes.values())
+
+
+def _environment(device: str, report: Path, deselect: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ACCEL_", "PYTORCH_"))}
+    env.update({k: os.environ[k] for k in DEBUG_MODES if k in os.environ})
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SUITES), os.environ.get("PYTHONPATH")]))
+    env["PYTORCH_TESTING_DEVICE_ONLY_FOR"] = device
+    env["PYTORCH_SUITES_DEVICE"] = device
+    env["PYTORCH_SUITES_REPORT"] = str(report)
+    env["PYTORCH_SUITES_DESELECT"] = str(deselect)
+    env["PYTORCH_PRINT_REPRO_ON_FAILURE"] = "0"
+    if not FULL:
+        env["PYTORCH_SUITES_EXCLUDE"] = ",".join(EXCLUDE)
+    if device == "cpu":
+        env["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"  # the reference: plain torch
+    else:
+        env["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "1"  # torch_accel comes in with import torch
+        env["ACCEL_FALLBACK"] = "silent"  # tests that assert no warnings must not see ours
+    return env
+
+
+def run_file(name: str, device: str) -> FileRun:
+    """Runs one test file on one device, again after each crash or hang, until every test ran."""
+    run = FileRun(name, device)
+    LOG_DIR.mkdir(parents=True, exist_ok=True)
+    log_path = LOG_DIR / f"{Path(name).stem}.{device}.log"
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="pytorch_suites.") as tmp, log_path.open("w") as log:
+        report, deselect = Path(tmp) / "report.jsonl", Path(tmp) / "deselect.txt"
+        deselect.touch()
+        env = _environment(device, report, deselect)
+        command = [sys.executable, "-m", "pytest", "-q", "-p", "plugin", "-p", "no:cacheprovider"]
+        command += ["-c", os.devnull, "--rootdir", str(FILES_DIR), "-o", "addopts=", name]
+        while True:
+            report.write_text("")
+            proc = subprocess.Popen(
+                command, cwd=FILES_DIR, env=env, stdout=log, stderr=subprocess.STDOUT
+            )
+            running, hung = _follow(proc, report, run)
+            if running is None:
+                if proc.returncode in (0, 1, 5):
+                    break  # every test ran (1: some failed; 5: none left, after a restart)
+                log.flush()
+                tail = log_path.read_text(errors="replace").strip().splitlines()[-15:]
+                what = "hung outside any test" if hung else f"exited with {proc.returncode}"
+                run.error = f"pytest {what}: " + " / ".join(tail)
+                break
+            what = f"hung (no test ended in {HANG_SECONDS:.0f} s)" if hung else "crashed"
+            if proc.returncode < 0 and not hung:
+                what += f" ({signal.Signals(-proc.returncode).name})"
+            run.outcomes[running] = Outcome("failed", f"the test process {what}")
+            run.restarts.append(running)
+            deselect.write_text("".join(f"{t}\n" for t in run.outcomes))
+            print(f"\n  {name} on {device}: {running} {what}: going on", file=sys.stderr)
+    run.seconds = time.perf_counter() - start
+    return run
+
+
+def _follow(proc: subprocess.Popen[bytes], report: Path, run: FileRun) -> tuple[str | None, bool]:
+    """Reads the plugin's events until the process ends (or hangs: then kills it). Returns the
+    test that was running when it ended (None if none was) and whether it hung."""
+    running: str | None = None
+    offset = 0
+    last_event = time.monotonic()
+    hung = False
+
+    def read() -> None:
+        nonlocal running, offset, last_event
+        with report.open() as f:
+            f.seek(offset)
+            data = f.read()
+        lines = data.split("\n")
+        offset += len(data) - len(lines[-1])  # a partial last line waits for the next read
+        for line in lines[:-1]:
+            event: dict[str, Any] = json.loads(line)
+            last_event = time.monotonic()
+            if "start" in event:
+                running = event["start"]
+            else:
+                run.outcomes[event["id"]] = Outcome(
+                    event["outcome"], event.get("message", ""), event.get("seconds", 0.0)
+                )
+                running = None
+
+    while proc.poll() is None:
+        time.sleep(0.2)
+        read()
+        if time.monotonic() - last_event > HANG_SECONDS:
+            hung = True
+            proc.kill()
+            proc.wait()
+    read()
+    return running, hung
+
+
+# --- judging -----------------------------------------------------------------------------------
+
+
+@dataclass
+class Verdict:
+    unexpected: dict[str, str] = field(default_factory=dict)  # failing, not listed: message
+    not_failing: dict[str, str] = field(default_factory=dict)  # listed, passed or skipped
+    known: int = 0
+    drift_unconfirmed: list[str] = field(default_factory=list)  # DRIFT: passes on the CPU
+    cpu_fails_too: list[str] = field(default_factory=list)  # listed as BUG etc., CPU fails
+
+
+def judge(run: FileRun, known: dict[str, str], cpu: FileRun | None) -> Verdict:
+    """Compares a file's accel outcomes with its known failures (those of the run's selection)
+    and, given the CPU reference run, checks the DRIFT: entries."""
+    verdict = Verdict()
+    for test_id, o in run.outcomes.items():
+        reason = known.get(test_id)
+        if o.outcome == "failed":
+            if reason is not None:
+                verdict.known += 1
+                continue
+            message = o.message
+            if cpu is not None and _fails(cpu, test_id):
+                message = f"[fails on the CPU too: DRIFT] {message}"
+            verdict.unexpected[test_id] = message
+        elif reason is not None:
+            verdict.not_failing[test_id] = f"{o.outcome}, listed as {reason[:100]!r}"
+    for test_id in sorted(set(known) - set(run.outcomes)):
+        verdict.not_failing[test_id] = "not run: no such test (any more)"
+    if cpu is not None:
+        for test_id, reason in known.items():
+            if test_id not in run.outcomes:
+                continue
+            drift = reason.startswith("DRIFT:")
+            if drift and not _fails(cpu, test_id):
+                verdict.drift_unconfirmed.append(test_id)
+            elif not drift and _fails(cpu, test_id):
+                verdict.cpu_fails_too.append(test_id)
+    return verdict
+
+
+def _fails(cpu: FileRun, accel_id: str) -> bool:
+    o = cpu.outcomes.get(cpu_twin(accel_id, "accel"))
+    return o is not None and o.outcome == "failed"
+
+
+# --- the tests ---------------------------------------------------------------------------------
+
+_RUNS: dict[str, dict[str, FileRun]] = {}
+
+
+def _selected_files() -> list[str]:
+    return ONLY or FILES
+
+
+@pytest.fixture(scope="module")
+def known_failures() -> dict[str, str]:
+    return load_known_failures()
+
+
+@pytest.fixture(scope="module")
+def files_dir() -> Path:
+    if any(os.environ.get(k, "") not in _OFF for k in DEBUG_MODES) and DEFAULT:
+        pytest.skip("runs in the default configuration only (see the docstring)")
+    cache = Path(os.environ.get(fetch.CACHE_ENV) or fetch.DEFAULT_CACHE).expanduser()
+    try:
+        fetch.fetch(FILES_DIR, cache)
+    except (OSError, RuntimeError, tarfile.TarError) as error:
+        pytest.skip(f"PyTorch's test files could not be fetched: {error}")
+    return FILES_DIR
+
+
+def test_known_failures_file(known_failures: dict[str, str]) -> None:
+    unknown = sorted(set(ONLY) - set(FILES))
+    assert not unknown, f"PYTORCH_SUITES_FILES: not fetched by fetch.py: {unknown}"
+    assert set(SLOW) <= set(FILES), "SLOW: not fetched by fetch.py"
+
+
+@pytest.mark.parametrize("name", _selected_files())
+def test_suite(name: str, files_dir: Path, known_failures: dict[str, str]) -> None:
+    runs = {"accel": run_file(name, "accel")}
+    if WITH_CPU:
+        runs["cpu"] = run_file(name, "cpu")
+    _RUNS[name] = runs
+    accel = runs["accel"]
+    assert not accel.error, f"{name} on accel: {accel.error}"
+    if "cpu" in runs:
+        assert not runs["cpu"].error, f"{name} on the CPU: {runs['cpu'].error}"
+    assert accel.outcomes, f"{name}: no test ran"
+    verdict = judge(accel, known_in_run(known_failures, name), runs.get("cpu"))
+    problems = [f"unexpected failure: {t}: {m}" for t, m in verdict.unexpected.items()]
+    problems += [
+        f"known failure that did not fail: {t}: {m}" for t, m in verdict.not_failing.items()
+    ]
+    problems += [f"DRIFT: but passes on the CPU: {t}" for t in verdict.drift_unconfirmed]
+    problems += [f"fails on the CPU too, list it as DRIFT: {t}" for t in verdict.cpu_fails_too]
+    if problems:
+        pytest.fail(f"{name}: {len(problems)} problems\n" + "\n".join(problems[:40]), False)
+
+
+def summarize(known: dict[str, str]) -> dict[str, Any]:
+    files: dict[str, Any] = {}
+    for name, runs in _RUNS.items():
+        entry: dict[str, Any] = {}
+        for device, run in runs.items():
+            c = run.counts()
+            failed = [t for t, o in run.outcomes.items() if o.outcome == "failed"]
+            entry[device] = {
+                "tests": len(run.outcomes),
+                "passed": c["passed"],
+                "failed": c["failed"],
+                "skipped": c["skipped"],
+                "known": sum(t in known for t in failed) if device == "accel" else None,
+                "seconds": round(run.seconds, 1),
+                "crashed_or_hung": run.restarts,
+                "failures": {t: run.outcomes[t].message for t in failed},
+                "skip_reasons": dict(
+                    Counter(
+                        o.message[:120] for o in run.outcomes.values() if o.outcome == "skipped"
+                    ).most_common()
+                ),
+                "slowest": {
+                    t: o.seconds
+                    for t, o in sorted(run.outcomes.items(), key=lambda kv: -kv[1].seconds)[:15]
+                },
+            }
+        files[name] = entry
+    return {
+        "mode": "full" if FULL else "without the slow tests",
+        "files": files,
+    }
+
+
+def test_summary(known_failures: dict[str, str], capsys: Any) -> None:
+    if not _RUNS:
+        pytest.skip("no file ran")
+    summary = summarize(known_failures)
+    with capsys.disabled():
+        print(f"\nPyTorch {fetch.VERSION} test files over accel ({summary['mode']}):")
+        header = f"  {'file':28} {'device':6} {'passed':>7} {'failed':>7} {'skipped':>7}"
+        print(header + f" {'known':>6} {'seconds':>8}")
+        for name, entry in summary["files"].items():
+            for device, c in entry.items():
+                known = "" if c["known"] is None else c["known"]
+                print(
+                    f"  {name:28} {device:6} {c['passed']:7} {c['failed']:7} {c['skipped']:7}"
+                    f" {known:>6} {c['seconds']:8.1f}"
+                )
+    SUMMARY_FILE.parent.mkdir(exist_ok=True)
+    SUMMARY_FILE.write_text(json.dumps(summary, indent=1) + "\n")

@@ -1,0 +1,285 @@
+"""Third-party models on accel: Hugging Face transformers and torchvision, trained against the CPU.
+
+Every model is built from a config with random weights (nothing is downloaded: the Hub is put
+offline before transformers is imported), on the CPU with a fixed seed; a deep copy moves to accel.
+Both copies train a few AdamW steps on the same batches, and the losses, the parameters and the
+buffers after training must match the CPU's; the language models then decode greedily and must
+pick the same tokens. No operator may take the copying CPU fallback: the fallback mode is `error`
+and `torch.accel.fallback_stats()` must stay empty.
+
+The models are tiny so that the file runs in seconds, but they take the code paths of the real
+ones: rotary embeddings, grouped-query attention and SDPA with a KV cache and a left-padded prompt
+(Llama), tied input and output embeddings (GPT-2), a padded encoder with a classification head
+(BERT), top-k expert routing (Mixtral: its `grouped_mm` experts and its load-balancing loss call
+`torch.histc` on int32 input on every device but the CPU and MPS, then `torch._grouped_mm`), and
+batch normalization in training and in evaluation mode (ResNet-18, MobileNetV3-small).
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["TRANSFORMERS_OFFLINE"] = "1"
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+import torchvision  # noqa: E402
+import transformers  # noqa: E402
+from torch import nn  # noqa: E402
+
+transformers.logging.set_verbosity_error()
+
+ACCEL = torch.device("accel")
+STEPS = 3
+
+# AdamW's first step moves every parameter by about lr * sign(gradient), whatever the size of the
+# gradient above eps: a gradient that is only rounding noise (GPT-2's attention key bias, whose
+# exact gradient is zero because softmax ignores a shift shared by all keys) would move by a full
+# lr in a direction chosen by the last bit of a sum. eps=1e-6 keeps such gradients (far below it)
+# from moving their parameters, and lr=1e-3 keeps three steps close to the starting point; neither
+# hides a wrong gradient, which is orders of magnitude above eps.
+LR = 1e-3
+EPS = 1e-6
+
+# torch.testing's float32 rtol, and 3x its atol: the host driver runs the CPU's own kernels, but
+# a call whose tensors all have fewer than 32768 elements runs on one thread on accel, where the
+# CPU splits some of them over its threads; sums then round differently in the last bit, and
+# three AdamW steps carry that into the parameters (MobileNetV3 in training mode: 1.03e-5 on one
+# of 6000 weights). The CPU against itself with one thread and with two differs as much.
+RTOL = 1.3e-6
+ATOL = 3e-5
+
+Batch = dict[str, torch.Tensor]
+LossFn = Callable[[nn.Module, Batch], torch.Tensor]
+M = TypeVar("M", bound=nn.Module)
+
+
+@pytest.fixture
+def no_fallback(fallback_mode: Callable[[str], None]) -> Iterator[None]:
+    """Forbids the CPU fallback for one test and checks that no operator took it."""
+    fallback_mode("error")
+    torch.accel.reset_fallback_stats()
+    yield
+    assert torch.accel.fallback_stats() == {}
+
+
+def _to(batch: Batch, device: torch.device) -> Batch:
+    return {k: v.to(device) for k, v in batch.items()}
+
+
+def _hf_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
+    return model(**batch).loss
+
+
+def _vision_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
+    return nn.functional.cross_entropy(model(batch["pixels"]), batch["labels"])
+
+
+def _lm_batches(vocab: int, batch: int = 2, seq: int = 8) -> list[Batch]:
+    out = []
+    for _ in range(STEPS):
+        ids = torch.randint(0, vocab, (batch, seq))
+        out.append({"input_ids": ids, "labels": ids})
+    return out
+
+
+def _assert_close(actual: torch.Tensor, expected: torch.Tensor, what: str) -> None:
+    assert actual.device.type == "accel", what
+    torch.testing.assert_close(
+        actual.detach().cpu(), expected.detach(), rtol=RTOL, atol=ATOL, msg=lambda m: f"{what}: {m}"
+    )
+
+
+def _step(
+    model: nn.Module, opt: torch.optim.Optimizer, loss_fn: LossFn, batch: Batch
+) -> torch.Tensor:
+    device = next(model.parameters()).device
+    opt.zero_grad()
+    loss = loss_fn(model, _to(batch, device))
+    loss.backward()
+    opt.step()
+    return loss.detach()
+
+
+def _train_both(cpu: M, loss_fn: LossFn, batches: list[Batch], train: bool = True) -> M:
+    """Trains the CPU model and an accel copy from the same weights, comparing the losses, then
+    the parameters and buffers; returns the accel copy."""
+    acc = copy.deepcopy(cpu).to(ACCEL)
+    cpu.train(train)
+    acc.train(train)
+    opt_cpu = torch.optim.AdamW(cpu.parameters(), lr=LR, eps=EPS)
+    opt_acc = torch.optim.AdamW(acc.parameters(), lr=LR, eps=EPS)
+    for step, batch in enumerate(batches):
+        expected = _step(cpu, opt_cpu, loss_fn, batch)
+        _assert_close(_step(acc, opt_acc, loss_fn, batch), expected, f"loss at step {step}")
+    expected_params = dict(cpu.named_parameters())
+    for name, param in acc.named_parameters():
+        _assert_close(param, expected_params[name], f"parameter {name}")
+    expected_buffers = dict(cpu.named_buffers())
+    for name, buf in acc.named_buffers():
+        _assert_close(buf, expected_buffers[name], f"buffer {name}")
+    return acc
+
+
+def _assert_same_greedy_tokens(
+    cpu: transformers.PreTrainedModel, acc: transformers.PreTrainedModel, vocab: int
+) -> None:
+    cpu.eval()
+    acc.eval()
+    prompt = torch.randint(1, vocab, (2, 5))
+    mask = torch.ones_like(prompt)
+    mask[1, :2] = 0  # the second prompt is left-padded
+    # output_router_logits=False: with router logits, Mixtral's generate fails on the CPU too
+    # (transformers 5.23 computes the load-balancing loss with the prompt's attention mask against
+    # one decoded token's router logits); the models that have no router ignore it.
+    kwargs = {
+        "max_new_tokens": 4,
+        "do_sample": False,
+        "pad_token_id": 0,
+        "output_router_logits": False,
+    }
+    expected = cpu.generate(input_ids=prompt, attention_mask=mask, **kwargs)
+    actual = acc.generate(input_ids=prompt.to(ACCEL), attention_mask=mask.to(ACCEL), **kwargs)
+    assert actual.device.type == "accel"
+    assert actual.cpu().tolist() == expected.tolist()
+
+
+# The sizes that Llama and Mixtral share: grouped-query attention, 2 key-value heads for 4.
+_GQA_DECODER: dict[str, Any] = {
+    "vocab_size": 64,
+    "hidden_size": 32,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 64,
+    "attention_dropout": 0.0,
+    "pad_token_id": 0,
+}
+
+
+def _llama() -> tuple[transformers.PreTrainedModel, int]:
+    config = transformers.LlamaConfig(**_GQA_DECODER, intermediate_size=64)
+    return transformers.LlamaForCausalLM(config), config.vocab_size
+
+
+def _gpt2() -> tuple[transformers.PreTrainedModel, int]:
+    config = transformers.GPT2Config(
+        vocab_size=64,
+        n_positions=32,
+        n_embd=32,
+        n_layer=2,
+        n_head=4,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        tie_word_embeddings=True,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+    )
+    return transformers.GPT2LMHeadModel(config), config.vocab_size
+
+
+def _mixtral() -> tuple[transformers.PreTrainedModel, int]:
+    config = transformers.MixtralConfig(
+        **_GQA_DECODER,
+        intermediate_size=48,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        output_router_logits=True,  # adds the load-balancing loss (torch.histc) to the loss
+        router_aux_loss_coef=0.1,
+    )
+    return transformers.MixtralForCausalLM(config), config.vocab_size
+
+
+LMS: dict[str, Callable[[], tuple[transformers.PreTrainedModel, int]]] = {
+    "llama": _llama,
+    "gpt2": _gpt2,
+    "mixtral": _mixtral,
+}
+
+
+@pytest.mark.parametrize("name", list(LMS))
+def test_causal_lm_trains_and_decodes_like_cpu(name: str, no_fallback: None) -> None:
+    torch.manual_seed(0)
+    model, vocab = LMS[name]()
+    acc = _train_both(model, _hf_loss, _lm_batches(vocab))
+    _assert_same_greedy_tokens(model, acc, vocab)
+
+
+def test_gpt2_embeddings_stay_tied_on_accel(no_fallback: None) -> None:
+    torch.manual_seed(0)
+    model, _ = _gpt2()
+    assert model.lm_head.weight is model.transformer.wte.weight
+    acc = copy.deepcopy(model).to(ACCEL)
+    assert acc.lm_head.weight is acc.transformer.wte.weight
+    assert acc.lm_head.weight.device.type == "accel"
+
+
+def test_bert_sequence_classification_trains_like_cpu(no_fallback: None) -> None:
+    torch.manual_seed(0)
+    config = transformers.BertConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        max_position_embeddings=32,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+        classifier_dropout=0.0,
+        num_labels=3,
+    )
+    model = transformers.BertForSequenceClassification(config)
+    batches = []
+    for _ in range(STEPS):
+        ids = torch.randint(1, config.vocab_size, (2, 8))
+        mask = torch.ones_like(ids)
+        mask[1, 5:] = 0  # the second sequence is right-padded
+        ids[1, 5:] = 0
+        batches.append(
+            {
+                "input_ids": ids,
+                "attention_mask": mask,
+                "token_type_ids": torch.zeros_like(ids),
+                "labels": torch.randint(0, config.num_labels, (2,)),
+            }
+        )
+    _train_both(model, _hf_loss, batches)
+
+
+def _vision_batches(num_classes: int) -> list[Batch]:
+    # Four 64x64 images: the last stage's batch norms then normalize 16 values per channel. With
+    # two 32x32 images they normalize 2 (a 1x1 feature map), and training is chaotic: the CPU
+    # with one thread and with two already ends 20% apart in loss after three steps.
+    return [
+        {"pixels": torch.randn(4, 3, 64, 64), "labels": torch.randint(0, num_classes, (4,))}
+        for _ in range(STEPS)
+    ]
+
+
+VISION: dict[str, Callable[[], nn.Module]] = {
+    "resnet18": lambda: torchvision.models.resnet18(num_classes=10),
+    "mobilenet_v3_small": lambda: torchvision.models.mobilenet_v3_small(
+        num_classes=10, dropout=0.0
+    ),
+}
+
+
+@pytest.mark.parametrize("train", [True, False], ids=["train", "eval"])
+@pytest.mark.parametrize("name", list(VISION))
+def test_torchvision_trains_like_cpu(name: str, train: bool, no_fallback: None) -> None:
+    """Trains with batch norm in training mode (batch statistics, running statistics updated) or
+    in evaluation mode (running statistics), then compares a forward pass in evaluation mode."""
+    torch.manual_seed(0)
+    model = VISION[name]()
+    acc = _train_both(model, _vision_loss, _vision_batches(10), train=train)
+    pixels = torch.randn(4, 3, 64, 64)
+    model.eval()
+    acc.eval()
+    with torch.no_grad():
+        _assert_close(acc(pixels.to(ACCEL)), model(pixels), "logits in evaluation mode")
