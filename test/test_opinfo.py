@@ -32,32 +32,27 @@ each with its reason; reasons of bugs in the backend start with "BUG:".
 
 The ops run in a worker process (this file run as a script), one op at a time: some failures
 leave the device unusable for the rest of the process, and a crash or a hang must not take the
-suite with it. The worker is started again after any of these.
+suite with it. The worker is started again after any of these (sweep_worker.py).
 """
 
 from __future__ import annotations
 
-import json
 import math
 import os
-import select
-import signal
-import subprocess
 import sys
-import tempfile
 import time
 import warnings
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-import yaml
 from torch.utils import _pytree as pytree
 
-ROOT = Path(__file__).resolve().parent.parent
+import sweep_worker as sweep
+
 KNOWN_FAILURES_FILE = Path(__file__).with_name("opinfo_known_failures.yaml")
 FULL = os.environ.get("OPINFO_FULL", "") not in ("", "0")
 ONLY = [n for n in os.environ.get("OPINFO_OPS", "").split(",") if n]
@@ -147,51 +142,27 @@ def values_are_defined(op: Any) -> bool:
 # --- op_db and the known failures --------------------------------------------------------------
 
 
-def _load_op_db() -> list[Any]:
-    """Imports op_db (torch's testing utilities; they need expecttest, in requirements-dev)."""
-    backends = torch.backends.flags_frozen.__globals__  # the module's own globals
-    frozen = backends["__allow_nonbracketed_mutation_flag"]
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        from torch.testing._internal.common_methods_invocations import op_db
-    # The import freezes the torch.backends flags, for torch's own suites: not for ours.
-    backends["__allow_nonbracketed_mutation_flag"] = frozen
-    return op_db
-
-
 _OP_DB: dict[str, Any] | None = None
 
 
 def op_db() -> dict[str, Any]:
     global _OP_DB
     if _OP_DB is None:
-        _OP_DB = {op.full_name: op for op in _load_op_db()}
+        ops = sweep.import_testing_db("common_methods_invocations", "op_db")
+        _OP_DB = {op.full_name: op for op in ops}
     return _OP_DB
 
 
-@dataclass(frozen=True)
-class Known:
-    reason: str
-    samples: frozenset[int] | None  # the failing samples' indices; None: any sample may fail
+def _applies(where: str, entry: dict[str, Any]) -> bool:
+    """Whether a known failure applies: one of a reference input only needs OPINFO_REFERENCE."""
+    assert entry.get("inputs", "reference") == "reference", f"{where}: inputs"
+    return REFERENCE or entry.get("inputs") != "reference"
 
 
-def load_known_failures() -> dict[str, dict[str, Known]]:
+def load_opinfo_known_failures() -> sweep.KnownFailures:
     """{OpInfo full name: {mode: Known}} from opinfo_known_failures.yaml."""
-    data = yaml.safe_load(KNOWN_FAILURES_FILE.read_text()) or {}
-    known: dict[str, dict[str, Known]] = {}
-    for name, modes in data.items():
-        assert isinstance(modes, dict) and modes, f"{name}: expected mode: {{reason: ...}}"
-        for mode, entry in modes.items():
-            assert mode in MODES, f"{name}: unknown mode {mode!r}"
-            assert isinstance(entry, dict) and entry.get("reason"), f"{name} {mode}: no reason"
-            assert set(entry) <= {"reason", "samples", "inputs"}, f"{name} {mode}: unknown keys"
-            assert entry.get("inputs", "reference") == "reference", f"{name} {mode}: inputs"
-            if entry.get("inputs") == "reference" and not REFERENCE:
-                continue  # a failure of a reference input only
-            samples = entry.get("samples")
-            samples = None if samples is None else frozenset(int(i) for i in samples)
-            known.setdefault(name, {})[mode] = Known(str(entry["reason"]), samples)
-    return known
+    keys = frozenset({"reason", "samples", "inputs"})
+    return sweep.load_known_failures(KNOWN_FAILURES_FILE, MODES, keys, _applies)
 
 
 # --- moving samples ----------------------------------------------------------------------------
@@ -239,10 +210,6 @@ def to_accel(x: Any) -> Any:
 # --- comparing results -------------------------------------------------------------------------
 
 
-class Mismatch(AssertionError):
-    pass
-
-
 def compare(
     actual: Any, expected: Any, values: bool, path: str = "result", devices: bool = True
 ) -> None:
@@ -251,38 +218,38 @@ def compare(
     tensors are on accel."""
     if isinstance(expected, torch.Tensor):
         if not isinstance(actual, torch.Tensor):
-            raise Mismatch(f"{path}: {_brief(actual)}, CPU {_brief(expected)}")
+            raise sweep.Mismatch(f"{path}: {_brief(actual)}, CPU {_brief(expected)}")
         if devices and expected.device.type == "cpu" and actual.device.type != "accel":
-            raise Mismatch(f"{path}: on {actual.device}, expected accel")
+            raise sweep.Mismatch(f"{path}: on {actual.device}, expected accel")
         if (actual.dtype, actual.shape, actual.layout) != (
             expected.dtype,
             expected.shape,
             expected.layout,
         ):
-            raise Mismatch(f"{path}: {_brief(actual)}, CPU {_brief(expected)}")
+            raise sweep.Mismatch(f"{path}: {_brief(actual)}, CPU {_brief(expected)}")
         if values:
             try:
                 torch.testing.assert_close(
                     actual.detach().cpu(), expected.detach(), equal_nan=True, check_device=False
                 )
             except AssertionError as e:
-                raise Mismatch(f"{path}: {e}") from None
+                raise sweep.Mismatch(f"{path}: {e}") from None
     elif isinstance(expected, (list, tuple)):
         if not isinstance(actual, (list, tuple)) or len(actual) != len(expected):
-            raise Mismatch(f"{path}: {_brief(actual)}, CPU {_brief(expected)}")
+            raise sweep.Mismatch(f"{path}: {_brief(actual)}, CPU {_brief(expected)}")
         for i, (a, e) in enumerate(zip(actual, expected, strict=True)):
             compare(a, e, values, f"{path}[{i}]", devices)
     elif isinstance(expected, dict):
         if not isinstance(actual, dict) or actual.keys() != expected.keys():
-            raise Mismatch(f"{path}: {_brief(actual)}, CPU {_brief(expected)}")
+            raise sweep.Mismatch(f"{path}: {_brief(actual)}, CPU {_brief(expected)}")
         for k in expected:
             compare(actual[k], expected[k], values, f"{path}[{k!r}]", devices)
     elif isinstance(expected, float) and isinstance(actual, float):
         close = math.isclose(actual, expected, rel_tol=1.3e-6, abs_tol=1e-5)
         if values and not (close or (math.isnan(actual) and math.isnan(expected))):
-            raise Mismatch(f"{path}: {actual}, CPU {expected}")
+            raise sweep.Mismatch(f"{path}: {actual}, CPU {expected}")
     elif type(actual) is not type(expected) or (values and actual != expected):
-        raise Mismatch(f"{path}: {_brief(actual)}, CPU {_brief(expected)}")
+        raise sweep.Mismatch(f"{path}: {_brief(actual)}, CPU {_brief(expected)}")
 
 
 def _brief(x: Any) -> str:
@@ -297,31 +264,13 @@ def _brief(x: Any) -> str:
 
 
 @dataclass
-class ModeResult:
-    matched: list[int] = field(default_factory=list)  # indices of the samples that matched
-    failed: dict[int, str] = field(default_factory=dict)  # sample index: what went wrong
-    skipped: int = 0  # the CPU raised, or the sample has no accel form
+class OpResult(sweep.ModeResult):
+    """A mode's samples (skipped: the CPU raised, or the sample has no accel form)."""
+
     fallback_ops: list[str] = field(default_factory=list)
 
-    @property
-    def run(self) -> int:
-        return len(self.matched) + len(self.failed)
 
-
-@dataclass
-class OpReport:
-    name: str
-    modes: dict[str, ModeResult] = field(default_factory=dict)
-    seconds: float = 0.0
-    note: str = ""  # why the op stopped early: the device left unusable, a crash, a hang
-
-    @staticmethod
-    def from_json(data: dict[str, Any]) -> OpReport:
-        modes = {}
-        for mode, res in data.pop("modes").items():
-            res["failed"] = {int(i): text for i, text in res["failed"].items()}  # JSON keys
-            modes[mode] = ModeResult(**res)
-        return OpReport(modes=modes, **data)
+OpReport = sweep.Report[OpResult]
 
 
 class DeviceUnusable(Exception):
@@ -377,13 +326,6 @@ def _describe(sample: Any) -> str:
     return text if len(text) <= 300 else text[:300] + "..."
 
 
-def _error(e: BaseException) -> str:
-    lines = [line.strip() for line in str(e).strip().splitlines() if line.strip()]
-    if isinstance(e, Mismatch):
-        return " / ".join(lines[:4])[:500]
-    return f"{type(e).__name__}: {(lines[0] if lines else '')[:300]}"
-
-
 def _on_accel(x: Any) -> bool:
     if isinstance(x, torch.Tensor):
         return x.device.type == "accel"
@@ -392,16 +334,8 @@ def _on_accel(x: Any) -> bool:
     return isinstance(x, str) and x == "accel"
 
 
-def _device_usable() -> bool:
-    try:
-        torch.accel.synchronize()
-        return torch.ones(2, device=ACCEL).sum().item() == 2.0
-    except Exception:  # noqa: BLE001
-        return False
-
-
-def run_mode(op: Any, mode: str, max_samples: int, progress: Callable[[int], None]) -> ModeResult:
-    result = ModeResult()
+def run_mode(op: Any, mode: str, max_samples: int, progress: Callable[[int], None]) -> OpResult:
+    result = OpResult()
     dtype = torch.bfloat16 if mode.startswith("bf16") else torch.float32
     backward = mode.endswith("backward")
     random = is_random(op)
@@ -422,7 +356,7 @@ def run_mode(op: Any, mode: str, max_samples: int, progress: Callable[[int], Non
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             _run_sample(op, sample, index, backward, random, values, result, fallback)
-        if len(result.failed) > failures and not _device_usable():
+        if len(result.failed) > failures and not sweep.device_usable():
             result.fallback_ops = sorted(fallback)
             raise DeviceUnusable(result)
     result.fallback_ops = sorted(fallback)
@@ -436,7 +370,7 @@ def _run_sample(
     backward: bool,
     random: bool,
     values: bool,
-    result: ModeResult,
+    result: OpResult,
     fallback: set[str],
 ) -> None:
     cpu = Sample(sample.input, tuple(sample.args), dict(sample.kwargs))
@@ -450,7 +384,7 @@ def _run_sample(
         result.skipped += 1
         return
     except Exception as e:  # noqa: BLE001
-        result.failed[index] = f"{_describe(sample)}\n    moving it to accel: {_error(e)}"
+        result.failed[index] = f"{_describe(sample)}\n    moving it to accel: {sweep.error_text(e)}"
         return
     if not any(_on_accel(x) for x in dev.flat()):
         result.skipped += 1  # nothing for accel to do (logspace(1, 3) runs on the CPU)
@@ -473,7 +407,7 @@ def _run_sample(
         if backward:
             actual = _backward(op, dev, process, expected[0])
             if actual is None:
-                raise Mismatch("no differentiable output on accel")
+                raise sweep.Mismatch("no differentiable output on accel")
             actual, expected = actual[1], expected[1]
             # A leaf view of a base that requires grad (made under no_grad by some reference
             # samples) gets no gradient on the CPU; its accel copy is a plain leaf that does.
@@ -490,12 +424,12 @@ def _run_sample(
             after = [t for t in dev.flat() if isinstance(t, torch.Tensor)]
             compare(after, tensors, values, "the sample's tensors after the op", False)
     except Exception as e:  # noqa: BLE001 (the CPU ran it: a failure of accel)
-        result.failed[index] = f"{_describe(sample)}\n    {_error(e)}"
+        result.failed[index] = f"{_describe(sample)}\n    {sweep.error_text(e)}"
         return
     result.matched.append(index)
 
 
-def check_op(op: Any, max_samples: int, progress: Callable[[str, int], None]) -> OpReport:
+def check_op(op: Any, max_samples: int, progress: sweep.Progress) -> OpReport:
     """Runs an OpInfo's modes; stops at a sample after which the device is unusable."""
     report = OpReport(op.full_name)
     start = time.perf_counter()
@@ -526,142 +460,6 @@ def check_op(op: Any, max_samples: int, progress: Callable[[str, int], None]) ->
     return report
 
 
-def worker_main(max_samples: int) -> None:
-    """Reads OpInfo names from stdin, writes JSON lines: progress, then the op's report.
-    Exits when the device is unusable (the parent starts a new worker)."""
-    import faulthandler
-
-    import torch_accel
-
-    faulthandler.enable()  # a crash shows where
-    torch_accel._C._set_fallback_mode(FALLBACK)
-    db = op_db()
-    out = sys.stdout
-    sys.stdout = sys.stderr  # stray prints of ops must not mix with the reports
-
-    def send(data: dict[str, Any]) -> None:
-        out.write(json.dumps(data) + "\n")
-        out.flush()
-
-    send({"ready": True})
-    for line in sys.stdin:
-        name = line.strip()
-        if name == "?names":
-            send({"names": sorted(db)})
-            continue
-        report = check_op(db[name], max_samples, lambda m, i: send({"mode": m, "sample": i}))
-        send({"report": asdict(report)})
-        if report.note:
-            return
-
-
-# --- the worker, from the tests ----------------------------------------------------------------
-
-
-class Worker:
-    """A worker process that checks one op at a time; started again after it stops."""
-
-    def __init__(self, max_samples: int) -> None:
-        self.max_samples = max_samples
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.buffer = b""
-        self.stderr = tempfile.TemporaryFile()
-        self._names: list[str] | None = None
-        self.hung = False
-
-    def _start(self) -> None:
-        self.stderr.seek(0)
-        self.stderr.truncate()
-        self.proc = subprocess.Popen(
-            [sys.executable, __file__, "--worker", str(self.max_samples)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=self.stderr,
-            bufsize=0,
-        )
-        self.buffer = b""
-        first = self._read(120.0)
-        assert first == {"ready": True}, f"the worker did not start: {first} {self._stderr()}"
-
-    def _read(self, timeout: float) -> dict[str, Any] | None:
-        """The next JSON line, or None when the worker exited or the timeout passed (then
-        self.hung is set)."""
-        assert self.proc is not None and self.proc.stdout is not None
-        deadline = time.monotonic() + timeout
-        self.hung = False
-        while b"\n" not in self.buffer:
-            left = deadline - time.monotonic()
-            if left <= 0 or not select.select([self.proc.stdout], [], [], left)[0]:
-                self.hung = True
-                return None
-            chunk = os.read(self.proc.stdout.fileno(), 1 << 16)
-            if not chunk:
-                return None
-            self.buffer += chunk
-        line, self.buffer = self.buffer.split(b"\n", 1)
-        return json.loads(line)
-
-    def _stderr(self) -> str:
-        self.stderr.seek(0)
-        lines = self.stderr.read().decode(errors="replace").strip().splitlines()
-        noise = ("frame #", "No CUDA runtime is found")
-        lines = [x.strip() for x in lines if x.strip() and not any(n in x for n in noise)]
-        fatal = [i for i, line in enumerate(lines) if line.startswith("Fatal Python error")]
-        lines = lines[fatal[0] : fatal[0] + 8] if fatal else lines[-8:]  # faulthandler's stack
-        return " / ".join(lines)[-1200:]
-
-    def _send(self, line: str) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            self._start()
-        assert self.proc is not None and self.proc.stdin is not None
-        self.proc.stdin.write(line.encode() + b"\n")
-
-    def names(self) -> list[str]:
-        """The OpInfo full names (the parent does not import torch's testing utilities)."""
-        if self._names is None:
-            self._send("?names")
-            msg = self._read(HANG_SECONDS)
-            assert msg is not None and "names" in msg, f"no answer: {self._stderr()}"
-            self._names = msg["names"]
-        return self._names
-
-    def check(self, name: str) -> OpReport:
-        assert name in self.names(), f"no OpInfo {name!r}"
-        self._send(name)
-        where = "before its first sample"
-        while True:
-            msg = self._read(HANG_SECONDS)
-            if msg is not None and "report" in msg:
-                report = OpReport.from_json(msg["report"])
-                if report.note:
-                    self.close()
-                return report
-            if msg is not None:
-                msg_mode, msg_index = msg["mode"], msg["sample"]
-                where = f"in {msg_mode} sample {msg_index}"
-                continue
-            # A crash or a hang: the op fails where it was.
-            hung = self.hung
-            self.close(0.0 if hung else 10.0)
-            what = f"hung (no answer in {HANG_SECONDS:.0f} s)" if hung else "crashed"
-            rc = self.proc.returncode
-            if rc is not None and rc < 0 and not hung:
-                what += f" ({signal.Signals(-rc).name})"
-            mode, index = (msg_mode, msg_index) if where.startswith("in ") else ("forward", 0)
-            failure = f"the worker {what} {where}: {self._stderr()}"
-            return OpReport(name, {mode: ModeResult(failed={index: failure})}, note=failure)
-
-    def close(self, wait: float = 0.0) -> None:
-        """Ends the worker: waits `wait` seconds for it to exit, then kills it."""
-        if self.proc is None:
-            return
-        try:
-            self.proc.wait(wait)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-
-
 # --- the tests ---------------------------------------------------------------------------------
 
 _REPORTS: dict[str, OpReport] = {}
@@ -676,76 +474,38 @@ def _selected_ops() -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def known_failures() -> dict[str, dict[str, Known]]:
-    return load_known_failures()
+def known_failures() -> sweep.KnownFailures:
+    return load_opinfo_known_failures()
 
 
 @pytest.fixture(scope="module")
-def worker() -> Iterator[Worker]:
-    w = Worker(MAX_SAMPLES)
-    yield w
-    w.close()
+def worker() -> Iterator[sweep.Worker[OpResult]]:
+    """The worker: the parent does not import torch's testing utilities."""
+    argv = [__file__, "--worker", str(MAX_SAMPLES)]
+    with sweep.Worker(argv, OpResult, "OpInfo", "forward", HANG_SECONDS) as w:
+        yield w
 
 
-@dataclass
-class Verdict:
-    unexpected: list[str]  # failing samples not known to fail
-    known: int  # failing samples known to fail
-    xpass: list[str]  # known failures that matched
-
-
-def judge(report: OpReport, known: dict[str, dict[str, Known]]) -> Verdict:
-    verdict = Verdict([], 0, [])
-    for mode, res in report.modes.items():
-        k = known.get(report.name, {}).get(mode)
-        for index, text in res.failed.items():
-            if k is not None and (k.samples is None or index in k.samples):
-                verdict.known += 1
-            else:
-                verdict.unexpected.append(f"{mode} sample {index}: {text}")
-        if k is None:
-            continue
-        if k.samples is None:
-            passing = "" if res.failed or not res.matched else f"all {len(res.matched)} samples"
-        else:
-            matching = sorted(k.samples.intersection(res.matched))
-            passing = f"samples {matching}" if matching else ""
-        if passing:
-            reason = k.reason if len(k.reason) <= 80 else k.reason[:77] + "..."
-            verdict.xpass.append(f"{report.name} {mode}: {passing} match, known as {reason!r}")
-    return verdict
-
-
-def test_known_failures_file(worker: Worker) -> None:
-    names = worker.names()
-    missing = sorted(set(load_known_failures()) - set(names))
+def test_known_failures_file(worker: sweep.Worker[OpResult]) -> None:
+    missing = worker.unknown(load_opinfo_known_failures())
     assert not missing, f"not OpInfo names: {missing}"
-    missing = sorted(set(FAST_OPS) - set(names))
+    missing = worker.unknown(FAST_OPS)
     assert not missing, f"FAST_OPS that are not OpInfo names: {missing}"
 
 
 @pytest.mark.parametrize("name", _selected_ops())
-def test_op(name: str, worker: Worker, known_failures: dict[str, dict[str, Known]]) -> None:
-    report = worker.check(name)
-    _REPORTS[name] = report
-    verdict = judge(report, known_failures)
-    problems = list(verdict.unexpected)
-    if STRICT:
-        problems += [f"xpass: {line}" for line in verdict.xpass]
-    elif verdict.xpass:
-        warnings.warn("; ".join(verdict.xpass), stacklevel=1)
-    if problems:
-        pytest.fail(f"{name}: {len(problems)} unexpected\n" + "\n".join(problems[:6]), False)
+def test_op(name: str, worker: sweep.Worker[OpResult], known_failures: sweep.KnownFailures) -> None:
+    sweep.check_entry(worker, name, known_failures, _REPORTS, STRICT)
 
 
-def summarize(reports: dict[str, OpReport], known: dict[str, dict[str, Known]]) -> dict[str, Any]:
+def summarize(reports: dict[str, OpReport], known: sweep.KnownFailures) -> dict[str, Any]:
     counts = dict.fromkeys(("ops", "samples", "matched", "known", "unexpected", "skipped"), 0)
     counts["ops"] = len(reports)
     by_mode = {m: {"samples": 0, "matched": 0} for m in MODES}
     unexpected: dict[str, list[str]] = {}
     xpass: list[str] = []
     for name, report in reports.items():
-        verdict = judge(report, known)
+        verdict = sweep.judge(report, known)
         for mode, res in report.modes.items():
             counts["samples"] += res.run
             counts["matched"] += len(res.matched)
@@ -777,32 +537,38 @@ def summarize(reports: dict[str, OpReport], known: dict[str, dict[str, Known]]) 
     }
 
 
-def test_summary(known_failures: dict[str, dict[str, Known]], capsys: Any) -> None:
+def _print_summary(summary: dict[str, Any]) -> None:
+    c = summary["counts"]
+    print(
+        f"\nOpInfo over accel: {c['ops']} ops, {c['samples']} samples run, {c['matched']} "
+        f"matched ({c['match_percent']}%), {c['known']} known failures, {c['unexpected']} "
+        f"unexpected, {c['skipped']} skipped, {len(summary['xpass'])} xpass"
+    )
+    if FULL or ONLY:
+        for mode, m in summary["by_mode"].items():
+            print(f"  {mode}: {m['matched']}/{m['samples']} matched")
+        for line in summary["xpass"]:
+            print(f"  xpass: {line}")
+        for name, lines in summary["unexpected"].items():
+            print(f"  unexpected: {name}: {len(lines)} samples")
+
+
+def test_summary(known_failures: sweep.KnownFailures, capsys: pytest.CaptureFixture[str]) -> None:
     if not _REPORTS:
         pytest.skip("no op ran")
     summary = summarize(_REPORTS, known_failures)
+    file_name = "opinfo_summary.json" if FULL or ONLY else None
+    sweep.report_summary(summary, _print_summary, capsys, file_name)
     c = summary["counts"]
-    with capsys.disabled():
-        print(
-            f"\nOpInfo over accel: {c['ops']} ops, {c['samples']} samples run, {c['matched']} "
-            f"matched ({c['match_percent']}%), {c['known']} known failures, {c['unexpected']} "
-            f"unexpected, {c['skipped']} skipped, {len(summary['xpass'])} xpass"
-        )
-        if FULL or ONLY:
-            for mode, m in summary["by_mode"].items():
-                print(f"  {mode}: {m['matched']}/{m['samples']} matched")
-            for line in summary["xpass"]:
-                print(f"  xpass: {line}")
-            for name, lines in summary["unexpected"].items():
-                print(f"  unexpected: {name}: {len(lines)} samples")
-    if FULL or ONLY:
-        out = ROOT / "build" / "opinfo_summary.json"
-        out.parent.mkdir(exist_ok=True)
-        out.write_text(json.dumps(summary, indent=1) + "\n")
     if c["matched"] < TARGET * c["samples"]:
         pytest.fail(f"{c['match_percent']}% of the samples match, below {TARGET:.0%}", False)
     if summary["unexpected"]:
         pytest.fail(f"unexpected failures: {', '.join(summary['unexpected'])}", False)
+
+
+def worker_main(max_samples: int) -> None:
+    """The worker: checks the OpInfos the parent names (sweep_worker.serve)."""
+    sweep.serve(op_db, lambda op, progress: check_op(op, max_samples, progress), FALLBACK)
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["--worker"]:
