@@ -82,8 +82,8 @@ class NativeFunctions:
 # The dispatch key whose ATen kernels a driver runs on its memory (the underlying device);
 # level_zero has none in native_functions.yaml (XPU kernels live outside it).
 UNDERLYING_KEY = {"host": "CPU", "cuda": "CUDA"}
-COMPOSITE_KEYS = {
-    "CompositeImplicitAutograd", "CompositeImplicitAutogradNestedTensor",
+IMPLICIT_KEYS = {"CompositeImplicitAutograd", "CompositeImplicitAutogradNestedTensor"}
+COMPOSITE_KEYS = IMPLICIT_KEYS | {
     "CompositeExplicitAutograd", "CompositeExplicitAutogradNonFunctional",
 }  # fmt: skip
 
@@ -307,13 +307,16 @@ def unregistered(nf: NativeFunctions, registered: set[str]) -> list[tuple[str, s
 
 def default_registrations(nf: NativeFunctions, listed: set[str]) -> list[Registration]:
     """Every operator the yaml does not list that has a CPU kernel runs underlying on the host
-    driver, and on cuda if it has a CUDA kernel: views and composite operators excepted (PyTorch
-    decomposes composites into other operators; views alias, and the fallback computes them
-    from metadata)."""
+    driver, and on cuda if it has a CUDA kernel: views and implicit composites excepted
+    (PyTorch decomposes those into other operators, autograd included; views alias, and the
+    fallback computes them from metadata). An explicit composite with a CPU kernel of its own
+    (addr, native_layer_norm) runs that kernel, as on the CPU, rather than its decomposition."""
     out = []
     for name, f in sorted(nf.functions.items()):
         keys = nf.kernels[name]
-        if name in listed or is_view(f) or keys & COMPOSITE_KEYS:
+        if name in listed or is_view(f) or keys & IMPLICIT_KEYS:
+            continue
+        if keys & COMPOSITE_KEYS and UNDERLYING_KEY["host"] not in keys:
             continue
         if name.startswith(NOT_DENSE_PREFIXES):
             continue
