@@ -283,3 +283,39 @@ def test_torchvision_trains_like_cpu(name: str, train: bool, no_fallback: None) 
     acc.eval()
     with torch.no_grad():
         _assert_close(acc(pixels.to(ACCEL)), model(pixels), "logits in evaluation mode")
+
+
+def test_torchvision_ops_run_on_accel_memory(no_fallback: None) -> None:
+    """torchvision's own operators (torchvision::nms, roi_align and its backward) have CPU
+    kernels and no accel registration: they run on accel memory, with no copying fallback."""
+    g = torch.Generator().manual_seed(0)
+    boxes = torch.rand(20, 4, generator=g) * 10
+    boxes[:, 2:] += boxes[:, :2]
+    scores = torch.rand(20, generator=g)
+    kept = torchvision.ops.nms(boxes.to(ACCEL), scores.to(ACCEL), 0.5)
+    assert kept.device.type == "accel"
+    assert torch.equal(kept.cpu(), torchvision.ops.nms(boxes, scores, 0.5))
+    x = torch.randn(2, 3, 8, 8, generator=g, requires_grad=True)
+    rois = torch.tensor([[0, 0.0, 0, 4, 4], [1, 1, 1, 6, 7]])
+    xa = x.detach().to(ACCEL).requires_grad_()
+    out = torchvision.ops.roi_align(xa, rois.to(ACCEL), 2, sampling_ratio=2)
+    expected = torchvision.ops.roi_align(x, rois, 2, sampling_ratio=2)
+    _assert_close(out, expected, "roi_align")
+    (out * torch.arange(out.numel(), device=ACCEL).view(out.shape)).sum().backward()
+    (expected * torch.arange(expected.numel()).view(expected.shape)).sum().backward()
+    _assert_close(xa.grad, x.grad, "roi_align backward")
+
+
+def test_custom_operators_with_a_cpu_kernel_run_on_accel(no_fallback: None) -> None:
+    """A library's own operator (torch.library) with only a CPU implementation works on accel
+    tensors in place and out of place, like torchvision's."""
+
+    @torch.library.custom_op("accel_test::scaled_add", mutates_args=("out",), device_types="cpu")
+    def scaled_add(x: torch.Tensor, y: torch.Tensor, alpha: float, out: torch.Tensor) -> None:
+        assert x.device.type == "cpu"  # the CPU implementation, over accel memory
+        torch.add(x, y, alpha=alpha, out=out)
+
+    x, y = torch.randn(5), torch.randn(5)
+    out = torch.zeros(5, device=ACCEL)
+    scaled_add(x.to(ACCEL), y.to(ACCEL), 0.5, out)
+    _assert_close(out, x + 0.5 * y, "custom operator written into an accel tensor")

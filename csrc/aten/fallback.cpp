@@ -20,8 +20,10 @@
 #include <torch/library.h>
 
 #include "aten/dispatch_util.h"
-#include "aten/nested.h"
 #include "aten/fallback.h"
+#include "aten/host_call.h"
+#include "aten/host_task.h"
+#include "aten/underlying.h"
 #include "device/common.h"
 #include "device/generator.h"
 
@@ -209,8 +211,18 @@ void copying_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack,
 void accel_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const std::string name = op_name(op);
   if (name.rfind("aten::_nested", 0) == 0) {
-    // Operators that make or inspect nested tensors from dense ones (nested.cpp): not a fallback.
-    nested_kernel(op, stack);
+    // Operators that make or inspect nested tensors from dense ones (host_call.cpp).
+    host_call(op, stack);
+    return;
+  }
+  if (name.rfind("aten::", 0) != 0 && host_accessible() && !force_fallback() &&
+      op.hasKernelForDispatchKey(c10::DispatchKey::CPU)) {
+    // Another library's operator with a CPU kernel (torchvision::nms): it runs on accel memory
+    // without copies, as the underlying tier runs ATen's. Not a fallback.
+    const c10::DeviceIndex dev = call_device(op, *stack, name);
+    c10::DeviceGuard guard(c10::Device(kAccel, dev));
+    substitute_generators(op, stack, dev);
+    host_call(op, stack);
     return;
   }
   const std::string why = denied(name);

@@ -1,5 +1,13 @@
-// Nested tensors on accel (torch.nested with the strided layout, and nn.Transformer's fast path,
-// which PyTorch takes for PrivateUse1 in eval mode).
+// CPU kernels run on accel memory on the calling thread (the host driver's device memory is host
+// memory): no copy of the inputs, new results copied to accel, results over an argument's
+// memory aliasing it. The underlying tier runs most operators this way asynchronously, as stream
+// tasks, from their result metadata; this path is for calls whose results cannot be known in
+// advance:
+//
+// - Operators of other libraries with a CPU kernel (torchvision::nms, roi_align, custom ops):
+//   they have no accel registration, so the fallback brings them here instead of copying.
+// - Nested tensors (torch.nested with the strided layout, and nn.Transformer's fast path,
+//   which PyTorch takes for PrivateUse1 in eval mode).
 //
 // A nested accel tensor is ATen's NestedTensorImpl over an accel buffer, with its metadata
 // (sizes, strides, offsets) in CPU tensors as on every device. Operators on it dispatch to the
@@ -9,8 +17,8 @@
 // nested kernels read their metadata and often the data on the host, so they run on the caller.
 // New results are copied to accel; results over an argument's memory (views) alias it.
 //
-// The same kernel runs the dense-input operators that make nested tensors
-// (_nested_tensor_from_mask and the other aten::_nested* operators, through the fallback).
+// The same path runs the dense-input operators that make nested tensors (_nested_tensor_from_mask
+// and the other aten::_nested* operators, through the fallback).
 #include <ATen/NestedTensorImpl.h>
 #include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/core/Tensor.h>
@@ -24,8 +32,8 @@
 #include <vector>
 
 #include "aten/dispatch_util.h"
+#include "aten/host_call.h"
 #include "aten/host_task.h"
-#include "aten/nested.h"
 #include "device/common.h"
 
 namespace accel::aten {
@@ -158,7 +166,7 @@ c10::DeviceIndex nested_call_device(const torch::jit::Stack& stack, size_t begin
 
 }  // namespace
 
-void nested_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+void host_call(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const std::string name = op_name(op);
   require_host_accessible(name.c_str());
   const c10::FunctionSchema& schema = op.schema();
@@ -225,7 +233,7 @@ void nested_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 }
 
 TORCH_LIBRARY_IMPL(_, NestedTensorPrivateUse1, m) {
-  m.fallback(torch::CppFunction::makeFromBoxedFunction<&nested_kernel>());
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&host_call>());
 }
 
 }  // namespace accel::aten
