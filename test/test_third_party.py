@@ -12,7 +12,10 @@ ones: rotary embeddings, grouped-query attention and SDPA with a KV cache and a 
 (Llama), tied input and output embeddings (GPT-2), a padded encoder with a classification head
 (BERT), top-k expert routing (Mixtral: its `grouped_mm` experts and its load-balancing loss call
 `torch.histc` on int32 input on every device but the CPU and MPS, then `torch._grouped_mm`), and
-batch normalization in training and in evaluation mode (ResNet-18, MobileNetV3-small).
+batch normalization in training and in evaluation mode (ResNet-18, MobileNetV3-small). T5, ViT,
+Whisper and Faster R-CNN (its nms and roi_align are torchvision's own operators, with CPU
+kernels only) compare one forward and backward pass; torchvision's operators and a torch.library
+operator with a CPU implementation also run alone.
 """
 
 from __future__ import annotations
@@ -319,3 +322,71 @@ def test_custom_operators_with_a_cpu_kernel_run_on_accel(no_fallback: None) -> N
     out = torch.zeros(5, device=ACCEL)
     scaled_add(x.to(ACCEL), y.to(ACCEL), 0.5, out)
     _assert_close(out, x + 0.5 * y, "custom operator written into an accel tensor")
+
+
+def _t5() -> tuple[nn.Module, dict[str, Any], LossFn]:
+    cfg = transformers.T5Config(
+        vocab_size=64, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4,
+        dropout_rate=0.0, decoder_start_token_id=0,
+    )  # fmt: skip
+    ids = torch.randint(1, 64, (2, 7))
+    return transformers.T5ForConditionalGeneration(cfg), {"input_ids": ids, "labels": ids}, _hf_loss
+
+
+def _vit() -> tuple[nn.Module, dict[str, Any], LossFn]:
+    cfg = transformers.ViTConfig(
+        image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+        intermediate_size=64, num_labels=5, hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )  # fmt: skip
+    batch = {"pixel_values": torch.randn(2, 3, 32, 32), "labels": torch.tensor([1, 3])}
+    return transformers.ViTForImageClassification(cfg), batch, _hf_loss
+
+
+def _whisper() -> tuple[nn.Module, dict[str, Any], LossFn]:
+    cfg = transformers.WhisperConfig(
+        vocab_size=64, num_mel_bins=16, encoder_layers=1, decoder_layers=1,
+        encoder_attention_heads=2, decoder_attention_heads=2, d_model=32, encoder_ffn_dim=64,
+        decoder_ffn_dim=64, max_source_positions=30, max_target_positions=20, dropout=0.0,
+        decoder_start_token_id=1, pad_token_id=0, eos_token_id=2, bos_token_id=1,
+    )  # fmt: skip
+    batch = {"input_features": torch.randn(2, 16, 60), "labels": torch.randint(3, 64, (2, 5))}
+    return transformers.WhisperForConditionalGeneration(cfg), batch, _hf_loss
+
+
+def _detection_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
+    (found,) = model([batch["image"]])
+    # Every parameter takes part (with weight 0) so that all of them get a gradient.
+    return (
+        found["boxes"].sum() + found["scores"].sum() + sum(p.sum() * 0 for p in model.parameters())
+    )
+
+
+def _fasterrcnn() -> tuple[nn.Module, dict[str, Any], LossFn]:
+    model = torchvision.models.detection.fasterrcnn_mobilenet_v3_large_320_fpn(
+        weights=None, weights_backbone=None, num_classes=3
+    ).eval()
+    return model, {"image": torch.rand(3, 128, 128)}, _detection_loss
+
+
+MORE: dict[str, Callable[[], tuple[nn.Module, dict[str, Any], LossFn]]] = {
+    "t5": _t5,  # relative position buckets, an encoder-decoder
+    "vit": _vit,  # patch embedding by convolution
+    "whisper": _whisper,  # 1-d convolutions over audio features
+    "fasterrcnn": _fasterrcnn,  # anchors, nms and roi_align (torchvision's own operators)
+}
+
+
+@pytest.mark.parametrize("name", list(MORE))
+def test_more_models_forward_and_backward_like_cpu(name: str, no_fallback: None) -> None:
+    torch.manual_seed(0)
+    model, batch, loss_fn = MORE[name]()
+    acc = copy.deepcopy(model).to(ACCEL)
+    expected = loss_fn(model, batch)
+    got = loss_fn(acc, _to(batch, ACCEL))
+    _assert_close(got, expected, "loss")
+    expected.backward()
+    got.backward()
+    for (n, p), q in zip(model.named_parameters(), acc.parameters(), strict=True):
+        if p.grad is not None:
+            _assert_close(q.grad, p.grad, f"gradient of {n}")
