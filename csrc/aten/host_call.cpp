@@ -175,6 +175,8 @@ void host_call(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const c10::DeviceIndex device = nested_call_device(*stack, begin);
   c10::DeviceGuard device_guard(c10::Device(kAccel, device));
   // The kernel reads the data on this thread: wait for the work queued on it.
+  refuse_capture(device, name.c_str(),
+                 "it runs its CPU kernel on the calling thread once the stream has drained");
   device::call([&] { rt::stream_synchronize(rt::current_stream(device)); }, name.c_str());
 
   Converter convert(device);

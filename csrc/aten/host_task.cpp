@@ -57,6 +57,10 @@ bool Layout::changed_in(const at::Tensor& v) const {
          v.sizes() != c10::IntArrayRef(sizes) || v.strides() != c10::IntArrayRef(strides);
 }
 
+void refuse_capture(c10::DeviceIndex device, const char* what, const char* why) {
+  device::call([&] { rt::capture_refuse(rt::current_stream(device), what, why); });
+}
+
 bool host_accessible() {
   static const bool ok = device::call([] { return rt::device_memory_host_accessible(); });
   return ok;

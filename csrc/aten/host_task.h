@@ -56,6 +56,10 @@ bool host_accessible();
 // Throws NotImplementedError naming `what` unless the driver's device memory is host memory.
 void require_host_accessible(const char* what);
 
+// If the current stream of `device` is capturing a graph: invalidates the capture and raises
+// torch_accel.CaptureError saying that `what` cannot be captured, and why.
+void refuse_capture(c10::DeviceIndex device, const char* what, const char* why);
+
 // Enqueues f() on the current stream of `device`.
 template <class F>
 void launch(c10::DeviceIndex device, const char* what, F&& f) {

@@ -171,7 +171,12 @@ class UnderlyingKernel final : public c10::OperatorKernel {
     const c10::DeviceIndex device = call_device(op, *stack, c.name);
     c10::DeviceGuard guard(c10::Device(kAccel, device));
     if (info_.has_index_list) upload_cpu_indices(op, stack, device);
-    if (info_.has_generator) substitute_generators(op, stack, device);
+    if (info_.has_generator) {
+      refuse_capture(device, c.name,
+                     "random operators are not graph-safe on accel yet (every replay would "
+                     "repeat the numbers drawn at capture); draw them outside the graph");
+      substitute_generators(op, stack, device);
+    }
     if (c.metadata_only) {
       run_on_caller(op, stack, device, /*synchronize=*/false);
     } else if (c.sync || !info_.tensor_returns_only || !enqueue(op, stack, device)) {
@@ -474,6 +479,9 @@ class UnderlyingKernel final : public c10::OperatorKernel {
     const size_t n = op.schema().arguments().size();
     const size_t begin = stack->size() - n;
     if (synchronize) {
+      refuse_capture(device, config_->name,
+                     "it runs on the calling thread once the stream has drained (its result "
+                     "shape depends on the data, or it returns a value to the host)");
       device::call([&] { rt::stream_synchronize(rt::current_stream(device)); }, config_->name);
     }
     CpuStorages storages;

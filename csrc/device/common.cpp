@@ -1,12 +1,26 @@
 #include "device/common.h"
 
+#include <atomic>
 #include <string>
 
 namespace accel::device {
 
+namespace {
+std::atomic<CaptureErrorThrower> g_capture_thrower{nullptr};
+}  // namespace
+
+void set_capture_error_thrower(CaptureErrorThrower thrower) {
+  g_capture_thrower.store(thrower);
+}
+
 void rethrow_as_torch(const rt::Error& e, const char* context) {
   std::string msg = context != nullptr ? std::string(context) + ": " + e.what() : e.what();
   switch (e.code()) {
+    case rt::ErrorCode::CaptureUnsupported:
+    case rt::ErrorCode::CaptureInvalidated:
+    case rt::ErrorCode::CaptureUnjoined:
+      if (CaptureErrorThrower thrower = g_capture_thrower.load()) thrower(msg);
+      TORCH_CHECK(false, msg);
     case rt::ErrorCode::OutOfMemory: TORCH_CHECK_WITH(OutOfMemoryError, false, msg);
     case rt::ErrorCode::NotSupported: TORCH_CHECK_NOT_IMPLEMENTED(false, msg);
     default: TORCH_CHECK(false, msg);

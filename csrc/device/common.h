@@ -5,6 +5,7 @@
 #include <c10/core/Stream.h>
 #include <c10/util/Exception.h>
 
+#include <string>
 #include <utility>
 
 #include "runtime/runtime.h"
@@ -17,6 +18,13 @@ constexpr c10::DeviceType kAccel = c10::DeviceType::PrivateUse1;
 // (torch.OutOfMemoryError), c10::NotImplementedError, or c10::Error (RuntimeError). `context`
 // (e.g. "aten::copy_") is put in front of the message when given.
 [[noreturn]] void rethrow_as_torch(const rt::Error& e, const char* context = nullptr);
+
+// Capture errors (a call not allowed while a stream captures, an invalidated or unjoined capture)
+// must reach Python as one type, torch_accel.CaptureError, whichever path raised them; the type
+// lives in the Python module, which installs a function that throws it (never returning). Without
+// it (C++ use), they are c10::Error.
+using CaptureErrorThrower = void (*)(const std::string& message);
+void set_capture_error_thrower(CaptureErrorThrower thrower);
 
 // Runs f, translating runtime errors.
 template <class F>

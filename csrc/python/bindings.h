@@ -5,7 +5,11 @@
 
 namespace accel::python {
 
-// torch.accel support: lazy init, fork state, generators, fallback statistics.
-void init_torch_bindings(pybind11::module_& m);
+// torch.accel support: lazy init, fork state, generators, fallback statistics; capture errors
+// raised inside operators surface as `capture_error` (torch_accel.CaptureError).
+void init_torch_bindings(pybind11::module_& m, PyObject* capture_error);
+
+// Graph capture and replay: graphs, pools, capture status.
+void init_graph_bindings(pybind11::module_& m);
 
 }  // namespace accel::python

@@ -298,7 +298,8 @@ PYBIND11_MODULE(_C, m) {
       PyErr_SetString(PyExc_RuntimeError, e.what_without_backtrace());
     }
   });
-  accel::python::init_torch_bindings(m);
+  accel::python::init_torch_bindings(m, g_capture_error);
+  accel::python::init_graph_bindings(m);
 
   m.def("runtime_version", [] { return std::string(rt::version()); });
   m.def("device_count", &rt::device_count_noexcept,

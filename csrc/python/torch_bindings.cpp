@@ -1,5 +1,6 @@
 // Bindings of the PyTorch integration (torch.accel builds on these).
 #include <ATen/Context.h>
+#include <torch/csrc/Exceptions.h>
 #include <torch/csrc/Generator.h>
 #include <torch/csrc/utils/device_lazy_init.h>
 #include <torch/csrc/utils/pybind.h>
@@ -14,8 +15,35 @@ namespace py = pybind11;
 namespace rt = accel::rt;
 
 namespace accel::python {
+namespace {
 
-void init_torch_bindings(py::module_& m) {
+PyObject* g_capture_error = nullptr;
+
+// torch_accel.CaptureError raised from inside an operator: torch's own bindings translate
+// torch::PyTorchError to its python_type(), where a c10::Error would become a plain RuntimeError.
+struct CaptureErrorInOp final : torch::PyTorchError {
+  using PyTorchError::PyTorchError;
+  PyObject* python_type() override { return g_capture_error; }
+};
+
+[[noreturn]] void throw_capture_error(const std::string& message) {
+  throw CaptureErrorInOp(message);
+}
+
+}  // namespace
+
+void init_torch_bindings(py::module_& m, PyObject* capture_error) {
+  g_capture_error = capture_error;
+  device::set_capture_error_thrower(&throw_capture_error);
+  // The same errors raised inside this module's own functions.
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (torch::PyTorchError& e) {
+      PyErr_SetString(e.python_type(), e.what());
+    }
+  });
+
   m.def(
       "_init",
       [] {

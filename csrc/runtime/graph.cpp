@@ -247,6 +247,11 @@ CaptureStatus stream_capture_status(Stream stream) {
   return s.capture->invalidated.empty() ? CaptureStatus::Active : CaptureStatus::Invalidated;
 }
 
+void capture_refuse(Stream stream, const std::string& what, const std::string& why) {
+  Runtime& rt = Runtime::get();
+  rt.refuse_capture(rt.stream(stream, "capture_refuse"), what, why);
+}
+
 bool device_is_capturing(int device) {
   Runtime& rt = Runtime::get();
   return rt.devices[rt.resolve_device(device, "device_is_capturing")]->captures.load() > 0;

@@ -239,6 +239,8 @@ class Runtime {
   // capturing streams must be skipped (relaxed / other thread in thread-local mode).
   bool check_device_sync(int device, const char* call);
   void check_event_not_captured(EventObj& e, const char* call);
+  // Invalidates the capture of `s` (if any) and throws CaptureError: `what` cannot be captured.
+  void refuse_capture(StreamObj& s, const std::string& what, const std::string& why);
 
   // Synchronizes every stream of a device (skipping capturing ones when told to).
   void synchronize_streams(int device, bool skip_capturing);

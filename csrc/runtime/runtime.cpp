@@ -369,6 +369,24 @@ void Runtime::invalidate_and_throw(CaptureState& cs, const std::string& what) {
       __FILE__, __LINE__);
 }
 
+void Runtime::refuse_capture(StreamObj& s, const std::string& what, const std::string& why) {
+  if (!s.capturing.load(std::memory_order_acquire)) return;
+  std::lock_guard<std::mutex> lock(capture_mutex);
+  if (s.capture == nullptr) return;
+  CaptureState& cs = *s.capture;
+  if (cs.invalidated.empty()) {
+    std::ostringstream os;
+    os << what << " (called from thread " << std::this_thread::get_id() << ")";
+    cs.invalidated = os.str();
+  }
+  throw CaptureError(ErrorCode::CaptureUnsupported,
+                     concat(what, " cannot be captured into a graph (", describe(s.handle()),
+                            " is capturing): ", why,
+                            ". The capture is now invalidated; graph_capture_end will end it and "
+                            "report this, after which the stream is usable again."),
+                     __FILE__, __LINE__);
+}
+
 void Runtime::check_not_capturing(StreamObj& s, const char* call) {
   if (!s.capturing.load(std::memory_order_acquire)) return;
   std::lock_guard<std::mutex> lock(capture_mutex);

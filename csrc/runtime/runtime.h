@@ -150,5 +150,9 @@ ACCEL_RT_API std::size_t graph_node_count(Graph graph);
 ACCEL_RT_API CaptureStatus stream_capture_status(Stream stream);
 // True if any stream of the device is capturing.
 ACCEL_RT_API bool device_is_capturing(int device = -1);
+// For work the layers above cannot record into a graph (`what`, e.g. "aten::nonzero", and
+// `why`): if `stream` is capturing, invalidates the capture and throws CaptureError saying so;
+// otherwise does nothing.
+ACCEL_RT_API void capture_refuse(Stream stream, const std::string& what, const std::string& why);
 
 }  // namespace accel::rt

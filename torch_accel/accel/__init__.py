@@ -14,12 +14,18 @@ from typing import Any
 import torch
 
 from torch_accel import _C
-from torch_accel.accel import amp
+from torch_accel.accel import amp, graphs
 
 # Also makes torch.accel._utils an attribute: torch.serialization looks up
 # torch.accel._utils._get_device_index.
 from torch_accel.accel._utils import _get_device_index, _lazy_device_index
 from torch_accel.accel.amp import get_amp_supported_dtype
+from torch_accel.accel.graphs import (
+    AccelGraph,
+    graph,
+    graph_pool_handle,
+    is_current_stream_capturing,
+)
 from torch_accel.accel.memory import (
     empty_cache,
     max_memory_allocated,
@@ -54,6 +60,11 @@ from torch_accel.accel.streams import (
 )
 
 __all__ = [
+    "AccelGraph",
+    "graph",
+    "graph_pool_handle",
+    "graphs",
+    "is_current_stream_capturing",
     "Event",
     "Stream",
     "StreamContext",

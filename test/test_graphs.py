@@ -1,0 +1,218 @@
+"""Graph capture and replay through torch.accel (AccelGraph, graph, pools), against eager runs."""
+
+from __future__ import annotations
+
+import gc
+import threading
+
+import pytest
+import torch
+
+import torch_accel
+
+ACCEL = torch.device("accel")
+
+
+def _eager_step(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    h = torch.relu(x @ w + b)
+    return torch.softmax(h, dim=-1).sum(0)
+
+
+def test_replay_recomputes_from_the_current_inputs() -> None:
+    torch.manual_seed(0)
+    x, w, b = (t.to(ACCEL) for t in (torch.randn(8, 16), torch.randn(16, 4), torch.randn(4)))
+    g = torch.accel.AccelGraph()
+    with torch.accel.graph(g):
+        out = _eager_step(x, w, b)  # signatures seen for the first time during the capture
+    assert g.num_nodes() > 0
+    for _ in range(3):
+        new_x = torch.randn(8, 16)
+        x.copy_(new_x)
+        g.replay()
+        torch.testing.assert_close(out.cpu(), _eager_step(new_x, w.cpu(), b.cpu()))
+
+
+def test_tensors_made_during_capture_keep_their_address() -> None:
+    x = torch.ones(4, device=ACCEL)
+    g = torch.accel.AccelGraph()
+    with torch.accel.graph(g):
+        y = x * 2
+        z = y + 1
+    addresses = (y.data_ptr(), z.data_ptr())
+    for k in range(1, 4):
+        x.fill_(float(k))
+        g.replay()
+        assert (y.data_ptr(), z.data_ptr()) == addresses
+        torch.testing.assert_close(z.cpu(), torch.full((4,), 2.0 * k + 1))
+
+
+def test_every_tier_records_into_the_graph() -> None:
+    # Structural ops, fills, copies from pinned memory, _foreach_ ops, underlying ops.
+    pinned = torch.zeros(6).pin_memory()
+    params = [torch.zeros(3, device=ACCEL), torch.zeros(2, device=ACCEL)]
+    grads = [torch.ones(3, device=ACCEL), torch.full((2,), 2.0, device=ACCEL)]
+    dst = torch.empty(6, device=ACCEL)
+    g = torch.accel.AccelGraph()
+    with torch.accel.graph(g):
+        dst.copy_(pinned, non_blocking=True)
+        view = dst.view(2, 3).t()
+        filled = torch.empty(2, device=ACCEL).fill_(5.0)
+        torch._foreach_add_(params, grads, alpha=0.5)
+        total = view.sum() + filled.sum()
+    for step in range(1, 3):
+        pinned.copy_(torch.arange(6.0) * step)
+        g.replay()
+        torch.accel.synchronize()
+        torch.testing.assert_close(dst.cpu(), torch.arange(6.0) * step)
+        torch.testing.assert_close(total.cpu(), torch.tensor(15.0 * step + 10.0))
+        torch.testing.assert_close(params[0].cpu(), torch.full((3,), 0.5 * step))
+        torch.testing.assert_close(params[1].cpu(), torch.full((2,), 1.0 * step))
+
+
+def test_manual_capture_on_a_side_stream() -> None:
+    s = torch.accel.Stream()
+    x = torch.arange(5.0, device=ACCEL)
+    s.wait_stream(torch.accel.current_stream())
+    g = torch.accel.AccelGraph(keep_graph=True)
+    with torch.accel.stream(s):
+        g.capture_begin()
+        assert torch.accel.is_current_stream_capturing()
+        y = x.pow(2)
+        g.capture_end()
+    assert not torch.accel.is_current_stream_capturing()
+    g.instantiate()
+    g.replay()
+    torch.testing.assert_close(y.cpu(), torch.arange(5.0) ** 2)
+
+
+def test_capturing_the_default_stream_is_refused() -> None:
+    g = torch.accel.AccelGraph()
+    with pytest.raises(torch_accel.CaptureError, match="default stream"):
+        g.capture_begin()
+    assert not torch.accel.is_current_stream_capturing()
+
+
+@pytest.mark.parametrize(
+    ("work", "names"),
+    [
+        (lambda x: x.sum().item(), "Tensor.item()"),
+        (lambda x: x.cpu(), "pageable host memory"),
+        (lambda x: torch.nonzero(x), "aten::nonzero"),
+        (lambda x: x[x > 0], "aten::"),
+        (lambda x: torch.accel.synchronize(), "device_synchronize"),
+        (lambda x: torch.randn(3, device=ACCEL), "random operators are not graph-safe"),
+    ],
+    ids=["item", "pageable_copy", "nonzero", "masked_select", "synchronize", "random"],
+)
+def test_work_that_cannot_be_captured_names_itself(work, names: str) -> None:
+    x = torch.randn(8, device=ACCEL)
+    g = torch.accel.AccelGraph()
+    with pytest.raises(torch_accel.CaptureError, match=names) as raised:
+        with torch.accel.graph(g):
+            y = x * 2
+            work(y)
+    assert isinstance(raised.value, RuntimeError)
+    assert not torch.accel.is_current_stream_capturing()
+    # The device and the capture stream stay usable; the graph can capture again.
+    torch.testing.assert_close((x * 3).cpu(), x.cpu() * 3)
+    with torch.accel.graph(g):
+        y = x * 2
+    g.replay()
+    torch.testing.assert_close(y.cpu(), x.cpu() * 2)
+
+
+def test_the_cpu_fallback_cannot_be_captured(fallback_mode, force_fallback) -> None:
+    fallback_mode("silent")
+    x = torch.randn(4, device=ACCEL)
+    with pytest.raises(torch_accel.CaptureError, match="aten::atan2.*CPU fallback"):
+        with torch.accel.graph(torch.accel.AccelGraph()):
+            torch.atan2(x, x)
+
+
+def test_invalidated_manual_capture_reports_at_capture_end() -> None:
+    s = torch.accel.Stream()
+    x = torch.ones(3, device=ACCEL)
+    g = torch.accel.AccelGraph()
+    with torch.accel.stream(s):
+        g.capture_begin()
+        y = x + 1
+        with pytest.raises(torch_accel.CaptureError):
+            y.sum().item()
+        with pytest.raises(torch_accel.CaptureError, match="invalidated"):
+            g.capture_end()
+    g.reset()
+    torch.testing.assert_close((x + 1).cpu(), torch.full((3,), 2.0))
+
+
+def test_global_mode_refuses_a_synchronize_from_another_thread() -> None:
+    x = torch.ones(3, device=ACCEL)
+    errors: list[BaseException] = []
+
+    def other_thread() -> None:
+        try:
+            torch.accel.synchronize()
+        except BaseException as e:  # noqa: BLE001
+            errors.append(e)
+
+    for mode, refused in (("global", True), ("thread_local", False), ("relaxed", False)):
+        errors.clear()
+        g = torch.accel.AccelGraph()
+        try:
+            with torch.accel.graph(g, capture_error_mode=mode):
+                y = x * 2
+                t = threading.Thread(target=other_thread)
+                t.start()
+                t.join()
+        except torch_accel.CaptureError:
+            assert refused, mode
+        assert bool(errors) == refused, (mode, errors)
+        if refused:
+            assert isinstance(errors[0], torch_accel.CaptureError)
+        else:
+            g.replay()
+            torch.testing.assert_close(y.cpu(), torch.full((3,), 2.0))
+
+
+def test_pools_are_shared_and_memory_returns_after_reset() -> None:
+    torch.accel.synchronize()
+    torch.accel.empty_cache()
+    before = torch.accel.memory_reserved()
+    x = torch.ones(1 << 16, device=ACCEL)
+    pool = torch.accel.graph_pool_handle()
+    g1, g2 = torch.accel.AccelGraph(), torch.accel.AccelGraph()
+    with torch.accel.graph(g1, pool=pool):
+        y = x * 2
+    with torch.accel.graph(g2, pool=g1.pool()):
+        z = y + 1
+    assert g1.pool() == g2.pool() == pool
+    g1.replay()
+    g2.replay()
+    torch.testing.assert_close(z.cpu(), torch.full((1 << 16,), 3.0))
+    assert torch.accel.memory_reserved() > before
+    del y, z
+    g1.reset()
+    g2.destroy()
+    del x
+    gc.collect()
+    torch.accel.synchronize()
+    torch.accel.empty_cache()
+    assert torch.accel.memory_reserved() == before
+
+
+def test_destroyed_graph_raises_on_use() -> None:
+    g = torch.accel.AccelGraph()
+    g.destroy()
+    g.destroy()  # twice is fine
+    for call in (g.replay, g.reset, g.pool, g.instantiate, g.capture_begin):
+        with pytest.raises(RuntimeError, match="destroyed"):
+            call()
+
+
+def test_bad_arguments() -> None:
+    g = torch.accel.AccelGraph()
+    with pytest.raises(ValueError, match="capture_error_mode"):
+        g.capture_begin(capture_error_mode="sometimes")
+    with pytest.raises(torch_accel.AccelError, match="the graph is empty"):
+        g.replay()  # nothing captured yet
+    with pytest.raises(torch_accel.AccelError, match="no capture into this graph is underway"):
+        g.capture_end()

@@ -1,0 +1,219 @@
+"""Graph capture and replay on accel (mirrors torch.cuda.graphs).
+
+Work issued on a capturing stream is recorded into an :class:`AccelGraph` instead of running;
+``replay()`` runs all of it again, as one submission, on the same memory: tensors created during
+the capture come from the graph's private memory pool and keep their addresses, so every replay
+rewrites them. Work that cannot be recorded (a value read on the host with ``.item()``, a copy to
+pageable host memory, an operator whose result shape depends on the data, the CPU fallback,
+``torch.accel.synchronize()``) raises :class:`torch_accel.CaptureError` at the call, naming it;
+the capture is then invalidated, and ending it leaves the stream usable.
+"""
+
+from __future__ import annotations
+
+import gc
+import threading
+import weakref
+from types import TracebackType
+from typing import Any
+
+import torch
+
+from torch_accel import _C
+from torch_accel.accel.streams import Stream, current_stream
+from torch_accel.accel.streams import stream as stream_context
+
+__all__ = [
+    "AccelGraph",
+    "graph",
+    "graph_pool_handle",
+    "is_current_stream_capturing",
+]
+
+_MODES = ("global", "thread_local", "relaxed")
+
+
+def graph_pool_handle() -> tuple[int, int]:
+    """A memory pool id several graphs can capture into (``capture_begin(pool=...)``), so they
+    share memory: replay them in the order they were captured."""
+    from torch_accel.accel import _lazy_init
+
+    _lazy_init()
+    return _C._graph_pool_handle()
+
+
+def is_current_stream_capturing() -> bool:
+    """True if the current stream of the current accel device is capturing a graph."""
+    from torch_accel.accel import is_initialized
+
+    if not is_initialized():
+        return False
+    s = current_stream()
+    return _C._stream_capture_status(s.device_index, s.stream_id) == "active"
+
+
+def _destroy(handle: int) -> None:
+    try:
+        _C._graph_destroy(handle)
+    except Exception:  # noqa: BLE001 - at interpreter exit the runtime may be gone already
+        pass
+
+
+class AccelGraph:
+    """A captured sequence of accel work that can be replayed (torch.cuda.CUDAGraph's API).
+
+    ``keep_graph`` is accepted for torch.cuda compatibility: accel keeps what it captured until
+    :meth:`reset` or :meth:`destroy` either way, and instantiates it at :meth:`capture_end`
+    unless ``keep_graph`` is True (then at :meth:`instantiate` or the first :meth:`replay`).
+    """
+
+    def __init__(self, keep_graph: bool = False) -> None:
+        from torch_accel.accel import _lazy_init
+
+        _lazy_init()
+        self._handle: int | None = _C._graph_create()
+        self._keep_graph = keep_graph
+        self._device: int | None = None
+        self._finalizer = weakref.finalize(self, _destroy, self._handle)
+
+    def _live(self, call: str) -> int:
+        if self._handle is None:
+            raise RuntimeError(f"AccelGraph.{call}: the graph was destroyed; create a new one")
+        return self._handle
+
+    def capture_begin(
+        self, pool: tuple[int, int] | None = None, capture_error_mode: str = "global"
+    ) -> None:
+        """Starts capturing the current stream (not a device's default stream: use a side stream,
+        as :class:`graph` does). ``pool``: a :func:`graph_pool_handle` or another graph's
+        :meth:`pool` to share its memory. ``capture_error_mode``: ``"global"`` (a synchronizing
+        call from any thread fails), ``"thread_local"`` (from this thread only) or ``"relaxed"``.
+        """
+        if capture_error_mode not in _MODES:
+            raise ValueError(
+                f"capture_error_mode must be one of {', '.join(_MODES)}, not {capture_error_mode!r}"
+            )
+        handle = self._live("capture_begin")
+        s = current_stream()
+        _C._graph_capture_begin(
+            handle, s.device_index, s.stream_id, tuple(pool or (0, 0)), capture_error_mode
+        )
+        self._device = s.device_index
+
+    def capture_end(self) -> None:
+        """Ends the capture. Raises torch_accel.CaptureError if it was invalidated (naming the
+        call that did it); the stream is usable again either way."""
+        handle = self._live("capture_end")
+        _C._graph_capture_end(handle)
+        if not self._keep_graph:
+            _C._graph_instantiate(handle)
+
+    def instantiate(self) -> None:
+        """Prepares the captured work for replay (``replay`` does it if needed)."""
+        _C._graph_instantiate(self._live("instantiate"))
+
+    def replay(self) -> None:
+        """Runs the captured work on the current stream of the graph's device."""
+        handle = self._live("replay")
+        s = current_stream(self._device)
+        _C._graph_replay(handle, s.device_index, s.stream_id)
+
+    def reset(self) -> None:
+        """Drops the captured work and the graph's hold on its memory pool (the memory returns
+        to the allocator once no tensor uses it); the graph can capture again."""
+        _C._graph_reset(self._live("reset"))
+
+    def pool(self) -> tuple[int, int]:
+        """The id of the graph's memory pool, for another capture to share
+        (``capture_begin(pool=g.pool())``)."""
+        return _C._graph_pool(self._live("pool"))
+
+    def destroy(self) -> None:
+        """Frees the graph and what it captured now (garbage collection does it otherwise); any
+        later use raises."""
+        if self._handle is not None:
+            self._finalizer.detach()
+            handle, self._handle = self._handle, None
+            _C._graph_destroy(handle)
+
+    def num_nodes(self) -> int:
+        """How many pieces of work the capture recorded."""
+        return _C._graph_node_count(self._live("num_nodes"))
+
+    def enable_debug_mode(self) -> None:
+        raise NotImplementedError(
+            "AccelGraph.enable_debug_mode: graph debug dumps are not available on accel yet"
+        )
+
+    def debug_dump(self, debug_path: str) -> None:
+        raise NotImplementedError(
+            "AccelGraph.debug_dump: graph debug dumps are not available on accel yet"
+        )
+
+    def __repr__(self) -> str:
+        state = "destroyed" if self._handle is None else f"device={self._device}"
+        return f"<torch.accel.AccelGraph {state}>"
+
+
+class graph:  # noqa: N801 - torch.cuda.graph's name
+    """Context manager that captures the work of its body into ``accel_graph``.
+
+    Like torch.cuda.graph: it synchronizes the device, frees cached memory, and captures on
+    ``stream`` (default: a side stream per device, shared by every ``graph``) with ``pool`` and
+    ``capture_error_mode`` passed to :meth:`AccelGraph.capture_begin`. If the body raises, the
+    capture ends quietly (its error is the one that propagates) and the graph is reset.
+    """
+
+    _default_streams: dict[int, Stream] = {}
+    _lock = threading.Lock()
+
+    def __init__(
+        self,
+        accel_graph: AccelGraph,
+        pool: tuple[int, int] | None = None,
+        stream: torch.Stream | None = None,
+        capture_error_mode: str = "global",
+    ) -> None:
+        from torch_accel.accel import current_device
+
+        if stream is None:
+            device = current_device()
+            with graph._lock:
+                stream = graph._default_streams.setdefault(device, Stream(device))
+        self.accel_graph = accel_graph
+        self.pool = pool
+        self.capture_stream = stream
+        self.capture_error_mode = capture_error_mode
+        self._stream_ctx: Any = None
+
+    def __enter__(self) -> None:
+        from torch_accel.accel import empty_cache, synchronize
+
+        synchronize()
+        gc.collect()
+        empty_cache()
+        self._stream_ctx = stream_context(self.capture_stream)
+        self._stream_ctx.__enter__()
+        try:
+            self.accel_graph.capture_begin(self.pool, capture_error_mode=self.capture_error_mode)
+        except BaseException:
+            self._stream_ctx.__exit__(None, None, None)
+            raise
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        try:
+            if exc is None:
+                self.accel_graph.capture_end()
+            else:
+                try:
+                    self.accel_graph.capture_end()
+                except Exception:  # noqa: BLE001 - the body's error is the one to report
+                    pass
+                self.accel_graph.reset()
+        finally:
+            self._stream_ctx.__exit__(exc_type, exc, tb)
