@@ -100,9 +100,8 @@ def test_capturing_the_default_stream_is_refused() -> None:
         (lambda x: torch.nonzero(x), "aten::nonzero"),
         (lambda x: x[x > 0], "aten::"),
         (lambda x: torch.accel.synchronize(), "device_synchronize"),
-        (lambda x: torch.randn(3, device=ACCEL), "random operators are not graph-safe"),
     ],
-    ids=["item", "pageable_copy", "nonzero", "masked_select", "synchronize", "random"],
+    ids=["item", "pageable_copy", "nonzero", "masked_select", "synchronize"],
 )
 def test_work_that_cannot_be_captured_names_itself(work, names: str) -> None:
     x = torch.randn(8, device=ACCEL)
@@ -119,6 +118,49 @@ def test_work_that_cannot_be_captured_names_itself(work, names: str) -> None:
         y = x * 2
     g.replay()
     torch.testing.assert_close(y.cpu(), x.cpu() * 2)
+
+
+def test_random_operators_draw_fresh_numbers_on_every_replay() -> None:
+    torch.accel.manual_seed(0)
+    gen = torch.accel.default_generators[0]
+    x = torch.ones(4000, device=ACCEL)
+    g = torch.accel.AccelGraph()
+    offset = gen.get_offset()
+    with torch.accel.graph(g):
+        r = torch.rand(6, device=ACCEL)
+        n = torch.randn(6, device=ACCEL)
+        d = torch.nn.functional.dropout(x, 0.5)
+    assert gen.get_offset() == offset  # the capture draws nothing
+    draws = []
+    for _ in range(3):
+        g.replay()
+        draws.append((r.cpu().clone(), n.cpu().clone(), d.cpu().clone()))
+    assert gen.get_offset() == offset + 3 * 3  # three draws per replay
+    for a, b in ((0, 1), (1, 2), (0, 2)):
+        assert not torch.equal(draws[a][0], draws[b][0])
+        assert not torch.equal(draws[a][2], draws[b][2])
+    for rr, _, dd in draws:
+        assert ((rr >= 0) & (rr < 1)).all()
+        kept = dd > 0
+        assert 0.45 < kept.float().mean().item() < 0.55
+        torch.testing.assert_close(dd[kept], torch.full_like(dd[kept], 2.0))
+    # The seed before a replay decides it, as for eager draws.
+    torch.accel.manual_seed(123)
+    g.replay()
+    first = (r.cpu().clone(), n.cpu().clone())
+    torch.accel.manual_seed(123)
+    g.replay()
+    assert torch.equal(r.cpu(), first[0]) and torch.equal(n.cpu(), first[1])
+    # A generator of its own, passed explicitly, numbers its draws separately.
+    own = torch.Generator(device=ACCEL).manual_seed(7)
+    g2 = torch.accel.AccelGraph()
+    with torch.accel.graph(g2):
+        u = torch.rand(5, device=ACCEL, generator=own)
+    g2.replay()
+    v1 = u.cpu().clone()
+    own.manual_seed(7)
+    g2.replay()
+    assert torch.equal(u.cpu(), v1)
 
 
 def test_the_cpu_fallback_cannot_be_captured(fallback_mode, force_fallback) -> None:

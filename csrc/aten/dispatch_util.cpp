@@ -6,6 +6,7 @@
 
 #include "device/common.h"
 #include "device/generator.h"
+#include "device/graph_rng.h"
 
 namespace accel::aten {
 namespace {
@@ -70,8 +71,8 @@ c10::DeviceIndex call_device(const c10::OperatorHandle& op, const torch::jit::St
   for (size_t i = 0; i < args.size(); ++i) {
     const c10::IValue& v = stack[begin + i];
     const c10::AliasInfo* alias = args[i].alias_info();
-    const bool cpu_ok = (foreach && args[i].name() == "scalars") ||
-                        (index_fill && args[i].name() == "index");
+    const bool cpu_ok =
+        (foreach && args[i].name() == "scalars") || (index_fill && args[i].name() == "index");
     scan.see(v, cpu_ok, alias != nullptr && alias->isWrite());
     if (v.isGenerator() && device::is_accel_generator(v.toGenerator())) accel_generator = true;
   }
@@ -102,18 +103,27 @@ void substitute_generators(const c10::OperatorHandle& op, torch::jit::Stack* sta
                            c10::DeviceIndex device) {
   const auto& args = op.schema().arguments();
   const size_t begin = stack->size() - args.size();
+  // During a graph capture the generators' draws are numbered per replay (graph_rng.h).
+  const rt::Stream stream = device::call([&] { return rt::current_stream(device); });
+  const uint64_t capture = device::call([&] { return rt::stream_capture_id(stream); });
+  const auto cpu_generator = [&](const at::Generator& g) {
+    if (capture == 0) return device::next_cpu_generator(g);
+    return device::captured_cpu_generator(g, stream, capture, op_name(op).c_str());
+  };
   for (size_t i = 0; i < args.size(); ++i) {
     if (!is_generator_argument(args[i])) continue;
     c10::IValue& v = (*stack)[begin + i];
     if (v.isGenerator()) {
       // CUDA's check_generator words it the same way.
       const at::Generator& g = v.toGenerator();
-      TORCH_CHECK(device::is_accel_generator(g), "Expected a 'accel' device type for generator "
-                  "but found '", c10::DeviceTypeName(g.device().type(), /*lower_case=*/true),
-                  "' (when running ", op_name(op), ")");
-      v = c10::IValue(device::next_cpu_generator(g));
+      TORCH_CHECK(device::is_accel_generator(g),
+                  "Expected a 'accel' device type for generator "
+                  "but found '",
+                  c10::DeviceTypeName(g.device().type(), /*lower_case=*/true), "' (when running ",
+                  op_name(op), ")");
+      v = c10::IValue(cpu_generator(g));
     } else if (v.isNone()) {
-      v = c10::IValue(device::next_cpu_generator(device::default_generator(device)));
+      v = c10::IValue(cpu_generator(device::default_generator(device)));
     }
   }
 }

@@ -171,12 +171,7 @@ class UnderlyingKernel final : public c10::OperatorKernel {
     const c10::DeviceIndex device = call_device(op, *stack, c.name);
     c10::DeviceGuard guard(c10::Device(kAccel, device));
     if (info_.has_index_list) upload_cpu_indices(op, stack, device);
-    if (info_.has_generator) {
-      refuse_capture(device, c.name,
-                     "random operators are not graph-safe on accel yet (every replay would "
-                     "repeat the numbers drawn at capture); draw them outside the graph");
-      substitute_generators(op, stack, device);
-    }
+    if (info_.has_generator) substitute_generators(op, stack, device);
     if (c.metadata_only) {
       run_on_caller(op, stack, device, /*synchronize=*/false);
     } else if (c.sync || !info_.tensor_returns_only || !enqueue(op, stack, device)) {

@@ -21,6 +21,25 @@ uint64_t splitmix64(uint64_t& x) {
   return z ^ (z >> 31);
 }
 
+// The Mersenne Twister state of draw `offset` of `seed`: filled from a 128-bit key by splitmix64.
+at::mt19937 engine_for(uint64_t seed, uint64_t offset) {
+  at::mt19937_data_pod pod{};
+  uint64_t key = seed ^ (offset * 0xD1B54A32D192ED03ull) ^ 0x5851F42D4C957F2Dull;
+  uint64_t mix = splitmix64(key) ^ offset;
+  for (std::size_t i = 0; i < pod.state_.size(); i += 2) {
+    const uint64_t v = splitmix64(mix);
+    pod.state_[i] = static_cast<uint32_t>(v);
+    if (i + 1 < pod.state_.size()) pod.state_[i + 1] = static_cast<uint32_t>(v >> 32);
+  }
+  pod.seed_ = seed;
+  pod.seeded_ = true;
+  pod.left_ = 1;
+  pod.next_ = 0;
+  at::mt19937 engine;
+  engine.set_data(pod);
+  return engine;
+}
+
 class AccelGeneratorImpl final : public c10::GeneratorImpl {
  public:
   static constexpr std::size_t kStateBytes = 16;  // seed, offset (little-endian uint64 each)
@@ -65,23 +84,13 @@ class AccelGeneratorImpl final : public c10::GeneratorImpl {
   static c10::DeviceType device_type() { return kAccel; }
 
   // The Mersenne Twister state for the next operator (caller holds mutex_).
-  at::mt19937 next_engine() {
-    at::mt19937_data_pod pod{};
-    uint64_t key = seed_ ^ (offset_ * 0xD1B54A32D192ED03ull) ^ 0x5851F42D4C957F2Dull;
-    uint64_t mix = splitmix64(key) ^ offset_;
-    for (std::size_t i = 0; i < pod.state_.size(); i += 2) {
-      const uint64_t v = splitmix64(mix);
-      pod.state_[i] = static_cast<uint32_t>(v);
-      if (i + 1 < pod.state_.size()) pod.state_[i + 1] = static_cast<uint32_t>(v >> 32);
-    }
-    pod.seed_ = seed_;
-    pod.seeded_ = true;
-    pod.left_ = 1;
-    pod.next_ = 0;
-    ++offset_;
-    at::mt19937 engine;
-    engine.set_data(pod);
-    return engine;
+  at::mt19937 next_engine() { return engine_for(seed_, offset_++); }
+
+  // (seed, offset) now, then the offset advanced by n (caller holds mutex_).
+  std::pair<uint64_t, uint64_t> take(uint64_t n) {
+    const std::pair<uint64_t, uint64_t> now{seed_, offset_};
+    offset_ += n;
+    return now;
   }
 
  private:
@@ -126,6 +135,17 @@ at::Generator new_generator(c10::DeviceIndex index) {
 
 bool is_accel_generator(const at::Generator& gen) {
   return gen.defined() && gen.device().type() == kAccel;
+}
+
+std::pair<uint64_t, uint64_t> take_offsets(const at::Generator& gen, uint64_t n) {
+  TORCH_CHECK(is_accel_generator(gen), "expected an accel generator, got one for ", gen.device());
+  auto* impl = static_cast<AccelGeneratorImpl*>(gen.unsafeGetGeneratorImpl());
+  std::lock_guard<std::mutex> lock(impl->mutex_);
+  return impl->take(n);
+}
+
+void set_cpu_generator_state(const at::Generator& cpu, uint64_t seed, uint64_t offset) {
+  cpu.get<at::CPUGeneratorImpl>()->set_engine(engine_for(seed, offset));
 }
 
 at::Generator next_cpu_generator(const at::Generator& gen) {

@@ -11,6 +11,9 @@
 #include <ATen/core/Generator.h>
 #include <c10/core/Device.h>
 
+#include <cstdint>
+#include <utility>
+
 namespace accel::device {
 
 // The default generator of a device (index -1: the current device).
@@ -20,5 +23,9 @@ at::Generator new_generator(c10::DeviceIndex index);
 bool is_accel_generator(const at::Generator& gen);
 // A CPU generator for the next random operator drawing from `gen` (which advances).
 at::Generator next_cpu_generator(const at::Generator& gen);
+// The (seed, offset) of accel generator `gen`, whose offset then advances by n (graph replays).
+std::pair<uint64_t, uint64_t> take_offsets(const at::Generator& gen, uint64_t n);
+// Gives CPU generator `cpu` the state of draw `offset` of `seed` (what next_cpu_generator makes).
+void set_cpu_generator_state(const at::Generator& cpu, uint64_t seed, uint64_t offset);
 
 }  // namespace accel::device

@@ -9,6 +9,7 @@
 #include <string>
 #include <utility>
 
+#include "device/graph_rng.h"
 #include "python/bindings.h"
 #include "runtime/runtime.h"
 
@@ -49,17 +50,28 @@ void init_graph_bindings(py::module_& m) {
       "A new memory pool id that several graphs can capture into.");
   m.def("_graph_create", [] { return rt::graph_create().bits(); });
   m.def(
-      "_graph_destroy", [](uint64_t g) { rt::graph_destroy(graph_of(g)); }, py::arg("graph"));
+      "_graph_destroy",
+      [](uint64_t g) {
+        rt::graph_destroy(graph_of(g));
+        device::graph_rng_forget(graph_of(g));
+      },
+      py::arg("graph"));
   m.def(
       "_graph_capture_begin",
       [](uint64_t g, int device, int64_t stream, std::pair<uint64_t, uint64_t> pool,
          const std::string& mode) {
-        rt::graph_capture_begin(graph_of(g), stream_of(device, stream), pool_of(pool),
-                                mode_of(mode));
+        const rt::Stream s = stream_of(device, stream);
+        rt::graph_capture_begin(graph_of(g), s, pool_of(pool), mode_of(mode));
+        // Random operators of the capture draw per replay (device/graph_rng.h).
+        device::graph_rng_capture_begin(graph_of(g), rt::stream_capture_id(s));
       },
       py::arg("graph"), py::arg("device"), py::arg("stream"), py::arg("pool"), py::arg("mode"));
   m.def(
-      "_graph_capture_end", [](uint64_t g) { rt::graph_capture_end(graph_of(g)); },
+      "_graph_capture_end",
+      [](uint64_t g) {
+        device::graph_rng_capture_end(graph_of(g));
+        rt::graph_capture_end(graph_of(g));
+      },
       py::arg("graph"));
   m.def(
       "_graph_instantiate", [](uint64_t g) { rt::graph_instantiate(graph_of(g)); },
@@ -67,11 +79,19 @@ void init_graph_bindings(py::module_& m) {
   m.def(
       "_graph_replay",
       [](uint64_t g, int device, int64_t stream) {
-        rt::graph_replay(graph_of(g), stream_of(device, stream));
+        const rt::Stream s = stream_of(device, stream);
+        rt::graph_instantiate(graph_of(g));  // raises before any state changes if it cannot run
+        device::graph_rng_before_replay(graph_of(g), s);
+        rt::graph_replay(graph_of(g), s);
       },
       py::arg("graph"), py::arg("device"), py::arg("stream"));
   m.def(
-      "_graph_reset", [](uint64_t g) { rt::graph_reset(graph_of(g)); }, py::arg("graph"));
+      "_graph_reset",
+      [](uint64_t g) {
+        rt::graph_reset(graph_of(g));
+        device::graph_rng_forget(graph_of(g));
+      },
+      py::arg("graph"));
   m.def(
       "_graph_pool", [](uint64_t g) { return pool_tuple(rt::graph_pool(graph_of(g))); },
       py::arg("graph"));

@@ -247,6 +247,14 @@ CaptureStatus stream_capture_status(Stream stream) {
   return s.capture->invalidated.empty() ? CaptureStatus::Active : CaptureStatus::Invalidated;
 }
 
+uint64_t stream_capture_id(Stream stream) {
+  Runtime& rt = Runtime::get();
+  StreamObj& s = rt.stream(stream, "stream_capture_id");
+  if (!s.capturing.load(std::memory_order_acquire)) return 0;
+  std::lock_guard<std::mutex> lock(rt.capture_mutex);
+  return s.capture != nullptr ? s.capture->id : 0;
+}
+
 void capture_refuse(Stream stream, const std::string& what, const std::string& why) {
   Runtime& rt = Runtime::get();
   rt.refuse_capture(rt.stream(stream, "capture_refuse"), what, why);

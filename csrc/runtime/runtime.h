@@ -148,6 +148,9 @@ ACCEL_RT_API void graph_reset(Graph graph);
 ACCEL_RT_API PoolId graph_pool(Graph graph);
 ACCEL_RT_API std::size_t graph_node_count(Graph graph);
 ACCEL_RT_API CaptureStatus stream_capture_status(Stream stream);
+// The id of the capture `stream` records into (the same for every stream that joined it), 0 if
+// it is not capturing. Ids are never reused within a process.
+ACCEL_RT_API uint64_t stream_capture_id(Stream stream);
 // True if any stream of the device is capturing.
 ACCEL_RT_API bool device_is_capturing(int device = -1);
 // For work the layers above cannot record into a graph (`what`, e.g. "aten::nonzero", and
