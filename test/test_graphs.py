@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import gc
 import threading
 
@@ -258,3 +259,75 @@ def test_bad_arguments() -> None:
         g.replay()  # nothing captured yet
     with pytest.raises(torch_accel.AccelError, match="no capture into this graph is underway"):
         g.capture_end()
+
+
+@pytest.mark.parametrize("set_to_none", [True, False])
+def test_graphed_module_trains_like_eager(set_to_none: bool) -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.LayerNorm(32), torch.nn.Linear(32, 4)
+    ).to(ACCEL)
+    ref = copy.deepcopy(model)
+    graphed = torch.accel.make_graphed_callables(model, (torch.randn(8, 16, device=ACCEL),))
+    assert graphed is model
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    opt_ref = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+    for _ in range(4):
+        x, y = torch.randn(8, 16, device=ACCEL), torch.randn(8, 4, device=ACCEL)
+        for m, o in ((graphed, opt), (ref, opt_ref)):
+            o.zero_grad(set_to_none=set_to_none)
+            torch.nn.functional.mse_loss(m(x), y).backward()
+            o.step()
+        for p, q in zip(model.parameters(), ref.parameters(), strict=True):
+            torch.testing.assert_close(p.grad.cpu(), q.grad.cpu())
+            torch.testing.assert_close(p.detach().cpu(), q.detach().cpu())
+    # Evaluation mode was not captured: the module's own forward runs.
+    model.eval()
+    x = torch.randn(3, 16, device=ACCEL)
+    torch.testing.assert_close(model(x).cpu(), ref.eval()(x).cpu())
+
+
+def test_graphed_functions_and_chained_callables() -> None:
+    torch.manual_seed(0)
+    w = torch.randn(5, 5, device=ACCEL, requires_grad=True)
+
+    def fn(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return (a @ w).tanh(), (a * b).sum()
+
+    lin = torch.nn.Linear(5, 3).to(ACCEL)
+    sample_a = torch.randn(4, 5, device=ACCEL, requires_grad=True)
+    sample_b = torch.randn(4, 5, device=ACCEL)
+    g_fn, g_lin = torch.accel.make_graphed_callables(
+        (fn, lin), ((sample_a, sample_b), (torch.randn(4, 5, device=ACCEL, requires_grad=True),))
+    )
+    a = torch.randn(4, 5, device=ACCEL, requires_grad=True)
+    b = torch.randn(4, 5, device=ACCEL)
+    h, s = g_fn(a, b)
+    out = g_lin(h).sum() + s
+    out.backward()
+    grads = (a.grad.cpu(), lin.weight.grad.cpu())
+    a_ref = a.detach().clone().requires_grad_()
+    lin.weight.grad = None
+    h_ref, s_ref = (a_ref @ w).tanh(), (a_ref * b).sum()
+    (torch.nn.functional.linear(h_ref, lin.weight, lin.bias).sum() + s_ref).backward()
+    torch.testing.assert_close(grads[0], a_ref.grad.cpu())
+    torch.testing.assert_close(grads[1], lin.weight.grad.cpu())
+    with pytest.raises(TypeError, match="expected 2 tensor arguments"):
+        g_fn(a)
+
+
+def test_graphed_dropout_draws_per_call() -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Dropout(0.5)).to(ACCEL)
+    x = torch.randn(32, 64, device=ACCEL)
+    graphed = torch.accel.make_graphed_callables(model, (x,))
+    masks = [(graphed(x) == 0).cpu() for _ in range(3)]
+    assert not torch.equal(masks[0], masks[1]) and not torch.equal(masks[1], masks[2])
+    assert all(0.4 < m.float().mean().item() < 0.6 for m in masks)
+
+
+def test_modules_with_hooks_cannot_be_graphed() -> None:
+    lin = torch.nn.Linear(2, 2).to(ACCEL)
+    lin.register_forward_hook(lambda *args: None)
+    with pytest.raises(RuntimeError, match="hooks"):
+        torch.accel.make_graphed_callables(lin, (torch.randn(1, 2, device=ACCEL),))

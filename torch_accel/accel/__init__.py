@@ -25,6 +25,7 @@ from torch_accel.accel.graphs import (
     graph,
     graph_pool_handle,
     is_current_stream_capturing,
+    make_graphed_callables,
 )
 from torch_accel.accel.memory import (
     empty_cache,
@@ -65,6 +66,7 @@ __all__ = [
     "graph_pool_handle",
     "graphs",
     "is_current_stream_capturing",
+    "make_graphed_callables",
     "Event",
     "Stream",
     "StreamContext",

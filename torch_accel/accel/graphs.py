@@ -28,6 +28,7 @@ __all__ = [
     "graph",
     "graph_pool_handle",
     "is_current_stream_capturing",
+    "make_graphed_callables",
 ]
 
 _MODES = ("global", "thread_local", "relaxed")
@@ -217,3 +218,167 @@ class graph:  # noqa: N801 - torch.cuda.graph's name
                 self.accel_graph.reset()
         finally:
             self._stream_ctx.__exit__(exc_type, exc, tb)
+
+
+def _flat_tensors(values: Any, what: str) -> tuple[list[torch.Tensor], Any]:
+    flat, spec = torch.utils._pytree.tree_flatten(values)
+    for v in flat:
+        if not isinstance(v, torch.Tensor):
+            raise TypeError(
+                f"make_graphed_callables: {what} must be tensors (or nested tuples/lists/dicts of "
+                f"tensors), found {type(v).__name__}"
+            )
+    return flat, spec
+
+
+class _Graphed:
+    """One callable's forward and backward graphs, and what replays them."""
+
+    def __init__(self, fn: Any, args: tuple[torch.Tensor, ...], allow_unused: bool) -> None:
+        self.fn = fn
+        self.static_inputs = args
+        self.params = tuple(fn.parameters()) if isinstance(fn, torch.nn.Module) else ()
+        self.differentiable = [t for t in args + self.params if t.requires_grad]
+        self.allow_unused = allow_unused
+        self.fwd = AccelGraph()
+        self.bwd = AccelGraph()
+        self.outputs: list[torch.Tensor] = []
+        self.spec: Any = None
+        self.grad_outputs: list[torch.Tensor | None] = []
+        self.grad_inputs: list[torch.Tensor | None] = []
+        self.returned: tuple[torch.Tensor | None, ...] = ()
+
+    def _backward(self, outputs: list[torch.Tensor], grads: list[torch.Tensor]) -> tuple:
+        need = [o for o in outputs if o.requires_grad]
+        if not need or not self.differentiable:
+            return tuple(None for _ in self.differentiable)
+        return torch.autograd.grad(
+            need, self.differentiable, grads, allow_unused=self.allow_unused, only_inputs=True
+        )
+
+    def warm_up(self, iters: int) -> None:
+        for _ in range(iters):
+            outputs, _ = _flat_tensors(self.fn(*self.static_inputs), "outputs")
+            grads = [torch.ones_like(o) for o in outputs if o.requires_grad]
+            self._backward(outputs, grads)
+
+    def capture_forward(self, pool: tuple[int, int]) -> None:
+        with graph(self.fwd, pool=pool):
+            outputs = self.fn(*self.static_inputs)
+        self.outputs, self.spec = _flat_tensors(outputs, "outputs")
+        self.grad_outputs = [torch.empty_like(o) if o.requires_grad else None for o in self.outputs]
+
+    def capture_backward(self, pool: tuple[int, int]) -> None:
+        grads = [g for g in self.grad_outputs if g is not None]
+        with graph(self.bwd, pool=pool):
+            grad_inputs = self._backward(self.outputs, grads)
+        by_input = dict(zip(map(id, self.differentiable), grad_inputs, strict=True))
+        self.grad_inputs = [by_input.get(id(t)) for t in self.static_inputs + self.params]
+        # The captured autograd graph is not needed any more (the backward graph replays it).
+        self.outputs = [o.detach() for o in self.outputs]
+
+    def function(self) -> Any:
+        graphed = self
+
+        class Replay(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx: Any, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+                for static, new in zip(graphed.static_inputs, inputs, strict=False):
+                    if static.data_ptr() != new.data_ptr():
+                        static.copy_(new)
+                graphed.fwd.replay()
+                return tuple(o.detach() for o in graphed.outputs)
+
+            @staticmethod
+            @torch.autograd.function.once_differentiable
+            def backward(ctx: Any, *grads: torch.Tensor | None) -> tuple:
+                for static, g in zip(graphed.grad_outputs, grads, strict=True):
+                    if static is None:
+                        continue
+                    if g is None:
+                        static.zero_()
+                    elif static.data_ptr() != g.data_ptr():
+                        static.copy_(g)
+                graphed.bwd.replay()
+                # Kept referenced, so that autograd does not steal them as .grad: a parameter's
+                # .grad would then be the graph's own buffer, and zero_grad(set_to_none=False)
+                # followed by the next replay would count its gradient twice.
+                graphed.returned = tuple(
+                    None if g is None else g.detach() for g in graphed.grad_inputs
+                )
+                return graphed.returned
+
+        def run(*args: torch.Tensor) -> Any:
+            if len(args) != len(graphed.static_inputs):
+                raise TypeError(
+                    f"graphed callable: expected {len(graphed.static_inputs)} tensor arguments "
+                    f"(as in its sample_args), got {len(args)}"
+                )
+            out = Replay.apply(*args, *graphed.params)
+            return torch.utils._pytree.tree_unflatten(list(out), graphed.spec)
+
+        return run
+
+
+def make_graphed_callables(
+    callables: Any,
+    sample_args: Any,
+    num_warmup_iters: int = 3,
+    allow_unused_input: bool = False,
+    pool: tuple[int, int] | None = None,
+) -> Any:
+    """Graphed versions of callables (modules or functions), as torch.cuda's.
+
+    Each callable runs ``num_warmup_iters`` times on ``sample_args`` (a tuple of tensors per
+    callable), then its forward and its backward are captured into two graphs, which all the
+    callables' graphs share one memory pool (``pool``, or a new one): forwards in order,
+    backwards in reverse order. Calling the result copies its arguments into the captured inputs
+    and replays the forward graph; backward replays the backward graph. The arguments must have
+    the sample's shapes, dtypes and devices, and which of them require grad. A module keeps its
+    own ``forward`` for calls in the other training mode than at capture.
+    """
+    single = not isinstance(callables, tuple)
+    if single:
+        callables, sample_args = (callables,), (sample_args,)
+    if len(callables) != len(sample_args):
+        raise ValueError("make_graphed_callables: one tuple of sample_args per callable")
+    parts = []
+    for fn, args in zip(callables, sample_args, strict=True):
+        args = tuple(args) if isinstance(args, (tuple, list)) else (args,)
+        _flat_tensors(args, "sample_args")
+        if isinstance(fn, torch.nn.Module) and (fn._backward_hooks or fn._forward_hooks):
+            raise RuntimeError(
+                "make_graphed_callables: modules with registered hooks cannot be graphed (the "
+                "hooks would run once, at capture)"
+            )
+        parts.append(_Graphed(fn, args, allow_unused_input))
+    from torch_accel.accel import synchronize
+
+    synchronize()
+    side = Stream()
+    side.wait_stream(current_stream())
+    with stream_context(side):
+        for part in parts:
+            part.warm_up(num_warmup_iters)
+    current_stream().wait_stream(side)
+    pool = pool if pool is not None else graph_pool_handle()
+    for part in parts:
+        part.capture_forward(pool)
+    for part in reversed(parts):
+        part.capture_backward(pool)
+    results = []
+    for fn, part in zip(callables, parts, strict=True):
+        run = part.function()
+        if isinstance(fn, torch.nn.Module):
+            training = fn.training
+            original = fn.forward
+
+            def forward(*args: Any, _run: Any = run, _orig: Any = original, _mod: Any = fn,
+                        _training: bool = training) -> Any:  # fmt: skip
+                return _run(*args) if _mod.training == _training else _orig(*args)
+
+            fn.forward = forward  # type: ignore[method-assign]
+            results.append(fn)
+        else:
+            results.append(run)
+    return results[0] if single else tuple(results)
