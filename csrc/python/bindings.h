@@ -12,4 +12,7 @@ void init_torch_bindings(pybind11::module_& m, PyObject* capture_error);
 // Graph capture and replay: graphs, pools, capture status.
 void init_graph_bindings(pybind11::module_& m);
 
+// Memory tools: history and snapshots, memory fraction, OOM observers, pinned memory stats.
+void init_memory_bindings(pybind11::module_& m);
+
 }  // namespace accel::python

@@ -292,6 +292,10 @@ void CachingAllocator::add_inactive_split(Block* b, int sign) {
 }
 
 Block* CachingAllocator::alloc_segment(BlockPool& pool, StreamObj& stream, std::size_t size) {
+  if (reserve_limit_ != 0 &&
+      static_cast<std::size_t>(stats_.reserved_bytes[kAggregate].current) + size > reserve_limit_) {
+    return nullptr;  // the per-process memory fraction is used up
+  }
   void* p = rt_.driver->raw_alloc(device_, size);
   if (p == nullptr) return nullptr;
   Block* b = arena_->make();
@@ -381,7 +385,9 @@ void* CachingAllocator::malloc(std::size_t size, StreamObj& stream) {
     }
     if (b == nullptr) {
       ++stats_.num_ooms;
-      record_trace(TraceEntry::Action::Oom, 0, size, &stream, pool_id, ctx);
+      // As in CUDA's traces, an oom entry's address is the device's free memory.
+      record_trace(TraceEntry::Action::Oom, rt_.driver->mem_get_info(device_).free, size, &stream,
+                   pool_id, ctx);
       throw_oom(size, segment_size_for(rounded));
     }
   }
@@ -649,13 +655,27 @@ void CachingAllocator::reset_accumulated_stats() {
   stats_.num_device_alloc = stats_.num_device_free = 0;
 }
 
+void CachingAllocator::set_reserve_limit(std::size_t bytes) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  reserve_limit_ = bytes;
+}
+
+std::size_t CachingAllocator::reserve_limit() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return reserve_limit_;
+}
+
 [[noreturn]] void CachingAllocator::throw_oom(std::size_t size, std::size_t alloc_size) {
   const MemoryInfo info = rt_.driver->mem_get_info(device_);
   const int64_t allocated = stats_.allocated_bytes[kAggregate].current;
   const int64_t reserved = stats_.reserved_bytes[kAggregate].current;
   std::string hint;
+  if (reserve_limit_ != 0) {
+    hint += " The per-process memory fraction limits this process to " +
+            format_bytes(reserve_limit_) + " of the device (set_per_process_memory_fraction).";
+  }
   if (rt_.driver->name() == "host") {
-    hint = " The host driver's device capacity is set by ACCEL_HOST_MEMORY.";
+    hint += " The host driver's device capacity is set by ACCEL_HOST_MEMORY.";
   }
   ACCEL_RT_THROW(OutOfMemoryError, "accel: out of memory on device ", device_,
                  ": tried to allocate ", format_bytes(size), " (", size,

@@ -72,6 +72,10 @@ class CachingAllocator {
   // History.
   void set_history(bool enabled, ContextRecorder recorder, std::size_t max_entries);
   void snapshot(MemorySnapshot& out);
+  // At most `bytes` reserved from the driver (0: no limit): beyond it a new segment fails as if
+  // the device were full (set_memory_fraction).
+  void set_reserve_limit(std::size_t bytes);
+  std::size_t reserve_limit();
 
  private:
   Block* find_free_block(BlockPool& pool, uint32_t stream_slot, std::size_t size);
@@ -117,6 +121,7 @@ class CachingAllocator {
   DeviceStats stats_;
 
   bool history_enabled_ = false;
+  std::size_t reserve_limit_ = 0;
   ContextRecorder recorder_;
   std::size_t history_max_ = 0;
   std::deque<TraceEntry> history_;

@@ -1,6 +1,9 @@
 // Device and pinned memory, copies and fills: argument checking and routing to the allocators
 // and the driver.
+#include <algorithm>
 #include <cstring>
+#include <mutex>
+#include <vector>
 
 #include "runtime/caching_allocator.h"
 #include "runtime/internal.h"
@@ -19,6 +22,36 @@ void for_devices(int device, const char* call, F&& f) {
     for (int d = 0; d < rt.num_devices; ++d) f(rt, d);
   } else {
     f(rt, rt.resolve_device(device, call));
+  }
+}
+
+struct OomObservers {
+  std::mutex m;
+  std::vector<OomObserver> list;
+};
+
+OomObservers& oom_observers() {
+  static OomObservers* o = new OomObservers();  // used up to process exit
+  return *o;
+}
+
+// Allocates on `s`; on failure tells the observers, then rethrows.
+void* observed_malloc(Runtime& rt, std::size_t size, StreamObj& s) {
+  try {
+    return rt.devices[s.device]->allocator->malloc(size, s);
+  } catch (const OutOfMemoryError&) {
+    std::vector<OomObserver> observers;
+    {
+      std::lock_guard<std::mutex> lock(oom_observers().m);
+      observers = oom_observers().list;
+    }
+    if (!observers.empty()) {
+      const auto allocated = static_cast<std::size_t>(
+          rt.devices[s.device]->allocator->stats().allocated_bytes[kAggregate].current);
+      const std::size_t free = rt.driver->mem_get_info(s.device).free;
+      for (const OomObserver& o : observers) o(s.device, size, allocated, free);
+    }
+    throw;
   }
 }
 
@@ -84,14 +117,39 @@ CopyKind resolve_kind(const Side& dst, const Side& src, CopyKind requested, cons
 
 void* malloc(std::size_t size, Stream stream) {
   Runtime& rt = Runtime::get();
-  StreamObj& s = rt.stream(stream, "malloc");
-  return rt.devices[s.device]->allocator->malloc(size, s);
+  return observed_malloc(rt, size, rt.stream(stream, "malloc"));
 }
 
 void* malloc(std::size_t size) {
   Runtime& rt = Runtime::get();
-  StreamObj& s = rt.current_stream_obj(detail::tls_device());
-  return rt.devices[s.device]->allocator->malloc(size, s);
+  return observed_malloc(rt, size, rt.current_stream_obj(detail::tls_device()));
+}
+
+void attach_oom_observer(OomObserver observer) {
+  ACCEL_RT_CHECK(static_cast<bool>(observer), InvalidValueError,
+                 "attach_oom_observer: the observer is empty");
+  std::lock_guard<std::mutex> lock(oom_observers().m);
+  oom_observers().list.push_back(std::move(observer));
+}
+
+void set_memory_fraction(double fraction, int device) {
+  ACCEL_RT_CHECK(fraction >= 0.0 && fraction <= 1.0, InvalidValueError,
+                 "set_memory_fraction: ", fraction, " is not a fraction between 0 and 1");
+  Runtime& rt = Runtime::get();
+  const int d = rt.resolve_device(device, "set_memory_fraction");
+  const std::size_t total = rt.driver->mem_get_info(d).total;
+  // 1.0 is no limit; any smaller fraction at least one byte short of the whole device.
+  const std::size_t limit =
+      fraction >= 1.0 ? 0 : std::max<std::size_t>(1, static_cast<std::size_t>(fraction * total));
+  rt.devices[d]->allocator->set_reserve_limit(limit);
+}
+
+double get_memory_fraction(int device) {
+  Runtime& rt = Runtime::get();
+  const int d = rt.resolve_device(device, "get_memory_fraction");
+  const std::size_t limit = rt.devices[d]->allocator->reserve_limit();
+  if (limit == 0) return 1.0;
+  return static_cast<double>(limit) / static_cast<double>(rt.driver->mem_get_info(d).total);
 }
 
 void free(void* ptr) {

@@ -80,6 +80,15 @@ ACCEL_RT_API void reset_accumulated_memory_stats(int device = -1);
 ACCEL_RT_API void record_memory_history(bool enabled, ContextRecorder recorder = {},
                                         std::size_t max_entries = 100000);
 ACCEL_RT_API MemorySnapshot memory_snapshot();
+// The share of the device's memory this process's caching allocator may reserve (1.0: all, the
+// default); beyond it allocations fail with OutOfMemoryError as on a full device.
+ACCEL_RT_API void set_memory_fraction(double fraction, int device = -1);
+ACCEL_RT_API double get_memory_fraction(int device = -1);
+// Called on the allocating thread when an allocation fails, before OutOfMemoryError is thrown,
+// with the device, the requested bytes, the bytes allocated there and the bytes free there.
+using OomObserver = std::function<void(int device, std::size_t requested, std::size_t allocated,
+                                       std::size_t free)>;
+ACCEL_RT_API void attach_oom_observer(OomObserver observer);
 
 // --- pinned host memory -------------------------------------------------------------------
 ACCEL_RT_API void* host_malloc(std::size_t size);

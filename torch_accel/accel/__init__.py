@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from torch_accel import _C
-from torch_accel.accel import amp, graphs
+from torch_accel.accel import amp, graphs, memory
 
 # Also makes torch.accel._utils an attribute: torch.serialization looks up
 # torch.accel._utils._get_device_index.
@@ -27,17 +27,7 @@ from torch_accel.accel.graphs import (
     is_current_stream_capturing,
     make_graphed_callables,
 )
-from torch_accel.accel.memory import (
-    empty_cache,
-    max_memory_allocated,
-    max_memory_reserved,
-    mem_get_info,
-    memory_allocated,
-    memory_reserved,
-    memory_stats,
-    reset_accumulated_memory_stats,
-    reset_peak_memory_stats,
-)
+from torch_accel.accel.memory import *  # noqa: F403 (its __all__ is part of ours)
 from torch_accel.accel.random import (
     get_rng_state,
     get_rng_state_all,
@@ -77,7 +67,6 @@ __all__ = [
     "device",
     "device_count",
     "device_of",
-    "empty_cache",
     "fallback_stats",
     "get_device_capability",
     "get_device_name",
@@ -91,15 +80,7 @@ __all__ = [
     "is_initialized",
     "manual_seed",
     "manual_seed_all",
-    "max_memory_allocated",
-    "max_memory_reserved",
-    "mem_get_info",
-    "memory_allocated",
-    "memory_reserved",
-    "memory_stats",
-    "reset_accumulated_memory_stats",
     "reset_fallback_stats",
-    "reset_peak_memory_stats",
     "seed",
     "seed_all",
     "set_device",
@@ -110,6 +91,8 @@ __all__ = [
     "synchronize",
     "amp",
     "get_amp_supported_dtype",
+    "memory",
+    *memory.__all__,
     *STORAGE_CLASSES,
 ]
 globals().update(STORAGE_CLASSES)

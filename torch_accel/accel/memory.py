@@ -1,22 +1,47 @@
-"""Memory management of accel devices (mirrors torch.cuda.memory)."""
+"""Memory management of accel devices (mirrors torch.cuda.memory).
+
+Statistics use torch.cuda.memory_stats' keys and meanings. ``_record_memory_history``,
+``_snapshot`` and ``_dump_snapshot`` produce what ``python -m torch.cuda._memory_viz`` reads
+(trace_plot, segment_plot, stats, ...), with Python stack frames per allocation.
+"""
 
 from __future__ import annotations
 
+import pickle
+import sys
+from collections.abc import Callable
 from typing import Any
+
+import torch
 
 from torch_accel import _C
 from torch_accel.accel._utils import _lazy_device_index
 
 __all__ = [
+    "attach_out_of_memory_observer",
+    "caching_allocator_alloc",
+    "caching_allocator_delete",
+    "can_device_access_peer",
+    "device_memory_used",
     "empty_cache",
+    "get_per_process_memory_fraction",
+    "host_memory_stats",
+    "host_memory_stats_as_nested_dict",
     "max_memory_allocated",
     "max_memory_reserved",
     "mem_get_info",
     "memory_allocated",
     "memory_reserved",
+    "memory_snapshot",
     "memory_stats",
+    "memory_stats_as_nested_dict",
+    "memory_summary",
+    "reset_accumulated_host_memory_stats",
     "reset_accumulated_memory_stats",
+    "reset_max_memory_allocated",
+    "reset_peak_host_memory_stats",
     "reset_peak_memory_stats",
+    "set_per_process_memory_fraction",
 ]
 
 
@@ -63,3 +88,209 @@ def empty_cache() -> None:
 def mem_get_info(device: Any = None) -> tuple[int, int]:
     """(free, total) bytes of ``device`` as the driver sees them."""
     return _C.mem_get_info(_lazy_device_index(device))
+
+
+def reset_max_memory_allocated(device: Any = None) -> None:
+    """Resets the peaks of ``device``'s statistics (as torch.cuda, which does the same)."""
+    reset_peak_memory_stats(device)
+
+
+def _nested(flat: dict[str, int]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in flat.items():
+        node = out
+        *path, last = key.split(".")
+        for part in path:
+            node = node.setdefault(part, {})
+        node[last] = value
+    return out
+
+
+def memory_stats_as_nested_dict(device: Any = None) -> dict[str, Any]:
+    """:func:`memory_stats` as nested dictionaries (``["allocated_bytes"]["all"]["current"]``)."""
+    return _nested(memory_stats(device))
+
+
+def _format_bytes(n: int) -> str:
+    for unit in ("B  ", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:6d} {unit}" if unit == "B  " else f"{n:6.1f} {unit}"
+        n /= 1024  # type: ignore[assignment]
+    return str(n)
+
+
+def memory_summary(device: Any = None, abbreviated: bool = False) -> str:
+    """A table of ``device``'s caching-allocator statistics: current, peak, total allocated and
+    total freed, per pool (``abbreviated``: the totals of all pools only)."""
+    index = _lazy_device_index(device)
+    stats = memory_stats_as_nested_dict(index)
+    rows = [
+        ("Allocated memory", "allocated_bytes", True),
+        ("Active memory", "active_bytes", True),
+        ("Requested memory", "requested_bytes", True),
+        ("Reserved memory", "reserved_bytes", True),
+        ("Non-releasable memory", "inactive_split_bytes", True),
+        ("Allocations", "allocation", False),
+        ("Active allocs", "active", False),
+        ("Reserved segments", "segment", False),
+        ("Non-releasable allocs", "inactive_split", False),
+    ]
+    pools = ("all",) if abbreviated else ("all", "large_pool", "small_pool")
+    width = 83
+    lines = [
+        "=" * width,
+        f" accel memory summary, device {index}".ljust(width),
+        "-" * width,
+        f"{'Metric':<28}|{'Cur Usage':>13} |{'Peak Usage':>13} |{'Tot Alloc':>11} |"
+        f"{'Tot Freed':>11}",
+    ]
+    for title, key, is_bytes in rows:
+        lines.append("-" * width)
+        for pool in pools:
+            st = stats[key][pool]
+            name = title if pool == "all" else f"      from {pool.replace('_', ' ')}"
+            fmt = _format_bytes if is_bytes else (lambda v: f"{v:10d}")
+            lines.append(
+                f"{name:<28}|{fmt(st['current']):>13} |{fmt(st['peak']):>13} |"
+                f"{fmt(st['allocated']):>11} |{fmt(st['freed']):>11}"
+            )
+    lines.append("-" * width)
+    for key in ("num_alloc_retries", "num_ooms", "num_sync_all_streams", "num_device_alloc",
+                "num_device_free"):  # fmt: skip
+        lines.append(f"{key:<28}| {stats[key]}")
+    lines.append("=" * width)
+    return "\n".join(lines) + "\n"
+
+
+def _record_memory_history(
+    enabled: str | None = "all",
+    context: str | None = "all",
+    stacks: str = "all",
+    max_entries: int = sys.maxsize,
+    device: Any = None,
+    clear_history: bool = False,
+) -> None:
+    """Records allocation events for :func:`_snapshot` (torch.cuda.memory's signature).
+
+    ``enabled``: ``None`` stops recording, ``"state"`` keeps only which allocation each block
+    holds, ``"all"`` also keeps the event trace (at most ``max_entries`` per device). ``context``:
+    ``None`` records no stack frames, anything else the frames of every event. ``stacks``:
+    ``"python"`` (Python and TorchScript frames) or ``"all"`` (also C++ frames, slower).
+    ``device`` is accepted for compatibility: history is recorded for every accel device.
+    """
+    from torch_accel.accel import _lazy_init
+
+    if enabled not in (None, "state", "all"):
+        raise ValueError(f"enabled must be None, 'state' or 'all', not {enabled!r}")
+    if context not in (None, "state", "alloc", "all"):
+        raise ValueError(f"context must be None, 'state', 'alloc' or 'all', not {context!r}")
+    if stacks not in ("python", "all"):
+        raise ValueError(f"stacks must be 'python' or 'all', not {stacks!r}")
+    _lazy_init()
+    if clear_history:
+        _C._record_memory_history(False, False, False, False, 0)
+    entries = 0 if enabled == "state" else min(max_entries, 2**62)
+    _C._record_memory_history(
+        enabled is not None, context is not None, True, stacks == "all", entries
+    )
+
+
+def _snapshot(device: Any = None) -> dict[str, Any]:
+    """The allocator's state and recorded history, in torch.cuda.memory._snapshot()'s layout:
+    ``segments`` (with their blocks and the frames of each allocation) and ``device_traces``."""
+    from torch_accel.accel import _lazy_init
+
+    _lazy_init()
+    return _C._memory_snapshot()
+
+
+def memory_snapshot() -> list[dict[str, Any]]:
+    """The segments of every accel device's caching allocator (torch.cuda.memory_snapshot)."""
+    return _snapshot()["segments"]
+
+
+def _dump_snapshot(filename: str = "dump_snapshot.pickle") -> None:
+    """Writes :func:`_snapshot` as a pickle that ``python -m torch.cuda._memory_viz
+    trace_plot|segment_plot FILE -o out.html`` turns into PyTorch's interactive viewer."""
+    with open(filename, "wb") as f:
+        pickle.dump(_snapshot(), f)
+
+
+def set_per_process_memory_fraction(fraction: float, device: Any = None) -> None:
+    """Limits what this process's caching allocator may reserve on ``device`` to ``fraction``
+    of its memory (enforced: allocations beyond it raise torch.OutOfMemoryError)."""
+    if not isinstance(fraction, float) and not isinstance(fraction, int):
+        raise TypeError("Invalid type for fraction argument, must be `float`")
+    if not 0 <= fraction <= 1:
+        raise ValueError(f"Invalid fraction value: {fraction}. Allowed range: 0~1")
+    _C._set_memory_fraction(float(fraction), _lazy_device_index(device))
+
+
+def get_per_process_memory_fraction(device: Any = None) -> float:
+    return _C._get_memory_fraction(_lazy_device_index(device))
+
+
+def attach_out_of_memory_observer(observer: Callable[[int, int, int, int], None]) -> None:
+    """Calls ``observer(device, requested_bytes, allocated_bytes, free_bytes)`` whenever an
+    accel allocation fails, before torch.OutOfMemoryError is raised (MTIA's API). An observer
+    that raises is reported as unraisable; the out-of-memory error still follows."""
+    if not callable(observer):
+        raise TypeError("attach_out_of_memory_observer: the observer must be callable")
+    from torch_accel.accel import _lazy_init
+
+    _lazy_init()
+    _C._attach_oom_observer(observer)
+
+
+def caching_allocator_alloc(size: int, device: Any = None, stream: Any = None) -> int:
+    """Allocates ``size`` bytes from the caching allocator on ``device`` for ``stream`` (default:
+    its current stream); returns the address. Free it with :func:`caching_allocator_delete`."""
+    from torch_accel.accel import current_stream
+
+    index = _lazy_device_index(device)
+    if stream is None:
+        stream = current_stream(index)
+    if not isinstance(stream, torch.Stream) or stream.device.type != "accel":
+        raise TypeError("caching_allocator_alloc: stream must be an accel stream")
+    if stream.device_index != index:
+        raise ValueError(
+            f"caching_allocator_alloc: the stream is on accel:{stream.device_index}, the "
+            f"allocation on accel:{index}"
+        )
+    return _C._caching_allocator_alloc(int(size), index, stream.stream_id)
+
+
+def caching_allocator_delete(mem_ptr: int) -> None:
+    """Frees an allocation of :func:`caching_allocator_alloc`."""
+    _C._caching_allocator_delete(int(mem_ptr))
+
+
+def can_device_access_peer(device: Any, peer_device: Any) -> bool:
+    """Whether ``device`` can access ``peer_device``'s memory directly: always on the host
+    driver, whose devices share the host's memory."""
+    a, b = _lazy_device_index(device), _lazy_device_index(peer_device)
+    return a != b and torch.accel.get_device_properties(a).driver == "host"
+
+
+def device_memory_used(device: Any = None) -> int:
+    """Bytes of ``device``'s memory in use (by this process's allocator and anything else),
+    as the driver reports them: total minus free."""
+    free, total = mem_get_info(device)
+    return total - free
+
+
+def host_memory_stats() -> dict[str, int]:
+    """Statistics of the pinned host memory allocator (torch.cuda.host_memory_stats' keys)."""
+    return dict(sorted(_C._host_memory_stats().items()))
+
+
+def host_memory_stats_as_nested_dict() -> dict[str, Any]:
+    return _nested(host_memory_stats())
+
+
+def reset_accumulated_host_memory_stats() -> None:
+    _C._host_reset_accumulated_stats()
+
+
+def reset_peak_host_memory_stats() -> None:
+    _C._host_reset_peak_stats()

@@ -1,0 +1,204 @@
+"""torch.cuda's memory tools on accel: history, snapshots PyTorch's viewer reads, summaries,
+the per-process memory fraction, out-of-memory observers, raw allocations, pinned statistics."""
+
+from __future__ import annotations
+
+import gc
+import pickle
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+import torch_accel
+
+ACCEL = torch.device("accel")
+
+
+@pytest.fixture
+def history() -> Iterator[None]:
+    torch.accel.memory._record_memory_history(stacks="python", max_entries=10_000)
+    try:
+        yield
+    finally:
+        torch.accel.memory._record_memory_history(enabled=None)
+
+
+def _allocate_in_a_named_function() -> torch.Tensor:
+    return torch.empty(300, 1000, device=ACCEL)
+
+
+def test_history_records_allocations_with_python_frames(history) -> None:
+    x = _allocate_in_a_named_function()
+    address, size = x.data_ptr(), x.numel() * 4
+    del x
+    torch.accel.synchronize()
+    snap = torch.accel.memory._snapshot()
+    assert set(snap) >= {"segments", "device_traces"}
+    trace = snap["device_traces"][0]
+    alloc = [e for e in trace if e["action"] == "alloc" and e["addr"] == address]
+    assert alloc and alloc[-1]["size"] >= size
+    names = [f["name"] for f in alloc[-1]["frames"]]
+    assert "_allocate_in_a_named_function" in names
+    assert any(f["filename"].endswith("test_memory_api.py") for f in alloc[-1]["frames"])
+    actions = [e["action"] for e in trace if e["addr"] == address]
+    assert "free_requested" in actions and "free_completed" in actions
+    seg = snap["segments"][0]
+    assert {"address", "total_size", "allocated_size", "segment_type", "blocks", "device"} <= set(
+        seg
+    )
+    for b in seg["blocks"]:
+        assert b["state"] in ("active_allocated", "active_pending_free", "inactive")
+
+
+def test_snapshot_blocks_match_live_tensors(history) -> None:
+    keep = [torch.empty(1000 * (i + 1), device=ACCEL) for i in range(3)]
+    segments = torch.accel.memory_snapshot()
+    live = {
+        b["address"]: b for s in segments for b in s["blocks"] if b["state"] == "active_allocated"
+    }
+    for t in keep:
+        block = live[t.data_ptr()]
+        assert block["requested_size"] == t.numel() * 4
+        assert any(f["name"] == "test_snapshot_blocks_match_live_tensors" for f in block["frames"])
+    allocated = sum(b["size"] for b in live.values())
+    assert allocated == torch.accel.memory_allocated()
+
+
+def test_dumped_snapshot_opens_in_pytorchs_viewer(history, tmp_path: Path) -> None:
+    x = _allocate_in_a_named_function()
+    y = x * 2
+    del x
+    path = tmp_path / "snap.pickle"
+    torch.accel.memory._dump_snapshot(str(path))
+    with path.open("rb") as f:
+        assert pickle.load(f)["device_traces"][0]
+    for kind in ("trace_plot", "segment_plot"):
+        html = tmp_path / f"{kind}.html"
+        run = subprocess.run(
+            [sys.executable, "-m", "torch.cuda._memory_viz", kind, str(path), "-o", str(html)],
+            capture_output=True,
+            text=True,
+        )
+        assert run.returncode == 0, run.stderr
+        text = html.read_text()
+        assert "<html" in text.lower() and "snapshot.pickle" in text
+    stats = subprocess.run(
+        [sys.executable, "-m", "torch.cuda._memory_viz", "stats", str(path)],
+        capture_output=True,
+        text=True,
+    )
+    assert stats.returncode == 0 and "total_allocated" in stats.stdout, stats.stderr
+    trace = subprocess.run(
+        [sys.executable, "-m", "torch.cuda._memory_viz", "trace", str(path)],
+        capture_output=True,
+        text=True,
+    )
+    assert trace.returncode == 0 and "TOTAL MEM" in trace.stdout, trace.stderr
+    del y
+
+
+def test_history_options() -> None:
+    with pytest.raises(ValueError, match="enabled"):
+        torch.accel.memory._record_memory_history(enabled="sometimes")
+    with pytest.raises(ValueError, match="stacks"):
+        torch.accel.memory._record_memory_history(stacks="cpp")
+    # "state": which allocation each block holds, without the event trace.
+    torch.accel.memory._record_memory_history(enabled="state", stacks="python")
+    try:
+        x = _allocate_in_a_named_function()
+        snap = torch.accel.memory._snapshot()
+        assert not snap["device_traces"][0]
+        blocks = [b for s in snap["segments"] for b in s["blocks"] if b["address"] == x.data_ptr()]
+        assert any(f["name"] == "_allocate_in_a_named_function" for f in blocks[0]["frames"])
+    finally:
+        torch.accel.memory._record_memory_history(enabled=None)
+    # Without history, a snapshot still lists the segments, with no frames.
+    y = torch.empty(10, device=ACCEL)
+    snap = torch.accel.memory._snapshot()
+    blocks = [b for s in snap["segments"] for b in s["blocks"] if b["address"] == y.data_ptr()]
+    assert blocks and blocks[0]["frames"] == []
+
+
+def test_summary_and_nested_statistics() -> None:
+    torch.accel.reset_peak_memory_stats()
+    x = torch.empty(1 << 20, device=ACCEL)
+    nested = torch.accel.memory_stats_as_nested_dict()
+    flat = torch.accel.memory_stats()
+    assert nested["allocated_bytes"]["all"]["current"] == flat["allocated_bytes.all.current"]
+    assert nested["num_ooms"] == flat["num_ooms"]
+    summary = torch.accel.memory_summary()
+    assert "Allocated memory" in summary and "Reserved memory" in summary
+    assert "from large pool" in summary
+    assert "from large pool" not in torch.accel.memory_summary(abbreviated=True)
+    peak = torch.accel.max_memory_allocated()
+    assert peak >= 4 << 20 and torch.accel.max_memory_reserved() >= peak
+    del x
+    torch.accel.reset_max_memory_allocated()
+    assert torch.accel.max_memory_allocated() == torch.accel.memory_allocated()
+
+
+def test_memory_fraction_is_enforced_and_observers_see_the_failure() -> None:
+    seen: list[tuple[int, int, int, int]] = []
+    torch.accel.attach_out_of_memory_observer(lambda *args: seen.append(args))
+    total = torch.accel.mem_get_info()[1]
+    torch.accel.empty_cache()
+    torch.accel.set_per_process_memory_fraction(0.02)
+    try:
+        assert torch.accel.get_per_process_memory_fraction() == pytest.approx(0.02, rel=1e-6)
+        ok = torch.empty(int(total * 0.005), dtype=torch.uint8, device=ACCEL)
+        with pytest.raises(torch.OutOfMemoryError, match="per-process memory fraction"):
+            torch.empty(int(total * 0.05), dtype=torch.uint8, device=ACCEL)
+        device, requested, allocated, free = seen[-1]
+        assert (device, requested) == (0, int(total * 0.05))
+        assert allocated >= ok.numel() and 0 < free <= total
+        del ok
+    finally:
+        torch.accel.set_per_process_memory_fraction(1.0)
+    big = torch.empty(int(total * 0.05), dtype=torch.uint8, device=ACCEL)  # allowed again
+    del big
+    for bad in (-0.1, 1.5):
+        with pytest.raises(ValueError, match="fraction"):
+            torch.accel.set_per_process_memory_fraction(bad)
+    with pytest.raises(TypeError, match="callable"):
+        torch.accel.attach_out_of_memory_observer(42)
+
+
+def test_caching_allocator_alloc_and_delete() -> None:
+    before = torch.accel.memory_allocated()
+    ptr = torch.accel.caching_allocator_alloc(4096)
+    assert ptr != 0 and torch.accel.memory_allocated() == before + 4096
+    torch.accel.caching_allocator_delete(ptr)
+    assert torch.accel.memory_allocated() == before
+    with pytest.raises(torch_accel.AccelError, match="double free|not the start"):
+        torch.accel.caching_allocator_delete(ptr)
+    side = torch.accel.Stream(device=1)
+    with pytest.raises(ValueError, match="accel:1"):
+        torch.accel.caching_allocator_alloc(64, device=0, stream=side)
+    ptr = torch.accel.caching_allocator_alloc(64, device=1, stream=side)
+    torch.accel.caching_allocator_delete(ptr)
+
+
+def test_host_memory_statistics() -> None:
+    torch.accel.reset_peak_host_memory_stats()
+    before = torch.accel.host_memory_stats()
+    pinned = torch.empty(1 << 16).pin_memory()
+    after = torch.accel.host_memory_stats()
+    assert after["allocations.current"] == before["allocations.current"] + 1
+    assert after["allocated_bytes.current"] >= before["allocated_bytes.current"] + (1 << 18)
+    nested = torch.accel.host_memory_stats_as_nested_dict()
+    assert nested["allocated_bytes"]["current"] == after["allocated_bytes.current"]
+    del pinned
+    gc.collect()
+    torch.accel.reset_accumulated_host_memory_stats()
+    assert torch.accel.host_memory_stats()["allocations.allocated"] == 0
+
+
+def test_devices_and_usage() -> None:
+    assert torch.accel.can_device_access_peer(0, 1)
+    assert not torch.accel.can_device_access_peer(0, 0)
+    free, total = torch.accel.mem_get_info()
+    assert torch.accel.device_memory_used() == total - free
