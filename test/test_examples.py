@@ -24,3 +24,18 @@ def test_transformer_example_trains_like_the_cpu(flags: list[str]) -> None:
     lines = result.stdout.splitlines()
     assert lines[-1] == "OK"
     assert lines[-2].endswith("CPU fallback calls: 0")
+
+
+def test_memory_profile_example_writes_the_viewer_pages(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "memory_profile.py"), "--steps", "2", "--out",
+         str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    events = int(result.stdout.split(" allocator events")[0].split()[-1])
+    assert events > 100
+    for kind in ("trace_plot", "segment_plot"):
+        assert "snapshot.pickle" in (tmp_path / f"{kind}.html").read_text()
