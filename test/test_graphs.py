@@ -331,3 +331,30 @@ def test_modules_with_hooks_cannot_be_graphed() -> None:
     lin.register_forward_hook(lambda *args: None)
     with pytest.raises(RuntimeError, match="hooks"):
         torch.accel.make_graphed_callables(lin, (torch.randn(1, 2, device=ACCEL),))
+
+
+def test_capture_across_streams_forks_and_joins() -> None:
+    x = torch.ones(1000, device=ACCEL)
+    side = torch.accel.Stream()
+    g = torch.accel.AccelGraph()
+    with torch.accel.graph(g):
+        origin = torch.accel.current_stream()
+        a = x * 2
+        side.wait_stream(origin)  # fork
+        with torch.accel.stream(side):
+            b = x + 3
+        c = a * 10
+        origin.wait_stream(side)  # join
+        d = b + c
+    for k in (1.0, 2.0, 5.0):
+        x.fill_(k)
+        g.replay()
+        torch.testing.assert_close(d.cpu(), torch.full((1000,), 21 * k + 3))
+    # A stream that joined the capture and was not joined back is reported at its end.
+    g2 = torch.accel.AccelGraph()
+    with pytest.raises(torch_accel.CaptureError, match="not joined back"):
+        with torch.accel.graph(g2):
+            side.wait_stream(torch.accel.current_stream())
+            with torch.accel.stream(side):
+                x.add(1)
+    torch.testing.assert_close((x + 1).cpu(), torch.full((1000,), 6.0))
