@@ -65,7 +65,7 @@ template <class F>
 void launch(c10::DeviceIndex device, const char* what, F&& f) {
   require_host_accessible(what);
   device::call(
-      [&] { rt::launch_host_func(rt::current_stream(device), rt::Task(std::forward<F>(f))); },
+      [&] { rt::launch_host_func(rt::current_stream(device), rt::Task(std::forward<F>(f)), what); },
       what);
 }
 

@@ -100,7 +100,8 @@ at::Generator captured_cpu_generator(const at::Generator& accel_gen, rt::Stream 
       [&] {
         rt::launch_host_func(stream, rt::Task([rng, k, cpu] {
                                set_cpu_generator_state(cpu, rng->seed.load(), rng->base.load() + k);
-                             }));
+                             }),
+                             "random generator state");
       },
       op);
   return cpu;
@@ -121,7 +122,8 @@ void graph_rng_before_replay(rt::Graph graph, rt::Stream stream) {
       rt::launch_host_func(stream, rt::Task([rng, seed, base] {
                              rng->seed.store(seed);
                              rng->base.store(base);
-                           }));
+                           }),
+                           "replay seed");
     });
   }
 }

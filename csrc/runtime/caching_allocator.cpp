@@ -1,164 +1,12 @@
 #include "runtime/caching_allocator.h"
 
+#include "runtime/allocator_blocks.h"
+
 #include <algorithm>
 #include <bit>
 #include <chrono>
 
 namespace accel::rt::detail {
-
-// --- blocks and bins ----------------------------------------------------------------------
-
-struct Block {
-  void* ptr = nullptr;
-  std::size_t size = 0;
-  std::size_t requested = 0;
-  StreamObj* stream = nullptr;  // the allocating stream (stream objects are never freed)
-  BlockPool* pool = nullptr;
-  Block* prev = nullptr;  // neighbours inside the segment, by address
-  Block* next = nullptr;
-  Block* bin_prev = nullptr;
-  Block* bin_next = nullptr;
-  uint32_t bin = 0;
-  bool allocated = false;
-  bool in_bin = false;
-  int event_count = 0;
-  std::size_t segment_size = 0;  // set on segment heads
-  std::vector<Stream> stream_uses;
-  std::shared_ptr<HistoryContext> context;
-
-  bool is_split() const { return prev != nullptr || next != nullptr; }
-  uintptr_t addr() const { return reinterpret_cast<uintptr_t>(ptr); }
-};
-
-namespace {
-
-constexpr int kSLBits = 4;
-constexpr uint32_t kSL = 1u << kSLBits;
-constexpr uint32_t kFL = 48;
-constexpr std::size_t kUnit = CachingAllocator::kMinBlockSize;
-// Blocks of the request's own size class that are examined before moving up a class.
-constexpr int kOwnBinProbe = 8;
-
-void mapping(std::size_t units, uint32_t& fl, uint32_t& sl) {
-  if (units < kSL) {
-    fl = 0;
-    sl = static_cast<uint32_t>(units);
-  } else {
-    const int msb = 63 - std::countl_zero(static_cast<uint64_t>(units));
-    fl = static_cast<uint32_t>(msb - kSLBits + 1);
-    sl = static_cast<uint32_t>((units >> (msb - kSLBits)) - kSL);
-  }
-}
-
-std::size_t round_size(std::size_t size) {
-  return size < kUnit ? kUnit : (size + kUnit - 1) / kUnit * kUnit;
-}
-
-std::size_t segment_size_for(std::size_t rounded) {
-  if (rounded <= CachingAllocator::kSmallSize) return CachingAllocator::kSmallBuffer;
-  if (rounded < CachingAllocator::kMinLargeAlloc) return CachingAllocator::kLargeBuffer;
-  const std::size_t r = CachingAllocator::kRoundLarge;
-  return (rounded + r - 1) / r * r;
-}
-
-int64_t now_us() {
-  return std::chrono::duration_cast<std::chrono::microseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
-void update_stat(Stat& s, int64_t delta) {
-  s.current += delta;
-  if (s.current > s.peak) s.peak = s.current;
-  if (delta > 0) s.allocated += delta;
-  if (delta < 0) s.freed -= delta;
-}
-
-void update_stat(StatArray& a, bool small, int64_t delta) {
-  update_stat(a[kAggregate], delta);
-  update_stat(a[small ? kSmallPool : kLargePool], delta);
-}
-
-}  // namespace
-
-// Free blocks of one stream, in segregated size classes.
-struct Bins {
-  uint64_t fl_map = 0;
-  std::array<uint32_t, kFL> sl_map{};
-  std::array<Block*, kFL * kSL> heads{};
-
-  void insert(Block* b) {
-    uint32_t fl, sl;
-    mapping(b->size / kUnit, fl, sl);
-    const uint32_t idx = fl * kSL + sl;
-    b->bin = idx;
-    b->bin_prev = nullptr;
-    b->bin_next = heads[idx];
-    if (heads[idx] != nullptr) heads[idx]->bin_prev = b;
-    heads[idx] = b;
-    sl_map[fl] |= 1u << sl;
-    fl_map |= uint64_t{1} << fl;
-    b->in_bin = true;
-  }
-
-  void remove(Block* b) {
-    const uint32_t idx = b->bin;
-    if (b->bin_prev != nullptr) {
-      b->bin_prev->bin_next = b->bin_next;
-    } else {
-      heads[idx] = b->bin_next;
-    }
-    if (b->bin_next != nullptr) b->bin_next->bin_prev = b->bin_prev;
-    if (heads[idx] == nullptr) {
-      const uint32_t fl = idx / kSL;
-      sl_map[fl] &= ~(1u << (idx % kSL));
-      if (sl_map[fl] == 0) fl_map &= ~(uint64_t{1} << fl);
-    }
-    b->bin_prev = b->bin_next = nullptr;
-    b->in_bin = false;
-  }
-
-  // A free block of at least `size` bytes, or nullptr.
-  Block* find(std::size_t size) {
-    uint32_t fl, sl;
-    mapping(size / kUnit, fl, sl);
-    int probe = 0;
-    for (Block* b = heads[fl * kSL + sl]; b != nullptr && probe < kOwnBinProbe;
-         b = b->bin_next, ++probe) {
-      if (b->size >= size) return b;
-    }
-    // Every block of a higher class is large enough.
-    const uint32_t sl_bits = sl + 1 < kSL ? sl_map[fl] & (~0u << (sl + 1)) : 0;
-    if (sl_bits != 0) return heads[fl * kSL + std::countr_zero(sl_bits)];
-    const uint64_t fl_bits = fl + 1 < kFL ? fl_map & (~uint64_t{0} << (fl + 1)) : 0;
-    if (fl_bits == 0) return nullptr;
-    const uint32_t fl2 = static_cast<uint32_t>(std::countr_zero(fl_bits));
-    return heads[fl2 * kSL + std::countr_zero(sl_map[fl2])];
-  }
-};
-
-struct BlockPool {
-  bool small = true;
-  PoolId id;
-  bool is_private = false;
-  int* use_count = nullptr;  // the private pool's holders
-  std::size_t segments = 0;
-  std::vector<std::unique_ptr<Bins>> by_slot;
-
-  Bins& bins(uint32_t slot) {
-    if (slot >= by_slot.size()) by_slot.resize(std::max<std::size_t>(slot + 1, 8));
-    auto& b = by_slot[slot];
-    if (!b) b = std::make_unique<Bins>();
-    return *b;
-  }
-  Bins& bins_of(const Block* b) { return bins(b->stream->slot); }
-};
-
-struct CachingAllocator::PrivatePool {
-  int use_count = 0;
-  BlockPool small;
-  BlockPool large;
-};
 
 // Pointer -> allocated block: open addressing with linear probing and backward-shift deletion.
 class CachingAllocator::PtrMap {
@@ -296,7 +144,27 @@ Block* CachingAllocator::alloc_segment(BlockPool& pool, StreamObj& stream, std::
       static_cast<std::size_t>(stats_.reserved_bytes[kAggregate].current) + size > reserve_limit_) {
     return nullptr;  // the per-process memory fraction is used up
   }
-  void* p = rt_.driver->raw_alloc(device_, size);
+  void* p;
+  if (stream.capturing.load(std::memory_order_acquire)) {
+    // Memory for the capture's own pool: allowed while capturing (c10's
+    // cudaMallocMaybeCapturing relaxes the thread's capture mode the same way).
+    struct Relaxed {
+      Driver& driver;
+      CaptureMode previous;
+      explicit Relaxed(Driver& d)
+          : driver(d), previous(d.thread_capture_mode_exchange(CaptureMode::Relaxed)) {}
+      ~Relaxed() { driver.thread_capture_mode_exchange(previous); }
+    } relaxed(*rt_.driver);
+    p = rt_.driver->raw_alloc(device_, size);
+  } else {
+    rt_.check_unsafe_call(
+        detail::concat("allocating ", size, " bytes of new device memory for ",
+                       detail::describe(stream.handle())),
+        "the cache had no free block and new device memory is a synchronizing driver call "
+        "(allocate it before the capture, or capture with capture_error_mode=\"thread_local\" "
+        "or \"relaxed\")");
+    p = rt_.driver->raw_alloc(device_, size);
+  }
   if (p == nullptr) return nullptr;
   Block* b = arena_->make();
   b->ptr = p;
@@ -314,6 +182,7 @@ Block* CachingAllocator::alloc_segment(BlockPool& pool, StreamObj& stream, std::
 }
 
 void CachingAllocator::split_block(Block* b, std::size_t size) {
+  if (b->pool->no_split) return;
   const std::size_t rest = b->size - size;
   const bool worth = b->pool->small ? rest >= kMinBlockSize : rest > kSmallSize;
   if (!worth) return;
@@ -350,7 +219,7 @@ void* CachingAllocator::malloc(std::size_t size, StreamObj& stream) {
   ACCEL_RT_CHECK(size <= kMaxRequest, InvalidValueError, "malloc: ", size,
                  " bytes is not a valid size (a negative size converted to unsigned, or larger "
                  "than any device)");
-  const PoolId pool_id =
+  PoolId pool_id =
       stream.capturing.load(std::memory_order_acquire) ? rt_.capture_pool(stream) : PoolId{};
   const std::size_t rounded = round_size(size);
   const bool small = rounded <= kSmallSize;
@@ -364,15 +233,26 @@ void* CachingAllocator::malloc(std::size_t size, StreamObj& stream) {
     ctx = recorder();  // may be slow (stack traces): outside the lock
     lock.lock();
   }
-  if (!pending_events_.empty()) process_events();
+  if (pool_id.is_default() && !thread_pools_.empty()) {
+    const std::thread::id me = std::this_thread::get_id();
+    for (auto it = thread_pools_.rbegin(); it != thread_pools_.rend(); ++it) {
+      if (it->second == me) {
+        pool_id = it->first;
+        break;
+      }
+    }
+  }
+  // While a capture is underway no event is queried and no memory freed (CUDA forbids both).
+  const bool capturing = rt_.capturing_anywhere();
+  if (!pending_events_.empty() && !capturing) process_events();
 
   Block* b = try_allocate(pool_for(pool_id, small), stream, rounded);
-  if (b == nullptr) {
+  if (b == nullptr && !capturing) {
     // Out of device memory: return every cached segment to the driver and retry once.
     ++stats_.num_alloc_retries;
     release_cached_segments();
     b = try_allocate(pool_for(pool_id, small), stream, rounded);
-    if (b == nullptr && rt_.devices[device_]->captures.load() == 0) {
+    if (b == nullptr) {
       // Memory still held by work in flight (pending record_stream events, driver frees
       // waiting for streams): wait for the device without holding the lock, then retry.
       lock.unlock();
@@ -383,13 +263,27 @@ void* CachingAllocator::malloc(std::size_t size, StreamObj& stream) {
       release_cached_segments();
       b = try_allocate(pool_for(pool_id, small), stream, rounded);
     }
-    if (b == nullptr) {
-      ++stats_.num_ooms;
-      // As in CUDA's traces, an oom entry's address is the device's free memory.
-      record_trace(TraceEntry::Action::Oom, rt_.driver->mem_get_info(device_).free, size, &stream,
-                   pool_id, ctx);
-      throw_oom(size, segment_size_for(rounded));
+  }
+  if (b == nullptr && pool_id.is_default()) {
+    // Pools made with use_on_oom lend their free blocks as a last resort.
+    for (auto& [id, p] : private_pools_) {
+      if (!p->use_on_oom || p->use_count == 0) continue;
+      BlockPool& pool = small ? p->small : p->large;
+      Bins& bins = pool.bins(stream.slot);
+      b = bins.find(rounded);
+      if (b == nullptr) continue;
+      bins.remove(b);
+      add_inactive_split(b, -1);
+      split_block(b, rounded);
+      break;
     }
+  }
+  if (b == nullptr) {
+    ++stats_.num_ooms;
+    // As in CUDA's traces, an oom entry's address is the device's free memory.
+    record_trace(TraceEntry::Action::Oom, rt_.driver->mem_get_info(device_).free, size, &stream,
+                 pool_id, ctx);
+    throw_oom(size, segment_size_for(rounded));
   }
 
   b->allocated = true;
@@ -471,6 +365,19 @@ void CachingAllocator::capture_ended() {
   std::vector<Block*> blocks;
   blocks.swap(deferred_frees_);
   for (Block* b : blocks) insert_events(b);
+  if (rt_.capturing_anywhere()) return;
+  // Private pools released while captures were underway give their memory back now.
+  for (auto it = segments_.begin(); it != segments_.end();) {
+    Block* head = it->second;
+    ++it;
+    const BlockPool& pool = *head->pool;
+    if (pool.is_private && *pool.use_count == 0 && segment_is_free(head)) release_segment(head);
+  }
+  for (auto it = private_pools_.begin(); it != private_pools_.end();) {
+    PrivatePool& p = *it->second;
+    ++it;
+    maybe_drop_private_pool(&p.small);
+  }
 }
 
 void CachingAllocator::free_block(Block* b) {
@@ -504,8 +411,9 @@ void CachingAllocator::free_block(Block* b) {
     record_trace(TraceEntry::Action::FreeCompleted, b->addr(), b->size, b->stream, pool.id,
                  nullptr);
   }
-  // A private pool nobody holds gives its memory back as soon as a segment is free.
-  if (pool.is_private && *pool.use_count == 0 && !b->is_split()) {
+  // A private pool nobody holds gives its memory back as soon as a segment is free (after the
+  // captures underway end, capture_ended, if there are any).
+  if (pool.is_private && *pool.use_count == 0 && !b->is_split() && !rt_.capturing_anywhere()) {
     release_segment(b);
     maybe_drop_private_pool(&pool);
   }
@@ -569,6 +477,7 @@ void CachingAllocator::release_pool(PoolId id) {
   auto it = private_pools_.find(id);
   if (it == private_pools_.end() || it->second->use_count == 0) return;
   if (--it->second->use_count > 0) return;
+  if (rt_.capturing_anywhere()) return;  // capture_ended gives the memory back
   for (auto sit = segments_.begin(); sit != segments_.end();) {
     Block* head = sit->second;
     ++sit;
@@ -579,8 +488,44 @@ void CachingAllocator::release_pool(PoolId id) {
   maybe_drop_private_pool(&it->second->small);
 }
 
+void CachingAllocator::create_pool(PoolId id, MemPoolOptions options) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  pool_for(id, true);
+  PrivatePool& p = *private_pools_.at(id);
+  p.use_on_oom = options.use_on_oom;
+  p.small.no_split = p.large.no_split = options.no_split;
+  ++p.use_count;
+}
+
+int CachingAllocator::pool_use_count(PoolId id) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = private_pools_.find(id);
+  return it == private_pools_.end() ? 0 : it->second->use_count;
+}
+
+void CachingAllocator::begin_allocate_to_pool(PoolId id, std::thread::id thread) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  pool_for(id, true);
+  ++private_pools_.at(id)->use_count;
+  thread_pools_.emplace_back(id, thread);
+}
+
+void CachingAllocator::end_allocate_to_pool(PoolId id, std::thread::id thread) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = std::find(thread_pools_.rbegin(), thread_pools_.rend(), std::make_pair(id, thread));
+    ACCEL_RT_CHECK(it != thread_pools_.rend(), InvalidValueError,
+                   "mem_pool_end_allocate: this thread is not allocating to pool (", id.first, ", ",
+                   id.second, ") on device ", device_);
+    thread_pools_.erase(std::next(it).base());
+  }
+  release_pool(id);
+}
+
 void CachingAllocator::empty_cache() {
-  if (rt_.devices[device_]->captures.load() == 0) rt_.synchronize_streams(device_, false);
+  // During a capture nothing is freed (CUDA forbids frees then); the cache stays as it is.
+  if (rt_.capturing_anywhere()) return;
+  rt_.synchronize_streams(device_, false);
   std::lock_guard<std::mutex> lock(mutex_);
   process_events();
   release_cached_segments();
@@ -628,129 +573,6 @@ bool CachingAllocator::record_stream(void* ptr, Stream stream) {
     b->stream_uses.push_back(stream);
   }
   return true;
-}
-
-DeviceStats CachingAllocator::stats() {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return stats_;
-}
-
-void CachingAllocator::reset_peak_stats() {
-  std::lock_guard<std::mutex> lock(mutex_);
-  for (StatArray* a : {&stats_.allocation, &stats_.segment, &stats_.active, &stats_.inactive_split,
-                       &stats_.allocated_bytes, &stats_.reserved_bytes, &stats_.active_bytes,
-                       &stats_.inactive_split_bytes, &stats_.requested_bytes}) {
-    for (Stat& s : *a) s.peak = s.current;
-  }
-}
-
-void CachingAllocator::reset_accumulated_stats() {
-  std::lock_guard<std::mutex> lock(mutex_);
-  for (StatArray* a : {&stats_.allocation, &stats_.segment, &stats_.active, &stats_.inactive_split,
-                       &stats_.allocated_bytes, &stats_.reserved_bytes, &stats_.active_bytes,
-                       &stats_.inactive_split_bytes, &stats_.requested_bytes}) {
-    for (Stat& s : *a) s.allocated = s.freed = 0;
-  }
-  stats_.num_alloc_retries = stats_.num_ooms = stats_.num_sync_all_streams = 0;
-  stats_.num_device_alloc = stats_.num_device_free = 0;
-}
-
-void CachingAllocator::set_reserve_limit(std::size_t bytes) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  reserve_limit_ = bytes;
-}
-
-std::size_t CachingAllocator::reserve_limit() {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return reserve_limit_;
-}
-
-[[noreturn]] void CachingAllocator::throw_oom(std::size_t size, std::size_t alloc_size) {
-  const MemoryInfo info = rt_.driver->mem_get_info(device_);
-  const int64_t allocated = stats_.allocated_bytes[kAggregate].current;
-  const int64_t reserved = stats_.reserved_bytes[kAggregate].current;
-  std::string hint;
-  if (reserve_limit_ != 0) {
-    hint += " The per-process memory fraction limits this process to " +
-            format_bytes(reserve_limit_) + " of the device (set_per_process_memory_fraction).";
-  }
-  if (rt_.driver->name() == "host") {
-    hint += " The host driver's device capacity is set by ACCEL_HOST_MEMORY.";
-  }
-  ACCEL_RT_THROW(OutOfMemoryError, "accel: out of memory on device ", device_,
-                 ": tried to allocate ", format_bytes(size), " (", size,
-                 " bytes; a new segment of ", format_bytes(alloc_size),
-                 " was needed). The device has a total capacity of ", format_bytes(info.total),
-                 ", of which ", format_bytes(info.free), " is free. The caching allocator has ",
-                 format_bytes(static_cast<uint64_t>(allocated)), " allocated and ",
-                 format_bytes(static_cast<uint64_t>(reserved)), " reserved (",
-                 format_bytes(static_cast<uint64_t>(reserved - allocated)),
-                 " reserved but unallocated). Free memory you no longer need or use smaller "
-                 "sizes.",
-                 hint);
-}
-
-// --- history ------------------------------------------------------------------------------
-
-void CachingAllocator::set_history(bool enabled, ContextRecorder recorder,
-                                   std::size_t max_entries) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  history_enabled_ = enabled;
-  recorder_ = enabled ? std::move(recorder) : ContextRecorder{};
-  history_max_ = max_entries;
-  if (!enabled) history_.clear();
-  while (history_.size() > history_max_) history_.pop_front();
-}
-
-void CachingAllocator::record_trace(TraceEntry::Action action, uint64_t addr, uint64_t size,
-                                    const StreamObj* s, PoolId pool,
-                                    std::shared_ptr<HistoryContext> ctx) {
-  if (!history_enabled_ || history_max_ == 0) return;
-  TraceEntry e;
-  e.action = action;
-  e.device = device_;
-  e.addr = addr;
-  e.size = size;
-  e.stream = s != nullptr ? s->handle().bits() : 0;
-  e.time_us = now_us();
-  e.pool = pool;
-  e.context = std::move(ctx);
-  history_.push_back(std::move(e));
-  if (history_.size() > history_max_) history_.pop_front();
-}
-
-void CachingAllocator::snapshot(MemorySnapshot& out) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  for (const auto& [addr, head] : segments_) {
-    SegmentInfo seg;
-    seg.device = device_;
-    seg.addr = addr;
-    seg.total_size = head->segment_size;
-    seg.stream = head->stream->handle().bits();
-    seg.is_large = !head->pool->small;
-    seg.pool = head->pool->id;
-    for (const Block* b = head; b != nullptr; b = b->next) {
-      BlockInfo bi;
-      bi.addr = b->addr();
-      bi.size = b->size;
-      bi.requested_size = b->requested;
-      bi.context = b->context;
-      if (b->allocated) {
-        bi.state = BlockInfo::State::ActiveAllocated;
-        seg.allocated_size += b->size;
-        seg.active_size += b->size;
-        seg.requested_size += b->requested;
-      } else if (!b->in_bin) {
-        bi.state = BlockInfo::State::ActivePendingFree;
-        seg.active_size += b->size;
-      } else {
-        bi.state = BlockInfo::State::Inactive;
-      }
-      seg.blocks.push_back(std::move(bi));
-    }
-    out.segments.push_back(std::move(seg));
-  }
-  out.device_traces.emplace_back(history_.begin(), history_.end());
 }
 
 }  // namespace accel::rt::detail

@@ -23,6 +23,8 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include "runtime/internal.h"
@@ -64,10 +66,15 @@ class CachingAllocator {
   void reset_peak_stats();
   void reset_accumulated_stats();
 
-  // Graph pools.
-  void use_pool(PoolId id);      // a capture or graph holds the pool
+  // Private pools (graphs, MemPool).
+  void use_pool(PoolId id);      // a capture, graph or MemPool holds the pool
   void release_pool(PoolId id);  // ... and lets it go
-  void capture_ended();          // processes frees deferred while a used stream was capturing
+  void create_pool(PoolId id, MemPoolOptions options);  // a held pool with these options
+  int pool_use_count(PoolId id);
+  // Allocations of `thread` on streams that are not capturing go to `id` (held meanwhile).
+  void begin_allocate_to_pool(PoolId id, std::thread::id thread);
+  void end_allocate_to_pool(PoolId id, std::thread::id thread);
+  void capture_ended();  // processes frees deferred while a used stream was capturing
 
   // History.
   void set_history(bool enabled, ContextRecorder recorder, std::size_t max_entries);
@@ -118,6 +125,8 @@ class CachingAllocator {
   };
   std::vector<PendingEvent> pending_events_;
   std::vector<Block*> deferred_frees_;  // freed during a capture, events not recorded yet
+  // Threads whose allocations go to a pool (begin_allocate_to_pool), innermost last.
+  std::vector<std::pair<PoolId, std::thread::id>> thread_pools_;
   DeviceStats stats_;
 
   bool history_enabled_ = false;

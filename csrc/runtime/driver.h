@@ -85,7 +85,8 @@ class ACCEL_RT_API Driver {
   // L0: no host-function command: append a signal of an event that a runtime thread waits on
   //     (zeEventHostSynchronize), runs the task and then signals a second event that the list
   //     waits on (zeCommandListAppendWaitOnEvents).
-  virtual void launch_host_func(DriverStream stream, Task task) = 0;
+  // `label` (may be null) says what the task does, for graph debug dumps; drivers may ignore it.
+  virtual void launch_host_func(DriverStream stream, Task task, const char* label) = 0;
   // `kind` is resolved (never Default). Pageable host memory has been staged or the stream is
   // synchronized afterwards by the runtime, so drivers may treat host pointers as pinned.
   // CUDA: cudaMemcpyAsync.               L0: zeCommandListAppendMemoryCopy.
@@ -140,6 +141,17 @@ class ACCEL_RT_API Driver {
   // CUDA: cudaGraphDestroy / cudaGraphExecDestroy.   L0: zeCommandListDestroy.
   virtual void graph_destroy(DriverGraph graph) = 0;
   virtual void graph_exec_destroy(DriverGraphExec exec) = 0;
+  // Writes the graph's nodes and their dependencies to `path` as a Graphviz dot file. The
+  // default throws NotSupportedError.
+  // CUDA: cudaGraphDebugDotPrint(cudaGraphDebugDotFlagsVerbose).   L0: none.
+  virtual void graph_debug_dump(DriverGraph graph, const char* path);
+  // Sets the calling thread's capture mode, returning the previous one. While a capture is
+  // underway, calls that may synchronize (allocating or freeing device memory, querying or
+  // waiting for streams and events) are refused from threads whose mode is not relaxed, as
+  // CUDA refuses them; the runtime relaxes the mode around an allocation made for the
+  // capturing stream itself. The default does nothing (a driver without such rules).
+  // CUDA: cudaThreadExchangeStreamCaptureMode.   L0: nothing.
+  virtual CaptureMode thread_capture_mode_exchange(CaptureMode mode) { return mode; }
 };
 
 // Drivers built as separate shared libraries (libaccel_driver_<name>.so) export

@@ -238,6 +238,14 @@ std::size_t graph_node_count(Graph graph) {
   return g.nodes;
 }
 
+void graph_debug_dump(Graph graph, const std::string& path) {
+  Runtime& rt = Runtime::get();
+  GraphObj& g = rt.graph(graph, "graph_debug_dump");
+  std::lock_guard<std::mutex> lock(g.m);
+  check_replayable(g, "graph_debug_dump");
+  rt.driver->graph_debug_dump(g.dg, path.c_str());
+}
+
 CaptureStatus stream_capture_status(Stream stream) {
   Runtime& rt = Runtime::get();
   StreamObj& s = rt.stream(stream, "stream_capture_status");

@@ -30,7 +30,8 @@ void* HostCachingAllocator::malloc(std::size_t size) {
   const std::size_t rounded = std::max(kMinHostBlock, std::bit_ceil(size));
   const int cls = std::countr_zero(rounded);
   std::lock_guard<std::mutex> lock(mutex_);
-  if (!pending_.empty()) process_events();
+  // No event query while a capture is underway (CUDA forbids it).
+  if (!pending_.empty() && !rt_.capturing_anywhere()) process_events();
   HBlock* b = nullptr;
   if (!free_[cls].empty()) {
     b = free_[cls].back();
@@ -134,6 +135,7 @@ bool HostCachingAllocator::contains(const void* ptr, std::size_t size) {
 
 void HostCachingAllocator::empty_cache() {
   std::lock_guard<std::mutex> lock(mutex_);
+  if (rt_.capturing_anywhere()) return;  // nothing is freed during a capture
   process_events();
   release_free_blocks();
 }
@@ -158,8 +160,8 @@ HostStats HostCachingAllocator::stats() {
 
 void HostCachingAllocator::reset_accumulated_stats() {
   std::lock_guard<std::mutex> lock(mutex_);
-  for (Stat* s : {&stats_.allocation, &stats_.segment, &stats_.allocated_bytes,
-                  &stats_.reserved_bytes}) {
+  for (Stat* s :
+       {&stats_.allocation, &stats_.segment, &stats_.allocated_bytes, &stats_.reserved_bytes}) {
     s->allocated = s->freed = 0;
   }
   stats_.num_host_alloc = stats_.num_host_free = 0;

@@ -238,6 +238,18 @@ class Runtime {
   // Applies the capture modes to a device-wide synchronizing call; returns false when
   // capturing streams must be skipped (relaxed / other thread in thread-local mode).
   bool check_device_sync(int device, const char* call);
+  // CUDA's rule for calls that may synchronize (see Driver::thread_capture_mode_exchange):
+  // invalidates and throws if a capture underway forbids `what` on this thread (a capture this
+  // thread began that is not relaxed, or another thread's global capture).
+  void check_unsafe_call(const std::string& what, const char* why);
+  // Whether any capture is underway on any device (the allocators then make no driver call
+  // CUDA forbids during capture: no event query, no free).
+  bool capturing_anywhere() const {
+    for (const auto& d : devices) {
+      if (d->captures.load(std::memory_order_acquire) > 0) return true;
+    }
+    return false;
+  }
   void check_event_not_captured(EventObj& e, const char* call);
   // Invalidates the capture of `s` (if any) and throws CaptureError: `what` cannot be captured.
   void refuse_capture(StreamObj& s, const std::string& what, const std::string& why);
@@ -258,7 +270,9 @@ class Runtime {
  private:
   Runtime() = default;
   void start();
-  [[noreturn]] void invalidate_and_throw(CaptureState& cs, const std::string& what);
+  // `why`: why `what` is refused (default: it would wait for work only being recorded).
+  [[noreturn]] void invalidate_and_throw(CaptureState& cs, const std::string& what,
+                                         const char* why = nullptr);
   std::unique_ptr<Driver> owned_driver_;
   void* plugin_ = nullptr;
 };

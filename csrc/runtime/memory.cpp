@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <mutex>
+#include <thread>
 #include <vector>
 
 #include "runtime/caching_allocator.h"
@@ -142,6 +143,38 @@ void set_memory_fraction(double fraction, int device) {
   const std::size_t limit =
       fraction >= 1.0 ? 0 : std::max<std::size_t>(1, static_cast<std::size_t>(fraction * total));
   rt.devices[d]->allocator->set_reserve_limit(limit);
+}
+
+PoolId mem_pool_create(int device, MemPoolOptions options) {
+  Runtime& rt = Runtime::get();
+  const int d = rt.resolve_device(device, "mem_pool_create");
+  const PoolId id{0, rt.next_pool_id.fetch_add(1)};
+  rt.devices[d]->allocator->create_pool(id, options);
+  return id;
+}
+
+void mem_pool_release(int device, PoolId pool) {
+  Runtime& rt = Runtime::get();
+  rt.device_state(device, "mem_pool_release").allocator->release_pool(pool);
+}
+
+int mem_pool_use_count(int device, PoolId pool) {
+  Runtime& rt = Runtime::get();
+  return rt.device_state(device, "mem_pool_use_count").allocator->pool_use_count(pool);
+}
+
+void mem_pool_begin_allocate(int device, PoolId pool) {
+  ACCEL_RT_CHECK(!pool.is_default(), InvalidValueError,
+                 "mem_pool_begin_allocate: (0, 0) is the default pool, not a memory pool");
+  Runtime& rt = Runtime::get();
+  rt.device_state(device, "mem_pool_begin_allocate")
+      .allocator->begin_allocate_to_pool(pool, std::this_thread::get_id());
+}
+
+void mem_pool_end_allocate(int device, PoolId pool) {
+  Runtime& rt = Runtime::get();
+  rt.device_state(device, "mem_pool_end_allocate")
+      .allocator->end_allocate_to_pool(pool, std::this_thread::get_id());
 }
 
 double get_memory_fraction(int device) {

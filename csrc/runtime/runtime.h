@@ -53,7 +53,9 @@ ACCEL_RT_API int stream_priority(Stream stream);
 // The calling thread's current stream on a device (its default stream until set).
 ACCEL_RT_API Stream current_stream(int device = -1);
 ACCEL_RT_API void set_current_stream(Stream stream);
-ACCEL_RT_API void launch_host_func(Stream stream, Task task);
+// `label` (may be null, else a string that outlives the call) names the work in graph debug
+// dumps.
+ACCEL_RT_API void launch_host_func(Stream stream, Task task, const char* label = nullptr);
 ACCEL_RT_API bool stream_query(Stream stream);
 ACCEL_RT_API void stream_synchronize(Stream stream);
 // Throws InvalidHandleError if the stream is not live.
@@ -86,9 +88,27 @@ ACCEL_RT_API void set_memory_fraction(double fraction, int device = -1);
 ACCEL_RT_API double get_memory_fraction(int device = -1);
 // Called on the allocating thread when an allocation fails, before OutOfMemoryError is thrown,
 // with the device, the requested bytes, the bytes allocated there and the bytes free there.
-using OomObserver = std::function<void(int device, std::size_t requested, std::size_t allocated,
-                                       std::size_t free)>;
+using OomObserver =
+    std::function<void(int device, std::size_t requested, std::size_t allocated, std::size_t free)>;
 ACCEL_RT_API void attach_oom_observer(OomObserver observer);
+
+// Memory pools (torch.cuda.MemPool): a private pool of a device's caching allocator, kept apart
+// from the default pool, that the allocations of chosen threads go to. A pool lives while it
+// has holders (its creator, each thread allocating to it, each graph capturing into it: the
+// use count); then its free segments go back to the driver, and the rest as it is freed.
+struct MemPoolOptions {
+  bool use_on_oom = false;  // an allocation outside the pool that finds no memory may use it
+  bool no_split = false;    // its blocks are never split (one allocation per block)
+};
+// A new pool on `device`, held once by the caller.
+ACCEL_RT_API PoolId mem_pool_create(int device = -1, MemPoolOptions options = {});
+ACCEL_RT_API void mem_pool_release(int device, PoolId pool);
+ACCEL_RT_API int mem_pool_use_count(int device, PoolId pool);
+// From now on, allocations of the calling thread on `device` (on streams that are not
+// capturing) come from `pool`, which this holds; the innermost begin wins.
+ACCEL_RT_API void mem_pool_begin_allocate(int device, PoolId pool);
+// Ends the calling thread's innermost begin for `pool` and lets the pool go.
+ACCEL_RT_API void mem_pool_end_allocate(int device, PoolId pool);
 
 // --- pinned host memory -------------------------------------------------------------------
 ACCEL_RT_API void* host_malloc(std::size_t size);
@@ -156,6 +176,8 @@ ACCEL_RT_API void graph_replay(Graph graph);  // on the current stream of the gr
 ACCEL_RT_API void graph_reset(Graph graph);
 ACCEL_RT_API PoolId graph_pool(Graph graph);
 ACCEL_RT_API std::size_t graph_node_count(Graph graph);
+// Writes the captured nodes and their dependencies to `path` as a Graphviz dot file.
+ACCEL_RT_API void graph_debug_dump(Graph graph, const std::string& path);
 ACCEL_RT_API CaptureStatus stream_capture_status(Stream stream);
 // The id of the capture `stream` records into (the same for every stream that joined it), 0 if
 // it is not capturing. Ids are never reused within a process.

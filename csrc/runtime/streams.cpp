@@ -1,0 +1,295 @@
+// Streams and events: the public calls, and the runtime's own device-wide synchronization.
+#include <algorithm>
+#include <array>
+
+#include "runtime/caching_allocator.h"
+#include "runtime/internal.h"
+
+namespace accel::rt {
+namespace detail {
+
+namespace {
+// The calling thread's current stream per device.
+thread_local std::array<uint64_t, kMaxDevices> t_stream{};
+thread_local uint64_t t_stream_set = 0;  // bit d: t_stream[d] holds the current stream
+}  // namespace
+
+StreamObj& Runtime::current_stream_obj(int device) {
+  if (t_stream_set & (uint64_t{1} << device)) {
+    return stream(Stream::from_bits(t_stream[device]), "current stream");
+  }
+  return default_stream_obj(device);
+}
+
+void Runtime::synchronize_streams(int device, bool skip_capturing) {
+  // Waits through events so that task failures stay reported to whoever synchronizes next.
+  DeviceState& ds = *devices[device];
+  const uint32_t n = ds.streams.size();
+  for (uint32_t slot = 0; slot < n; ++slot) {
+    StreamObj* s = ds.streams.get(slot);
+    if (s == nullptr || !s->live.load()) continue;
+    if (s->capturing.load() && skip_capturing) continue;
+    if (driver->stream_query(s->ds)) continue;
+    DriverEvent ev = pool_event(device);
+    driver->event_record(ev, s->ds);
+    driver->event_synchronize(ev);
+    return_event(device, ev);
+  }
+}
+
+DriverEvent Runtime::pool_event(int device) {
+  DeviceState& ds = *devices[device];
+  {
+    std::lock_guard<std::mutex> lock(ds.event_pool_mutex);
+    if (!ds.event_pool.empty()) {
+      DriverEvent ev = ds.event_pool.back();
+      ds.event_pool.pop_back();
+      return ev;
+    }
+  }
+  return driver->event_create(device, false);
+}
+
+void Runtime::return_event(int device, DriverEvent ev) {
+  DeviceState& ds = *devices[device];
+  std::lock_guard<std::mutex> lock(ds.event_pool_mutex);
+  ds.event_pool.push_back(ev);
+}
+
+}  // namespace detail
+
+using detail::Runtime;
+using detail::StreamObj;
+
+// --- streams ------------------------------------------------------------------------------
+
+std::pair<int, int> stream_priority_range() {
+  return Runtime::get().priority_range;
+}
+
+namespace {
+int clamp_priority(Runtime& rt, int priority) {
+  const auto [least, greatest] = rt.priority_range;
+  return std::clamp(priority, greatest, least);
+}
+}  // namespace
+
+Stream default_stream(int device) {
+  Runtime& rt = Runtime::get();
+  return rt.default_stream_obj(rt.resolve_device(device, "default_stream")).handle();
+}
+
+Stream stream_create(int device, int priority) {
+  Runtime& rt = Runtime::get();
+  const int d = rt.resolve_device(device, "stream_create");
+  StreamObj* obj = rt.acquire_stream(d, clamp_priority(rt, priority), /*pooled=*/false);
+  return obj->handle();
+}
+
+void stream_destroy(Stream stream) {
+  Runtime& rt = Runtime::get();
+  StreamObj& s = rt.stream(stream, "stream_destroy");
+  ACCEL_RT_CHECK(s.slot != 0, InvalidValueError, "stream_destroy: ", detail::describe(stream),
+                 " cannot be destroyed");
+  ACCEL_RT_CHECK(!s.pooled, InvalidValueError, "stream_destroy: ", detail::describe(stream),
+                 " comes from the stream pool, which owns it");
+  ACCEL_RT_CHECK(!s.capturing.load(), CaptureError, "stream_destroy: ", detail::describe(stream),
+                 " is capturing a graph; end the capture first");
+  std::string failure;
+  try {
+    rt.driver->stream_synchronize(s.ds);
+  } catch (const TaskError& e) {
+    failure = e.message();
+  }
+  // The driver stream is kept for reuse by a later stream_create: a racing user of the stale
+  // handle can then never touch freed memory.
+  s.retire();
+  rt.devices[s.device]->streams.release(s.slot);
+  ACCEL_RT_CHECK(failure.empty(), TaskError, "stream_destroy: ", failure);
+}
+
+Stream stream_from_pool(int device, int priority) {
+  Runtime& rt = Runtime::get();
+  const int d = rt.resolve_device(device, "stream_from_pool");
+  const int p = clamp_priority(rt, priority);
+  const int level = std::min(-(p - rt.priority_range.first), detail::kMaxPriorityLevels - 1);
+  detail::DeviceState& ds = *rt.devices[d];
+  const uint32_t idx = ds.pool_next[level].fetch_add(1) % detail::kPoolStreamsPerPriority;
+  StreamObj* obj = ds.pool[level][idx].load(std::memory_order_acquire);
+  if (obj == nullptr) {
+    std::lock_guard<std::mutex> lock(ds.pool_mutex);
+    obj = ds.pool[level][idx].load();
+    if (obj == nullptr) {
+      obj = rt.acquire_stream(d, p, /*pooled=*/true);
+      ds.pool[level][idx].store(obj, std::memory_order_release);
+    }
+  }
+  return obj->handle();
+}
+
+int stream_priority(Stream stream) {
+  return Runtime::get().stream(stream, "stream_priority").priority;
+}
+
+Stream current_stream(int device) {
+  Runtime& rt = Runtime::get();
+  const int d = rt.resolve_device(device, "current_stream");
+  if (detail::t_stream_set & (uint64_t{1} << d)) return Stream::from_bits(detail::t_stream[d]);
+  return rt.default_stream_obj(d).handle();
+}
+
+void set_current_stream(Stream stream) {
+  Runtime& rt = Runtime::get();
+  StreamObj& s = rt.stream(stream, "set_current_stream");
+  detail::t_stream[s.device] = stream.bits();
+  detail::t_stream_set |= uint64_t{1} << s.device;
+}
+
+void stream_check(Stream stream) {
+  Runtime::get().stream(stream, "stream_check");
+}
+
+void launch_host_func(Stream stream, Task task, const char* label) {
+  Runtime& rt = Runtime::get();
+  ACCEL_RT_CHECK(static_cast<bool>(task), InvalidValueError, "launch_host_func: empty task");
+  StreamObj& s = rt.stream(stream, "launch_host_func");
+  rt.driver->launch_host_func(s.ds, std::move(task), label);
+}
+
+bool stream_query(Stream stream) {
+  Runtime& rt = Runtime::get();
+  StreamObj& s = rt.stream(stream, "stream_query");
+  rt.check_not_capturing(s, "stream_query");
+  return rt.driver->stream_query(s.ds);
+}
+
+void stream_synchronize(Stream stream) {
+  Runtime& rt = Runtime::get();
+  StreamObj& s = rt.stream(stream, "stream_synchronize");
+  rt.check_not_capturing(s, "stream_synchronize");
+  rt.driver->stream_synchronize(s.ds);
+}
+
+// --- events -------------------------------------------------------------------------------
+
+Event event_create(int device, bool enable_timing) {
+  Runtime& rt = Runtime::get();
+  const int d = rt.resolve_device(device, "event_create");
+  detail::EventObj* obj = rt.events.acquire(
+      [&](detail::EventObj& e) {
+        // Reuse only an event whose previous records have all completed: it then behaves
+        // exactly like a fresh one.
+        // No query while a capture is underway (CUDA forbids it): a fresh event then.
+        return e.device == d && e.timing == enable_timing && !rt.capturing_anywhere() &&
+               rt.driver->event_query(e.de);
+      },
+      [&](uint32_t slot) {
+        auto* e = new detail::EventObj;
+        e->slot = slot;
+        e->device = d;
+        e->timing = enable_timing;
+        e->de = rt.driver->event_create(d, enable_timing);
+        return e;
+      });
+  obj->recorded.store(false);
+  obj->capture_id.store(0);
+  obj->live.store(true, std::memory_order_release);
+  return obj->handle();
+}
+
+void event_destroy(Event event) {
+  Runtime& rt = Runtime::get();
+  detail::EventObj& e = rt.event(event, "event_destroy");
+  e.retire();
+  rt.events.release(e.slot);
+}
+
+int event_device(Event event) {
+  return Runtime::get().event(event, "event_device").device;
+}
+
+void event_record(Event event, Stream stream) {
+  Runtime& rt = Runtime::get();
+  detail::EventObj& e = rt.event(event, "event_record");
+  StreamObj& s = rt.stream(stream, "event_record");
+  ACCEL_RT_CHECK(e.device == s.device, InvalidValueError,
+                 "event_record: the event belongs to "
+                 "device ",
+                 e.device, " but ", detail::describe(stream), " is on device ", s.device,
+                 "; create the event on the stream's device");
+  if (s.capturing.load(std::memory_order_acquire)) {
+    std::lock_guard<std::mutex> lock(rt.capture_mutex);
+    if (s.capture != nullptr) {
+      rt.driver->event_record(e.de, s.ds);
+      e.capture_id.store(s.capture->id);
+      e.recorded.store(true);
+      return;
+    }
+  }
+  rt.driver->event_record(e.de, s.ds);
+  e.capture_id.store(0);
+  e.recorded.store(true);
+}
+
+void stream_wait_event(Stream stream, Event event) {
+  Runtime& rt = Runtime::get();
+  detail::EventObj& e = rt.event(event, "stream_wait_event");
+  StreamObj& s = rt.stream(stream, "stream_wait_event");
+  if (const uint64_t id = e.capture_id.load(std::memory_order_acquire); id != 0) {
+    std::lock_guard<std::mutex> lock(rt.capture_mutex);
+    auto it = rt.live_captures.find(id);
+    if (it != rt.live_captures.end()) {
+      detail::CaptureState& cs = *it->second;
+      ACCEL_RT_CHECK(s.capture == nullptr || s.capture == &cs, CaptureError,
+                     "stream_wait_event: ", detail::describe(stream),
+                     " is capturing another graph than the one the event was recorded in");
+      ACCEL_RT_CHECK(s.device == cs.device, CaptureError,
+                     "stream_wait_event: ", detail::describe(stream),
+                     " cannot join a capture on device ", cs.device);
+      rt.driver->stream_wait_event(s.ds, e.de);
+      if (s.capture == nullptr) {  // the stream joins the capture
+        s.capture = &cs;
+        s.capturing.store(true, std::memory_order_release);
+        cs.streams.push_back(&s);
+      }
+      return;
+    }
+  }
+  rt.driver->stream_wait_event(s.ds, e.de);
+}
+
+bool event_query(Event event) {
+  Runtime& rt = Runtime::get();
+  detail::EventObj& e = rt.event(event, "event_query");
+  rt.check_event_not_captured(e, "event_query");
+  return rt.driver->event_query(e.de);
+}
+
+void event_synchronize(Event event) {
+  Runtime& rt = Runtime::get();
+  detail::EventObj& e = rt.event(event, "event_synchronize");
+  rt.check_event_not_captured(e, "event_synchronize");
+  rt.driver->event_synchronize(e.de);
+}
+
+float event_elapsed_time(Event start, Event end) {
+  Runtime& rt = Runtime::get();
+  detail::EventObj& a = rt.event(start, "event_elapsed_time");
+  detail::EventObj& b = rt.event(end, "event_elapsed_time");
+  for (auto [e, which] : {std::pair{&a, "start"}, std::pair{&b, "end"}}) {
+    ACCEL_RT_CHECK(e->timing, InvalidValueError, "event_elapsed_time: the ", which,
+                   " event was created without timing; create both events with timing "
+                   "enabled (enable_timing=True)");
+    ACCEL_RT_CHECK(e->recorded.load(), InvalidValueError, "event_elapsed_time: the ", which,
+                   " event has not been recorded");
+    rt.check_event_not_captured(*e, "event_elapsed_time");
+    ACCEL_RT_CHECK(rt.driver->event_query(e->de), NotReadyError, "event_elapsed_time: the ", which,
+                   " event has not completed yet; synchronize it first");
+  }
+  ACCEL_RT_CHECK(a.device == b.device, InvalidValueError,
+                 "event_elapsed_time: the events belong to different devices (", a.device, " and ",
+                 b.device, ")");
+  return rt.driver->event_elapsed_ms(a.de, b.de);
+}
+
+}  // namespace accel::rt
