@@ -7,6 +7,7 @@ import gc
 import pickle
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -202,3 +203,89 @@ def test_devices_and_usage() -> None:
     assert not torch.accel.can_device_access_peer(0, 0)
     free, total = torch.accel.mem_get_info()
     assert torch.accel.device_memory_used() == total - free
+
+
+def _pool_of(t: torch.Tensor) -> tuple[int, int] | None:
+    for seg in torch.accel.memory_snapshot():
+        if seg["address"] <= t.data_ptr() < seg["address"] + seg["total_size"]:
+            return tuple(seg["segment_pool_id"])
+    return None
+
+
+def test_mem_pool_routes_this_threads_allocations() -> None:
+    gc.collect()
+    torch.accel.empty_cache()
+    before = torch.accel.memory_reserved()
+    pool = torch.accel.MemPool()
+    assert pool.id[0] == 0 and pool.id[1] > 0 and pool.allocator is None
+    assert pool.use_count() == 1
+    other: list[torch.Tensor] = []
+    with torch.accel.use_mem_pool(pool):
+        assert pool.use_count() == 2
+        inside = torch.arange(1000.0, device=ACCEL)
+        worker = threading.Thread(target=lambda: other.append(torch.ones(1000, device=ACCEL)))
+        worker.start()
+        worker.join()
+    outside = torch.ones(1000, device=ACCEL)
+    assert pool.use_count() == 1
+    assert _pool_of(inside) == pool.id
+    assert _pool_of(other[0]) == (0, 0) and _pool_of(outside) == (0, 0)
+    assert [tuple(s["segment_pool_id"]) for s in pool.snapshot()] == [pool.id]
+    assert torch.accel.memory_snapshot(mempool_id=pool.id) == pool.snapshot()
+    torch.testing.assert_close(inside.cpu(), torch.arange(1000.0))
+    # The pool's memory goes back once the pool and its tensors are gone.
+    other.clear()
+    del pool, outside
+    gc.collect()
+    torch.accel.empty_cache()
+    assert torch.accel.memory_reserved() > before
+    del inside
+    gc.collect()
+    assert torch.accel.memory_reserved() == before
+
+
+def test_graphs_capture_into_a_mem_pool() -> None:
+    pool = torch.accel.MemPool()
+    x = torch.ones(64, device=ACCEL)
+    g = torch.accel.AccelGraph()
+    with torch.accel.graph(g, pool=pool.id):
+        y = x * 4
+    assert g.pool() == pool.id and pool.use_count() == 2
+    assert _pool_of(y) == pool.id
+    x.fill_(2.0)
+    g.replay()
+    torch.testing.assert_close(y.cpu(), torch.full((64,), 8.0))
+    g.reset()
+    assert pool.use_count() == 1
+
+
+def test_mem_pool_options_and_errors() -> None:
+    split = torch.accel.MemPool(no_split=True)
+    with torch.accel.use_mem_pool(split):
+        a = torch.ones(16, device=ACCEL)
+        b = torch.ones(16, device=ACCEL)
+    segments = split.snapshot()
+    assert len(segments) == 2 and all(len(s["blocks"]) == 1 for s in segments)
+    del a, b
+
+    # use_on_oom: an allocation outside the pool that finds no memory takes a free pool block.
+    lender = torch.accel.MemPool(use_on_oom=True)
+    size = 8 << 20
+    with torch.accel.use_mem_pool(lender):
+        held = torch.empty(size, dtype=torch.uint8, device=ACCEL)
+    address = held.data_ptr()
+    del held  # free again, cached in the pool
+    torch.accel.empty_cache()
+    torch.accel.set_per_process_memory_fraction(1e-6)
+    try:
+        borrowed = torch.empty(size, dtype=torch.uint8, device=ACCEL)
+        assert borrowed.data_ptr() == address
+        del borrowed
+    finally:
+        torch.accel.set_per_process_memory_fraction(1.0)
+
+    with pytest.raises(NotImplementedError, match="custom allocator"):
+        torch.accel.MemPool(allocator=object())
+    with pytest.raises(TypeError, match="MemPool"):
+        with torch.accel.use_mem_pool((0, 1)):  # type: ignore[arg-type]
+            pass

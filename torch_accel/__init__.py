@@ -58,6 +58,9 @@ def _register() -> None:
     torch.utils.generate_methods_for_privateuse1_backend(
         for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=True
     )
+    # torch.accelerator.Graph exists from PyTorch 2.12; where the torch accel was built against
+    # has it, accel's graphs serve it (2.11: nothing to register).
+    _C._register_accelerator_graph()
 
 
 _register()

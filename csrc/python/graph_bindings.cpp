@@ -9,7 +9,7 @@
 #include <string>
 #include <utility>
 
-#include "device/graph_rng.h"
+#include "device/graph.h"
 #include "python/bindings.h"
 #include "runtime/runtime.h"
 
@@ -50,28 +50,17 @@ void init_graph_bindings(py::module_& m) {
       "A new memory pool id that several graphs can capture into.");
   m.def("_graph_create", [] { return rt::graph_create().bits(); });
   m.def(
-      "_graph_destroy",
-      [](uint64_t g) {
-        rt::graph_destroy(graph_of(g));
-        device::graph_rng_forget(graph_of(g));
-      },
-      py::arg("graph"));
+      "_graph_destroy", [](uint64_t g) { device::graph_destroy(graph_of(g)); }, py::arg("graph"));
   m.def(
       "_graph_capture_begin",
       [](uint64_t g, int device, int64_t stream, std::pair<uint64_t, uint64_t> pool,
          const std::string& mode) {
-        const rt::Stream s = stream_of(device, stream);
-        rt::graph_capture_begin(graph_of(g), s, pool_of(pool), mode_of(mode));
-        // Random operators of the capture draw per replay (device/graph_rng.h).
-        device::graph_rng_capture_begin(graph_of(g), rt::stream_capture_id(s));
+        device::graph_capture_begin(graph_of(g), stream_of(device, stream), pool_of(pool),
+                                    mode_of(mode));
       },
       py::arg("graph"), py::arg("device"), py::arg("stream"), py::arg("pool"), py::arg("mode"));
   m.def(
-      "_graph_capture_end",
-      [](uint64_t g) {
-        device::graph_rng_capture_end(graph_of(g));
-        rt::graph_capture_end(graph_of(g));
-      },
+      "_graph_capture_end", [](uint64_t g) { device::graph_capture_end(graph_of(g)); },
       py::arg("graph"));
   m.def(
       "_graph_instantiate", [](uint64_t g) { rt::graph_instantiate(graph_of(g)); },
@@ -79,25 +68,42 @@ void init_graph_bindings(py::module_& m) {
   m.def(
       "_graph_replay",
       [](uint64_t g, int device, int64_t stream) {
-        const rt::Stream s = stream_of(device, stream);
-        rt::graph_instantiate(graph_of(g));  // raises before any state changes if it cannot run
-        device::graph_rng_before_replay(graph_of(g), s);
-        rt::graph_replay(graph_of(g), s);
+        device::graph_replay(graph_of(g), stream_of(device, stream));
       },
       py::arg("graph"), py::arg("device"), py::arg("stream"));
   m.def(
-      "_graph_reset",
-      [](uint64_t g) {
-        rt::graph_reset(graph_of(g));
-        device::graph_rng_forget(graph_of(g));
-      },
-      py::arg("graph"));
+      "_graph_reset", [](uint64_t g) { device::graph_reset(graph_of(g)); }, py::arg("graph"));
   m.def(
       "_graph_pool", [](uint64_t g) { return pool_tuple(rt::graph_pool(graph_of(g))); },
       py::arg("graph"));
   m.def(
       "_graph_node_count", [](uint64_t g) { return rt::graph_node_count(graph_of(g)); },
       py::arg("graph"));
+  m.def(
+      "_graph_debug_dump",
+      [](uint64_t g, const std::string& path) { rt::graph_debug_dump(graph_of(g), path); },
+      py::arg("graph"), py::arg("path"));
+  m.def("_register_accelerator_graph", &device::register_accelerator_graph,
+        "Registers accel with torch.accelerator.Graph where this torch has it; False otherwise.");
+  // The C++ class (device/graph.h) as C++ users see it; torch.accel.AccelGraph is the Python API.
+  py::class_<device::AccelGraph>(m, "_AccelGraph")
+      .def(py::init<bool>(), py::arg("keep_graph") = false)
+      .def_static("pool_handle", [] { return pool_tuple(device::AccelGraph::pool_handle()); })
+      .def(
+          "capture_begin",
+          [](device::AccelGraph& g, std::pair<uint64_t, uint64_t> pool, const std::string& mode) {
+            g.capture_begin(pool_of(pool), mode_of(mode));
+          },
+          py::arg("pool") = std::pair<uint64_t, uint64_t>{0, 0}, py::arg("mode") = "global")
+      .def("capture_end", &device::AccelGraph::capture_end)
+      .def("instantiate", &device::AccelGraph::instantiate)
+      .def("replay", [](device::AccelGraph& g) { g.replay(); })
+      .def("reset", &device::AccelGraph::reset)
+      .def("pool", [](const device::AccelGraph& g) { return pool_tuple(g.pool()); })
+      .def("num_nodes", &device::AccelGraph::num_nodes)
+      .def("enable_debug_mode", &device::AccelGraph::enable_debug_mode)
+      .def("debug_dump", &device::AccelGraph::debug_dump, py::arg("path"))
+      .def("destroy", &device::AccelGraph::destroy);
   m.def(
       "_stream_capture_status",
       [](int device, int64_t stream) {

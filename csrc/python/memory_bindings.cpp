@@ -22,8 +22,7 @@ namespace rt = accel::rt;
 // From torch/csrc/profiler/python/combined_traceback.h (libtorch_python), whose header needs
 // nlohmann/json, which torch's wheel does not ship: frames as lists of {name, filename, line}.
 namespace torch {
-TORCH_API std::vector<pybind11::object> py_symbolize(
-    std::vector<CapturedTraceback*>& to_symbolize);
+TORCH_API std::vector<pybind11::object> py_symbolize(std::vector<CapturedTraceback*>& to_symbolize);
 // Frees the Python frames of tracebacks that died without the GIL (needs the GIL).
 void freeDeadCapturedTracebackFrames();
 }  // namespace torch
@@ -214,6 +213,37 @@ void init_memory_bindings(py::module_& m) {
   m.def(
       "_caching_allocator_delete", [](uintptr_t p) { rt::free(reinterpret_cast<void*>(p)); },
       py::arg("ptr"));
+  m.def(
+      "_mem_pool_create",
+      [](int device, bool use_on_oom, bool no_split) {
+        const rt::PoolId p = rt::mem_pool_create(device, rt::MemPoolOptions{use_on_oom, no_split});
+        return std::make_pair(p.first, p.second);
+      },
+      py::arg("device"), py::arg("use_on_oom"), py::arg("no_split"));
+  m.def(
+      "_mem_pool_release",
+      [](int device, std::pair<uint64_t, uint64_t> p) {
+        rt::mem_pool_release(device, rt::PoolId{p.first, p.second});
+      },
+      py::arg("device"), py::arg("pool"));
+  m.def(
+      "_mem_pool_use_count",
+      [](int device, std::pair<uint64_t, uint64_t> p) {
+        return rt::mem_pool_use_count(device, rt::PoolId{p.first, p.second});
+      },
+      py::arg("device"), py::arg("pool"));
+  m.def(
+      "_mem_pool_begin_allocate",
+      [](int device, std::pair<uint64_t, uint64_t> p) {
+        rt::mem_pool_begin_allocate(device, rt::PoolId{p.first, p.second});
+      },
+      py::arg("device"), py::arg("pool"));
+  m.def(
+      "_mem_pool_end_allocate",
+      [](int device, std::pair<uint64_t, uint64_t> p) {
+        rt::mem_pool_end_allocate(device, rt::PoolId{p.first, p.second});
+      },
+      py::arg("device"), py::arg("pool"));
   m.def("_host_memory_stats", &host_stats);
   m.def("_host_reset_peak_stats", [] { rt::host_reset_peak_stats(); });
   m.def("_host_reset_accumulated_stats", [] { rt::host_reset_accumulated_stats(); });

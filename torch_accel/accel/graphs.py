@@ -74,6 +74,7 @@ class AccelGraph:
         _lazy_init()
         self._handle: int | None = _C._graph_create()
         self._keep_graph = keep_graph
+        self._debug = False
         self._device: int | None = None
         self._finalizer = weakref.finalize(self, _destroy, self._handle)
 
@@ -142,14 +143,22 @@ class AccelGraph:
         return _C._graph_node_count(self._live("num_nodes"))
 
     def enable_debug_mode(self) -> None:
-        raise NotImplementedError(
-            "AccelGraph.enable_debug_mode: graph debug dumps are not available on accel yet"
-        )
+        """Keeps what the capture recorded available to :meth:`debug_dump` (as on CUDA, a dump
+        needs debug mode or ``keep_graph=True``)."""
+        self._live("enable_debug_mode")
+        self._debug = True
 
     def debug_dump(self, debug_path: str) -> None:
-        raise NotImplementedError(
-            "AccelGraph.debug_dump: graph debug dumps are not available on accel yet"
-        )
+        """Writes the recorded work (one node per operator, copy, fill or random-state step)
+        and its dependencies as a Graphviz dot file: ``dot -Tsvg PATH -o graph.svg`` draws it.
+        Work captured on several streams shows as parallel branches."""
+        handle = self._live("debug_dump")
+        if not (self._debug or self._keep_graph):
+            raise RuntimeError(
+                "AccelGraph.debug_dump: debug mode is off; call enable_debug_mode() before "
+                "the capture (or create the graph with keep_graph=True)"
+            )
+        _C._graph_debug_dump(handle, str(debug_path))
 
     def __repr__(self) -> str:
         state = "destroyed" if self._handle is None else f"device={self._device}"

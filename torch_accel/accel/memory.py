@@ -7,9 +7,11 @@ Statistics use torch.cuda.memory_stats' keys and meanings. ``_record_memory_hist
 
 from __future__ import annotations
 
+import contextlib
 import pickle
 import sys
-from collections.abc import Callable
+import weakref
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -18,6 +20,7 @@ from torch_accel import _C
 from torch_accel.accel._utils import _lazy_device_index
 
 __all__ = [
+    "MemPool",
     "attach_out_of_memory_observer",
     "caching_allocator_alloc",
     "caching_allocator_delete",
@@ -42,6 +45,7 @@ __all__ = [
     "reset_peak_host_memory_stats",
     "reset_peak_memory_stats",
     "set_per_process_memory_fraction",
+    "use_mem_pool",
 ]
 
 
@@ -204,9 +208,18 @@ def _snapshot(device: Any = None) -> dict[str, Any]:
     return _C._memory_snapshot()
 
 
-def memory_snapshot() -> list[dict[str, Any]]:
-    """The segments of every accel device's caching allocator (torch.cuda.memory_snapshot)."""
-    return _snapshot()["segments"]
+def memory_snapshot(
+    mempool_id: tuple[int, int] | None = None, include_traces: bool = True
+) -> list[dict[str, Any]]:
+    """The segments of every accel device's caching allocator (torch.cuda.memory_snapshot);
+    with ``mempool_id``, only those of that pool (a :class:`MemPool`'s ``id`` or a graph's
+    ``pool()``). ``include_traces`` is accepted for compatibility (traces are not part of the
+    segments)."""
+    segments = _snapshot()["segments"]
+    if mempool_id is None:
+        return segments
+    pool = tuple(mempool_id)
+    return [s for s in segments if tuple(s["segment_pool_id"]) == pool]
 
 
 def _dump_snapshot(filename: str = "dump_snapshot.pickle") -> None:
@@ -294,3 +307,73 @@ def reset_accumulated_host_memory_stats() -> None:
 
 def reset_peak_host_memory_stats() -> None:
     _C._host_reset_peak_stats()
+
+
+def _release_pool(device: int, pool: tuple[int, int]) -> None:
+    try:
+        _C._mem_pool_release(device, pool)
+    except Exception:  # noqa: BLE001 - at interpreter exit the runtime may be gone already
+        pass
+
+
+class MemPool:
+    """A pool of memory of the caching allocator, kept apart from the default pool
+    (torch.cuda.MemPool): allocations made inside :func:`use_mem_pool` come from it, and a graph
+    captures into it with ``capture_begin(pool=pool.id)``. Its memory goes back to the device when
+    the pool and its tensors are gone.
+
+    ``use_on_oom``: an allocation outside the pool that finds no device memory may use the pool's
+    free blocks. ``no_split``: blocks of the pool are never split between allocations.
+    ``allocator`` must be None: every accel pool is served by accel's caching allocator.
+    """
+
+    def __init__(
+        self, allocator: Any = None, use_on_oom: bool = False, no_split: bool = False
+    ) -> None:
+        if allocator is not None:
+            raise NotImplementedError(
+                "torch.accel.MemPool: a custom allocator is not supported on accel (its caching "
+                "allocator serves every pool); pass allocator=None"
+            )
+        self._device = _lazy_device_index(None)
+        self._id: tuple[int, int] = tuple(
+            _C._mem_pool_create(self._device, bool(use_on_oom), bool(no_split))
+        )
+        self._finalizer = weakref.finalize(self, _release_pool, self._device, self._id)
+
+    @property
+    def id(self) -> tuple[int, int]:
+        """The pool's id (what graph capture and :func:`memory_snapshot` take)."""
+        return self._id
+
+    @property
+    def allocator(self) -> None:
+        """None: accel's caching allocator serves the pool."""
+        return None
+
+    def use_count(self) -> int:
+        """How many hold the pool: this object, each active :func:`use_mem_pool`, each graph
+        capturing into it or replaying from it."""
+        return _C._mem_pool_use_count(self._device, self._id)
+
+    def snapshot(self, include_traces: bool = True) -> list[dict[str, Any]]:
+        """The segments of this pool (:func:`memory_snapshot` with this pool's id)."""
+        return memory_snapshot(self._id, include_traces=include_traces)
+
+    def __repr__(self) -> str:
+        return f"<torch.accel.MemPool id={self._id} device={self._device}>"
+
+
+@contextlib.contextmanager
+def use_mem_pool(pool: MemPool, device: Any = None) -> Iterator[None]:
+    """Within the block, this thread's allocations on ``device`` (default: the current device)
+    come from ``pool`` (torch.cuda.use_mem_pool). Other threads, including autograd's backward
+    threads, keep allocating from the default pool."""
+    if not isinstance(pool, MemPool):
+        raise TypeError(f"use_mem_pool expects a torch.accel.MemPool, not {type(pool).__name__}")
+    index = _lazy_device_index(device)
+    _C._mem_pool_begin_allocate(index, pool.id)
+    try:
+        yield
+    finally:
+        _C._mem_pool_end_allocate(index, pool.id)
