@@ -120,23 +120,27 @@ void graph_capture_begin(Graph graph, Stream stream, PoolId pool, CaptureMode mo
   // Hold the pool before any allocation on the capturing stream can reach it.
   detail::CachingAllocator& alloc = *rt.devices[s.device]->allocator;
   alloc.use_pool(pid);
+  // The pool is let go outside capture_mutex: the allocator takes that mutex under its own
+  // (Runtime::check_unsafe_call), so the two are never taken in the other order.
+  std::exception_ptr failed;
   {
     std::lock_guard<std::mutex> lock(rt.capture_mutex);
-    if (s.capture != nullptr) {
-      alloc.release_pool(pid);
-      ACCEL_RT_THROW(CaptureError, "graph_capture_begin: ", detail::describe(stream),
-                     " is already capturing a graph");
-    }
     try {
+      ACCEL_RT_CHECK(s.capture == nullptr, CaptureError,
+                     "graph_capture_begin: ", detail::describe(stream),
+                     " is already capturing a graph");
       rt.driver->stream_begin_capture(s.ds, mode);
+      s.capture = cs.get();
+      s.capturing.store(true, std::memory_order_release);
+      rt.live_captures[id] = cs.get();
+      rt.devices[s.device]->captures.fetch_add(1);
     } catch (...) {
-      alloc.release_pool(pid);
-      throw;
+      failed = std::current_exception();
     }
-    s.capture = cs.get();
-    s.capturing.store(true, std::memory_order_release);
-    rt.live_captures[id] = cs.get();
-    rt.devices[s.device]->captures.fetch_add(1);
+  }
+  if (failed) {
+    alloc.release_pool(pid);
+    std::rethrow_exception(failed);
   }
   g.capture = std::move(cs);
   g.state = GraphObj::State::Capturing;
