@@ -170,3 +170,61 @@ def test_torch_accelerator_graph_is_detected_at_run_time() -> None:
             g.capture_end()
         g.replay()
         torch.testing.assert_close(y.cpu(), torch.full((4,), 2.0))
+
+
+def _arith(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """Additions, subtractions, products and quotients of every operand kind and form."""
+    y = x * 1.0001 + 0.25  # Python scalars (wrapped numbers)
+    y = y - w  # tensor operands
+    y = y / (w + 3.0)
+    y = y * torch.tensor(0.5, dtype=torch.float64)  # a 0-dim CPU tensor of another dtype
+    y = torch.add(y, 2)  # an int scalar
+    y.mul_(w)  # in place
+    y.sub_(1.5)
+    torch.div(y, 7.0, out=out)  # out=
+    return out * out
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_replayed_arithmetic_matches_eager_bit_for_bit(dtype: torch.dtype) -> None:
+    # These replay through accel's own elementwise kernels (aten/replay_kernels.h): the values
+    # must be exactly those of eager execution, which runs ATen's kernels.
+    x = torch.randn(1000, device=ACCEL, dtype=dtype)
+    w = torch.randn(1000, device=ACCEL, dtype=dtype)
+    out = torch.empty(1000, device=ACCEL, dtype=dtype)
+    g = torch.accel.AccelGraph()
+    with torch.accel.graph(g):
+        result = _arith(x, w, out)
+    for _ in range(3):
+        x.copy_(torch.randn(1000, dtype=dtype))
+        w.copy_(torch.randn(1000, dtype=dtype))
+        g.replay()
+        expected = _arith(x, w, torch.empty_like(out))
+        assert torch.equal(result.cpu(), expected.cpu())
+        assert torch.equal(result.cpu(), _arith(x.cpu(), w.cpu(), torch.empty(1000, dtype=dtype)))
+
+
+def test_arithmetic_the_direct_kernels_do_not_take_replays_through_aten() -> None:
+    # Broadcasting, strided views, alpha other than 1, rounding modes, bfloat16, mixed dtypes,
+    # partially overlapping operands: replayed by ATen's kernels, with eager's values.
+    def work(a: torch.Tensor, row: torch.Tensor, h: torch.Tensor) -> list[torch.Tensor]:
+        return [
+            a + row,  # broadcasting
+            a.t() * 2.0,  # strided
+            torch.add(a, a, alpha=0.5),
+            torch.div(a, 3.0, rounding_mode="floor"),
+            h * 3.0,  # bfloat16
+            a * a.double(),  # mixed dtypes
+            a[:, 1:] + a[:, :-1],  # overlapping inputs of one storage (read only: allowed)
+        ]
+
+    a = torch.randn(8, 8, device=ACCEL)
+    row = torch.randn(8, device=ACCEL)
+    h = torch.randn(8, 8, device=ACCEL, dtype=torch.bfloat16)
+    g = torch.accel.AccelGraph()
+    with torch.accel.graph(g):
+        results = work(a, row, h)
+    a.copy_(torch.randn(8, 8))
+    g.replay()
+    for got, want in zip(results, work(a.cpu(), row.cpu(), h.cpu()), strict=True):
+        torch.testing.assert_close(got.cpu(), want)

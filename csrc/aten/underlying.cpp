@@ -19,6 +19,7 @@
 #include "aten/fallback.h"
 #include "aten/host_task.h"
 #include "aten/meta_cache.h"
+#include "aten/replay_kernels.h"
 #include "aten/underlying_task.h"
 #include "device/allocator.h"
 #include "device/common.h"
@@ -399,7 +400,13 @@ class UnderlyingKernel final : public c10::OperatorKernel {
       }
     }
     work.serial = small_work(buf);
-    launch(device, config_->name, std::move(work));
+    std::optional<rt::Task> direct;
+    if (capturing(device) && stream_capturing(device)) direct = replay_elementwise(work);
+    if (direct) {
+      launch(device, config_->name, std::move(*direct));  // replays without ATen
+    } else {
+      launch(device, config_->name, std::move(work));
+    }
 
     torch::jit::drop(*stack, n);
     for (c10::IValue& r : results) stack->push_back(std::move(r));
@@ -458,6 +465,9 @@ class UnderlyingKernel final : public c10::OperatorKernel {
 
   static bool capturing(c10::DeviceIndex device) {
     return device::call([&] { return rt::device_is_capturing(device); });
+  }
+  static bool stream_capturing(c10::DeviceIndex device) {
+    return device::call([&] { return rt::stream_capture_id(rt::current_stream(device)) != 0; });
   }
 
   // Runs the CPU kernel on the calling thread on CPU views of the accel memory (no copy of the

@@ -2,6 +2,7 @@
 #include <cmath>
 
 #include "kernels/host/blas1.h"
+#include "kernels/host/elementwise.h"
 #include "test_util.h"
 
 namespace accel::rt {
@@ -22,6 +23,25 @@ TEST(Kernels, Blas1MatchesAReference) {
   EXPECT_EQ(y[9], -1.5f);
   EXPECT_EQ(y[10], expected[10]);
   EXPECT_DOUBLE_EQ(k::sum(x.data(), x.size()), 0.5 * 1000.0 * 1001.0 / 2.0);
+}
+
+TEST(Kernels, ElementwiseArithmeticMatchesAReference) {
+  std::vector<double> a(257), b(257);
+  for (int i = 0; i < 257; ++i) {
+    a[i] = 0.1 * i - 3.0;
+    b[i] = 1.0 + 0.01 * i;
+  }
+  std::vector<double> out(257);
+  k::binary<double>(k::BinaryOp::Div, out.data(), a.data(), b.data(), 0.0, a.size());
+  for (int i = 0; i < 257; ++i) EXPECT_EQ(out[i], a[i] / b[i]);
+  k::binary<double>(k::BinaryOp::Sub, out.data(), a.data(), nullptr, 0.75, a.size());
+  for (int i = 0; i < 257; ++i) EXPECT_EQ(out[i], a[i] - 0.75);
+  std::vector<float> f(33, 1.5f), g(33, 2.0f);
+  k::binary<float>(k::BinaryOp::Mul, f.data(), f.data(), g.data(), 0.f, f.size());  // in place
+  EXPECT_EQ(f, std::vector<float>(33, 3.0f));
+  k::binary<float>(k::BinaryOp::Add, f.data(), f.data(), nullptr, 0.5f, 32);
+  EXPECT_EQ(f[31], 3.5f);
+  EXPECT_EQ(f[32], 3.0f);  // n elements only
 }
 
 TEST(Kernels, AxpyOnDeviceMemoryInStreamOrder) {
