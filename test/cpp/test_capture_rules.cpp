@@ -15,19 +15,7 @@
 namespace accel::rt {
 namespace {
 
-class CaptureRulesTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    s_ = stream_create(0);
-    g_ = graph_create();
-  }
-  void TearDown() override {
-    graph_destroy(g_);
-    stream_destroy(s_);
-  }
-  Stream s_;
-  Graph g_;
-};
+class CaptureRulesTest : public testing::GraphFixture {};
 
 // The host driver on its own refuses what CUDA refuses during a capture, by capture mode and
 // by the calling thread's mode.

@@ -12,19 +12,7 @@ using testing::DeviceBuffer;
 using testing::download;
 using testing::Gate;
 
-class GraphTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    s_ = stream_create(0);
-    g_ = graph_create();
-  }
-  void TearDown() override {
-    graph_destroy(g_);
-    stream_destroy(s_);
-  }
-  Stream s_;
-  Graph g_;
-};
+class GraphTest : public testing::GraphFixture {};
 
 TEST_F(GraphTest, CapturedWorkRunsOnlyOnReplay) {
   std::vector<int> log;

@@ -79,6 +79,21 @@ class DeviceBuffer {
   void* ptr_;
 };
 
+// A stream and a graph for each test of graph capture.
+class GraphFixture : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    s_ = stream_create(0);
+    g_ = graph_create();
+  }
+  void TearDown() override {
+    graph_destroy(g_);
+    stream_destroy(s_);
+  }
+  Stream s_;
+  Graph g_;
+};
+
 // Device <-> host helpers through the runtime's synchronous copies.
 template <class T>
 std::vector<T> download(const T* device_ptr, std::size_t n) {
