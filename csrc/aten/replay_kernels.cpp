@@ -39,13 +39,22 @@ bool contiguous(const Layout& l) {
 // A number the operation may use as its scalar operand: a Python scalar, or a 0-dim CPU tensor
 // of a real type (ATen converts both to the tensor's dtype first, as done here).
 std::optional<double> scalar_value(const c10::IValue& v) {
+  // Integers beyond 2^53 would be rounded twice (to double, then to float): left to ATen.
+  constexpr int64_t kExact = int64_t{1} << 53;
   if (v.isDouble()) return v.toDouble();
-  if (v.isInt()) return static_cast<double>(v.toInt());
+  if (v.isInt()) {
+    if (v.toInt() > kExact || v.toInt() < -kExact) return std::nullopt;
+    return static_cast<double>(v.toInt());
+  }
   if (!v.isTensor()) return std::nullopt;
   const at::Tensor& t = v.toTensor();
   if (!t.defined() || t.dim() != 0 || t.is_complex() || t.scalar_type() == c10::kBool ||
       !(c10::isFloatingType(t.scalar_type()) || c10::isIntegralType(t.scalar_type(), false))) {
     return std::nullopt;
+  }
+  if (c10::isIntegralType(t.scalar_type(), false)) {
+    const auto i = t.item<int64_t>();
+    if (i > kExact || i < -kExact) return std::nullopt;
   }
   return t.item<double>();
 }
