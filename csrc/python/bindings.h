@@ -15,4 +15,7 @@ void init_graph_bindings(pybind11::module_& m);
 // Memory tools: history and snapshots, memory fraction, OOM observers, pinned memory stats.
 void init_memory_bindings(pybind11::module_& m);
 
+// Launchers of Inductor's generated kernels on accel streams (torch_accel/_inductor).
+void init_inductor_bindings(pybind11::module_& m);
+
 }  // namespace accel::python

@@ -265,3 +265,14 @@ def fallback_stats() -> dict[str, int]:
 
 def reset_fallback_stats() -> None:
     _C.reset_fallback_stats()
+
+
+def __getattr__(name: str) -> Any:
+    # Inductor reads torch.accel.Scheduling (the PrivateUse1 device's code generator) before
+    # any accel compile: the first read registers accel with Inductor and Dynamo
+    # (torch_accel/_inductor), so that importing torch_accel does not import Inductor.
+    if name == "Scheduling":
+        from torch_accel._inductor import scheduling
+
+        return scheduling()
+    raise AttributeError(f"module 'torch.accel' has no attribute {name!r}")

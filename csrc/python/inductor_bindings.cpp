@@ -1,0 +1,109 @@
+// Launching Inductor's generated C++ kernels on accel streams (torch_accel/_inductor).
+//
+// Inductor compiles each kernel for accel with a trampoline taking its arguments as an array of
+// 64-bit words (pointers, integers, doubles). A launcher made here for that trampoline packs
+// the call's arguments on the calling thread (data pointers of accel tensors, no dereference)
+// and enqueues one task on the current stream of their device: the kernel runs in stream order
+// with eager accel work, and a capturing stream records it into the graph.
+#include <pybind11/pybind11.h>
+#include <torch/csrc/autograd/python_variable.h>
+
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "device/common.h"
+#include "python/bindings.h"
+#include "runtime/runtime.h"
+
+namespace py = pybind11;
+namespace rt = accel::rt;
+
+namespace accel::python {
+namespace {
+
+using Trampoline = void (*)(const uint64_t*);
+
+class KernelLauncher {
+ public:
+  KernelLauncher(uintptr_t trampoline, std::string kinds, std::string name)
+      : fn_(reinterpret_cast<Trampoline>(trampoline)),
+        kinds_(std::move(kinds)),
+        name_(std::move(name)) {
+    for (char k : kinds_) {
+      if (k != 'p' && k != 'i' && k != 'f') {
+        throw py::value_error("inductor launcher: argument kinds are 'p', 'i' or 'f', not '" +
+                              std::string(1, k) + "'");
+      }
+    }
+  }
+
+  void operator()(const py::args& args) const {
+    if (args.size() != kinds_.size()) {
+      throw py::type_error(name_ + ": expected " + std::to_string(kinds_.size()) +
+                           " arguments, got " + std::to_string(args.size()));
+    }
+    std::vector<uint64_t> words(kinds_.size());
+    int device = -1;
+    for (size_t i = 0; i < kinds_.size(); ++i) {
+      const py::handle a = args[i];
+      switch (kinds_[i]) {
+        case 'p': {
+          if (!THPVariable_Check(a.ptr())) {
+            throw py::type_error(name_ + ": argument " + std::to_string(i) +
+                                 " must be a tensor, not " +
+                                 std::string(py::str(py::type::of(a).attr("__name__"))));
+          }
+          const at::Tensor& t = THPVariable_Unpack(a.ptr());
+          if (t.device().type() != device::kAccel) {
+            throw py::value_error(name_ + ": argument " + std::to_string(i) + " is on " +
+                                  t.device().str() +
+                                  "; kernels compiled for accel take accel tensors only");
+          }
+          if (device == -1) {
+            device = t.device().index();
+          } else if (device != t.device().index()) {
+            throw py::value_error(name_ + ": tensors on accel:" + std::to_string(device) + " and " +
+                                  t.device().str() + " in one kernel");
+          }
+          words[i] = reinterpret_cast<uintptr_t>(t.data_ptr());
+          break;
+        }
+        case 'i': words[i] = static_cast<uint64_t>(a.cast<int64_t>()); break;
+        case 'f': {
+          const double d = a.cast<double>();
+          std::memcpy(&words[i], &d, sizeof d);
+          break;
+        }
+      }
+    }
+    device::call(
+        [&] {
+          const rt::Stream s = rt::current_stream(device);
+          rt::launch_host_func(s, rt::Task([fn = fn_, w = std::move(words)] { fn(w.data()); }),
+                               name_.c_str());
+        },
+        name_.c_str());
+  }
+
+  const std::string& name() const { return name_; }
+
+ private:
+  Trampoline fn_;
+  std::string kinds_;
+  std::string name_;
+};
+
+}  // namespace
+
+void init_inductor_bindings(py::module_& m) {
+  py::class_<KernelLauncher>(m, "_InductorLauncher")
+      .def(py::init<uintptr_t, std::string, std::string>(), py::arg("trampoline"), py::arg("kinds"),
+           py::arg("name"))
+      .def("__call__", &KernelLauncher::operator())
+      .def_property_readonly("name", &KernelLauncher::name);
+}
+
+}  // namespace accel::python

@@ -1,0 +1,171 @@
+"""torch.compile on accel: Inductor's C++ kernels run on accel streams; values against eager.
+
+Compiled C++ kernels are cached on disk by Inductor (shared by the three configurations make
+test runs); each test compiles small functions only.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+import torch_accel  # noqa: F401
+
+ACCEL = torch.device("accel")
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo() -> None:
+    torch._dynamo.reset()
+
+
+def test_kernels_run_in_stream_order_with_eager_work() -> None:
+    # The producer (a matrix product) is still queued when the compiled function is called:
+    # a kernel run on the Python thread would read stale memory (trap 7 of INDUCTOR_NOTES).
+    a, b = torch.randn(256, 256, device=ACCEL), torch.randn(256, 256, device=ACCEL)
+    f = torch.compile(lambda t: (t * 2).cos().sum(0))
+    expected = ((a.cpu() @ b.cpu()) * 2).cos().sum(0)
+    results = [f(a @ b) for _ in range(40)]  # no synchronize in between
+    for r in results:
+        assert r.device.type == "accel"
+        torch.testing.assert_close(r.cpu(), expected, atol=1e-3, rtol=1e-3)
+    assert torch.accel.fallback_stats() == {}
+
+
+@pytest.mark.parametrize(
+    ("name", "fn"),
+    [
+        ("pointwise", lambda x, w: (x.sin() + 1).relu() * w),
+        ("reduction", lambda x, w: (x * w).sum(1) + x.amax(0).sum()),
+        ("softmax_layer_norm", lambda x, w: torch.nn.functional.layer_norm(x.softmax(-1), (32,))),
+        ("matmul_epilogue", lambda x, w: torch.relu(x @ w.t() + 1.0).sum(-1)),
+        ("indexing", lambda x, w: x[:, ::2] + w[torch.arange(0, 32, 2, device=x.device)]),
+        ("integer_and_bool", lambda x, w: ((x > 0).long() * 3 + (w < 0)).sum(0)),
+    ],
+)
+def test_compiled_functions_match_eager(name: str, fn) -> None:
+    x, w = torch.randn(16, 32, device=ACCEL), torch.randn(32, device=ACCEL)
+    if name == "matmul_epilogue":
+        w = torch.randn(8, 32, device=ACCEL)
+    got = torch.compile(fn)(x, w)
+    assert got.device.type == "accel"
+    torch.testing.assert_close(got.cpu(), fn(x, w).cpu(), atol=1e-5, rtol=1e-5)
+
+
+def test_inputs_on_another_device_a_side_stream_and_a_cpu_scalar() -> None:
+    f = torch.compile(lambda x: (x * 2).sin() + x)
+    x1 = torch.randn(100, device="accel:1")  # the current device is 0
+    y = f(x1)
+    assert y.device == torch.device("accel:1")
+    torch.testing.assert_close(y.cpu(), (x1.cpu() * 2).sin() + x1.cpu())
+    x = torch.randn(100, device=ACCEL)
+    side = torch.accel.Stream()
+    side.wait_stream(torch.accel.current_stream())
+    with torch.accel.stream(side):
+        z = f(x)
+    torch.accel.current_stream().wait_stream(side)
+    torch.testing.assert_close(z.cpu(), (x.cpu() * 2).sin() + x.cpu())
+    # A 0-dim CPU tensor first: still computed on accel (torch_accel's post-grad pass).
+    g = torch.compile(lambda s, t: s * t + 1)
+    r = g(torch.tensor(3.0), x)
+    assert r.device.type == "accel"
+    torch.testing.assert_close(r.cpu(), 3 * x.cpu() + 1)
+
+
+def test_mutation_views_dynamic_shapes_and_control_flow() -> None:
+    def mutate(x: torch.Tensor) -> torch.Tensor:
+        x.mul_(2)
+        return x.view(4, -1).sum(1)
+
+    x = torch.randn(16, device=ACCEL)
+    ref = x.clone()
+    out = torch.compile(mutate)(x)
+    torch.testing.assert_close(x.cpu(), ref.cpu() * 2)
+    torch.testing.assert_close(out.cpu(), (ref.cpu() * 2).view(4, -1).sum(1))
+
+    dyn = torch.compile(lambda t: (t.exp() - 1).sum(0))
+    for n in (8, 13, 21):
+        t = torch.randn(n, 4, device=ACCEL)
+        torch._dynamo.mark_dynamic(t, 0)
+        torch.testing.assert_close(dyn(t).cpu(), (t.cpu().exp() - 1).sum(0))
+
+    def branch(p: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        return torch.cond(p, lambda u: u.sin(), lambda u: u.cos(), (t,))
+
+    c = torch.compile(branch)
+    t = torch.randn(8, device=ACCEL)
+    torch.testing.assert_close(c(torch.tensor(True), t).cpu(), t.cpu().sin())
+    torch.testing.assert_close(c(torch.tensor(False), t).cpu(), t.cpu().cos())
+
+
+def test_training_step_matches_eager() -> None:
+    torch.manual_seed(0)
+    layers = (torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.LayerNorm(32))
+    model = torch.nn.Sequential(*layers, torch.nn.Linear(32, 4))
+    reference = torch.nn.Sequential(
+        torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.LayerNorm(32), torch.nn.Linear(32, 4)
+    )
+    reference.load_state_dict(model.state_dict())
+    model.to(ACCEL)
+    compiled = torch.compile(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1)
+    for step in range(3):
+        x = torch.randn(8, 16, generator=torch.Generator().manual_seed(step))
+        loss = compiled(x.to(ACCEL)).square().mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        ref_loss = reference(x).square().mean()
+        ref_loss.backward()
+        ref_opt.step()
+        ref_opt.zero_grad()
+        torch.testing.assert_close(loss.item(), ref_loss.item(), atol=1e-5, rtol=1e-5)
+    for p, q in zip(model.parameters(), reference.parameters(), strict=True):
+        torch.testing.assert_close(p.detach().cpu(), q.detach(), atol=1e-5, rtol=1e-5)
+    explained = torch._dynamo.explain(model)(torch.randn(8, 16, device=ACCEL))
+    assert explained.graph_break_count == 0
+
+
+def test_compiled_kernels_are_captured_into_graphs() -> None:
+    f = torch.compile(lambda t: (t.sin() * 3).sum(0))
+    x = torch.randn(32, 8, device=ACCEL)
+    f(x)  # compiled outside the capture
+    g = torch.accel.AccelGraph()
+    with torch.accel.graph(g):
+        out = f(x)
+    for _ in range(2):
+        x.copy_(torch.randn(32, 8))
+        g.replay()
+        torch.testing.assert_close(out.cpu(), (x.cpu().sin() * 3).sum(0))
+
+
+def test_a_second_process_compiles_from_the_cache(tmp_path: Path) -> None:
+    code = textwrap.dedent(
+        """
+        import torch, torch_accel
+        from torch._dynamo.utils import counters
+        f = torch.compile(lambda x: (x.tanh() * 2 + 1).sum(0))
+        x = torch.arange(12.0, device="accel").view(3, 4)
+        torch.testing.assert_close(f(x).cpu(), (x.cpu().tanh() * 2 + 1).sum(0))
+        print("hits", counters["inductor"]["fxgraph_cache_hit"])
+        """
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ACCEL_")}
+    env["TORCHINDUCTOR_CACHE_DIR"] = str(tmp_path / "cache")
+    runs = [
+        subprocess.run(
+            [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600
+        )
+        for _ in range(2)
+    ]
+    for r in runs:
+        assert r.returncode == 0, r.stderr[-2000:]
+    assert "hits 0" in runs[0].stdout
+    assert "hits 1" in runs[1].stdout

@@ -1,0 +1,54 @@
+"""torch.compile for accel: Inductor's C++ code generation, kernels launched on accel streams.
+
+Registered the first time Inductor looks for accel's code generators (through the
+``torch.accel.Scheduling`` attribute, which Inductor reads for the PrivateUse1 device before any
+accel compile), so that importing torch_accel stays cheap:
+
+- ``register_backend_for_device("accel", CppScheduling, AccelWrapper, ...,
+  device_custom_pass=AccelPostGradPass())``: the C++ backend, accel's wrapper code (kernels on
+  streams, device indices, subgraphs), and the pass whose identity keys the caches;
+- ``register_interface_for_device`` for ``accel`` and ``accel:N`` (reductions and streams need
+  it).
+
+Everything goes through PyTorch's registration functions; nothing of torch is patched.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+
+_lock = threading.Lock()
+_registered = False
+
+
+def register() -> None:
+    """Registers accel with Inductor and Dynamo (idempotent, thread-safe)."""
+    global _registered
+    with _lock:
+        if _registered:
+            return
+        from torch._dynamo.device_interface import register_interface_for_device
+        from torch._inductor.codegen.common import register_backend_for_device
+        from torch._inductor.codegen.cpp import CppScheduling
+
+        from torch_accel._inductor.interface import AccelInterface
+        from torch_accel._inductor.passes import AccelPostGradPass
+        from torch_accel._inductor.wrapper import AccelWrapper
+
+        register_backend_for_device(
+            "accel", CppScheduling, AccelWrapper, device_custom_pass=AccelPostGradPass()
+        )
+        register_interface_for_device("accel", AccelInterface)
+        for i in range(torch.accel.device_count()):  # type: ignore[attr-defined]
+            register_interface_for_device(f"accel:{i}", AccelInterface)
+        _registered = True
+
+
+def scheduling() -> type:
+    """``torch.accel.Scheduling``: registers everything, returns accel's scheduling class."""
+    register()
+    from torch._inductor.codegen.cpp import CppScheduling
+
+    return CppScheduling

@@ -1,0 +1,63 @@
+"""Accel's post-grad pass: its identity keys Inductor's caches, and it moves 0-dim CPU scalars
+that feed accel operators onto the device.
+
+Inductor's FX-graph and AOTAutograd caches do not include the registered code generators: an
+entry compiled for another backend (or another version of this one) would be served to accel.
+The pass's ``uuid()`` (the hash of this package's sources and the torch_accel version) enters
+the cache key, so accel's entries are accel's own.
+
+A pointwise operator lowers onto the device of its first input unless another input is a GPU
+tensor (2.11's rule, and accel is not a GPU to Inductor): ``s * x`` with a 0-dim CPU ``s`` and an
+accel ``x`` would become a CPU kernel reading accel memory. The pass puts such scalars on the
+operator's accel device first (a stream-ordered copy).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch._inductor.custom_graph_pass import CustomGraphModulePass, get_hash_for_files
+
+import torch_accel
+
+_SOURCES = tuple(sorted(str(p) for p in Path(__file__).parent.glob("*.py")))
+
+
+def _val(node: Any) -> Any:
+    return node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+
+
+class AccelPostGradPass(CustomGraphModulePass):
+    def __call__(self, gm: torch.fx.GraphModule) -> None:
+        graph = gm.graph
+        for node in list(graph.nodes):
+            if node.op != "call_function":
+                continue
+            out = _val(node)
+            outs = out if isinstance(out, (list, tuple)) else [out]
+            accel = next(
+                (
+                    t.device
+                    for t in outs
+                    if isinstance(t, torch.Tensor) and t.device.type == "accel"
+                ),
+                None,
+            )
+            if accel is None:
+                continue
+            for arg in node.all_input_nodes:
+                v = _val(arg)
+                if isinstance(v, torch.Tensor) and v.device.type == "cpu" and v.dim() == 0:
+                    with graph.inserting_before(node):
+                        moved = graph.call_function(
+                            torch.ops.prims.device_put.default, (arg, accel)
+                        )
+                    moved.meta["val"] = v.to(accel) if not v.is_meta else v
+                    node.replace_input_with(arg, moved)
+        graph.lint()
+        gm.recompile()
+
+    def uuid(self) -> Any:
+        return (torch_accel.__version__, get_hash_for_files(_SOURCES))

@@ -1,0 +1,82 @@
+"""Inductor's Python wrapper code for accel graphs (and their subgraphs: torch.cond, ...).
+
+Differences from the CPU wrapper: kernels are defined with ``accel_cpp_kernel`` (kernel.py)
+and so run on the current accel stream; kernel calls are written as for the CPU (2.11 raises
+``device accel nyi`` for any other device); buffers are allocated on the graph's accel device
+with its index (2.11 writes ``device='accel'``, the current device, which is wrong for inputs
+on another device).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch._inductor.codegen.wrapper import PythonWrapperCodegen, SubgraphPythonWrapperCodegen
+
+_PYBINDING = "async_compile.cpp_pybinding("
+
+
+class _AccelWrapperMixin:
+    @staticmethod
+    def create(
+        is_subgraph: bool,
+        subgraph_name: str | None,
+        parent_wrapper: Any,
+        partition_signatures: Any = None,
+    ) -> PythonWrapperCodegen:
+        if is_subgraph:
+            assert subgraph_name is not None and parent_wrapper is not None
+            return AccelSubgraphWrapper(subgraph_name, parent_wrapper, partition_signatures)
+        return AccelWrapper()
+
+    def define_kernel(
+        self,
+        kernel_name: str,
+        kernel_body: str,
+        metadata: str | None = None,
+        gpu: bool = True,
+        cpp_definition: str | None = None,
+    ) -> None:
+        if not gpu and kernel_body.lstrip().startswith(_PYBINDING):
+            kernel_body = kernel_body.replace(_PYBINDING, f"accel_cpp_kernel({kernel_name!r}, ", 1)
+        super().define_kernel(  # type: ignore[misc]
+            kernel_name, kernel_body, metadata=metadata, gpu=gpu, cpp_definition=cpp_definition
+        )
+
+    def _generate_kernel_call_helper(
+        self, kernel_name: str, call_args: Any, *, device: Any = None, triton: bool = True,
+        **kwargs: Any,
+    ) -> None:  # fmt: skip
+        if not triton and device is not None and device.type == "accel":
+            self.writeline(self.wrap_kernel_call(kernel_name, call_args))  # type: ignore[attr-defined]
+            return
+        super()._generate_kernel_call_helper(  # type: ignore[misc]
+            kernel_name, call_args, device=device, triton=triton, **kwargs
+        )
+
+    def make_allocation(
+        self,
+        name: str,
+        device: Any,
+        dtype: Any,
+        shape: Any,
+        stride: Any,
+        allocation_shape: Any = None,
+        is_pinned: bool = False,
+    ) -> str:
+        line = super().make_allocation(  # type: ignore[misc]
+            name, device, dtype, shape, stride, allocation_shape, is_pinned
+        )
+        if device.type == "accel" and device.index is not None:
+            line = line.replace("device='accel'", f"device='accel:{device.index}'")
+        return line
+
+
+class AccelWrapper(_AccelWrapperMixin, PythonWrapperCodegen):
+    def write_header(self) -> None:
+        super().write_header()
+        self.imports.writeline("from torch_accel._inductor.kernel import accel_cpp_kernel")
+
+
+class AccelSubgraphWrapper(_AccelWrapperMixin, SubgraphPythonWrapperCodegen):
+    pass
