@@ -264,6 +264,8 @@ py::dict properties_to_dict(const rt::DeviceProperties& p) {
   d["major"] = p.major;
   d["minor"] = p.minor;
   d["max_threads_per_compute_unit"] = p.max_threads_per_compute_unit;
+  d["max_kernel_args"] = p.max_kernel_args;
+  d["max_kernel_buffers"] = p.max_kernel_buffers;
   d["integrated"] = p.integrated;
   return d;
 }

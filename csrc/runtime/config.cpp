@@ -67,6 +67,24 @@ uint64_t parse_size(const std::string& text, const char* variable) {
   return static_cast<uint64_t>(value) << shift;
 }
 
+namespace {
+// A whole number from `low` to `high`, or `fallback` when the variable is unset.
+int parse_count(const char* variable, int fallback, int low, int high) {
+  const std::string text = env(variable);
+  if (text.empty()) return fallback;
+  std::size_t pos = 0;
+  long long n = 0;
+  try {
+    n = std::stoll(text, &pos);
+  } catch (const std::exception&) {
+    pos = 0;
+  }
+  ACCEL_RT_CHECK(pos == text.size() && pos > 0 && n >= low && n <= high, InitError, variable, "='",
+                 text, "' must be a whole number from ", low, " to ", high);
+  return static_cast<int>(n);
+}
+}  // namespace
+
 Config Config::from_env() {
   Config c;
   const std::string driver = lower(env("ACCEL_DRIVER"));
@@ -98,6 +116,12 @@ Config Config::from_env() {
   }
   c.launch_blocking = parse_bool("ACCEL_LAUNCH_BLOCKING", false);
   c.protect_device_memory = parse_bool("ACCEL_PROTECT_DEVICE_MEMORY", false);
+  c.max_kernel_args = parse_count("ACCEL_MAX_KERNEL_ARGS", c.max_kernel_args, 4, 1 << 16);
+  c.max_kernel_buffers = parse_count("ACCEL_MAX_KERNEL_BUFFERS", c.max_kernel_buffers, 2, 1 << 16);
+  ACCEL_RT_CHECK(c.max_kernel_buffers <= c.max_kernel_args, InitError,
+                 "ACCEL_MAX_KERNEL_BUFFERS=", c.max_kernel_buffers,
+                 " is more than ACCEL_MAX_KERNEL_ARGS=", c.max_kernel_args,
+                 ": every buffer is an argument");
   return c;
 }
 

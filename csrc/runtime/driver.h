@@ -168,6 +168,11 @@ struct HostDriverOptions {
   uint64_t memory_per_device = uint64_t{4} << 30;
   bool protect_device_memory = false;
   bool launch_blocking = false;
+  // Kernel limits reported in DeviceProperties (ACCEL_MAX_KERNEL_ARGS / _BUFFERS). Host
+  // kernels are C++ functions: the defaults keep generated functions and their argument
+  // packing small (Inductor's own C++ backend flushes at 500 arguments).
+  int max_kernel_args = 256;
+  int max_kernel_buffers = 64;
 };
 ACCEL_RT_API std::unique_ptr<Driver> make_host_driver(const HostDriverOptions& options);
 

@@ -26,6 +26,8 @@ struct Config {
   uint64_t host_memory = uint64_t{4} << 30;
   bool launch_blocking = false;
   bool protect_device_memory = false;
+  int max_kernel_args = 256;    // ACCEL_MAX_KERNEL_ARGS (host driver)
+  int max_kernel_buffers = 64;  // ACCEL_MAX_KERNEL_BUFFERS (host driver)
   // Throws InitError naming the variable when a value is malformed.
   static Config from_env();
 };

@@ -96,6 +96,8 @@ void Runtime::start() {
   host.memory_per_device = config.host_memory;
   host.protect_device_memory = config.protect_device_memory;
   host.launch_blocking = config.launch_blocking;
+  host.max_kernel_args = config.max_kernel_args;
+  host.max_kernel_buffers = config.max_kernel_buffers;
 
   if (config.driver == "host") {
     owned_driver_ = make_host_driver(host);

@@ -106,6 +106,10 @@ struct DeviceProperties {
   int minor = 0;
   int max_threads_per_compute_unit = 0;
   bool integrated = false;  // shares memory with the host
+  // What one generated kernel may take: arguments (buffers and scalars) and unique buffers
+  // read or written. Compilers for the device (torch.compile) keep every kernel within them.
+  int max_kernel_args = 0;
+  int max_kernel_buffers = 0;
 };
 
 struct MemoryInfo {

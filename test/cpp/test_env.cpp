@@ -18,6 +18,8 @@ TEST(EnvConfig, DevicesAndCapacityFollowTheEnvironment) {
   }
   EXPECT_EQ(device_count(), 3);
   for (int d = 0; d < 3; ++d) EXPECT_EQ(get_device_properties(d).total_memory, 64u << 20);
+  EXPECT_EQ(get_device_properties(0).max_kernel_args, 40);
+  EXPECT_EQ(get_device_properties(0).max_kernel_buffers, 16);
   EXPECT_RT_ERROR(set_device(3), InvalidDeviceError, "valid indices: 0 to 2");
   // The capacity is enforced: two 40 MiB blocks do not fit in 64 MiB.
   void* a = malloc(40u << 20, default_stream(2));

@@ -4,9 +4,10 @@ Registered the first time Inductor looks for accel's code generators (through th
 ``torch.accel.Scheduling`` attribute, which Inductor reads for the PrivateUse1 device before any
 accel compile), so that importing torch_accel stays cheap:
 
-- ``register_backend_for_device("accel", CppScheduling, AccelWrapper, ...,
-  device_custom_pass=AccelPostGradPass())``: the C++ backend, accel's wrapper code (kernels on
-  streams, device indices, subgraphs), and the pass whose identity keys the caches;
+- ``register_backend_for_device("accel", AccelCppScheduling, AccelWrapper, ...,
+  device_custom_pass=AccelPostGradPass())``: the C++ backend within the device's kernel limits,
+  accel's wrapper code (kernels on streams, device indices, subgraphs), and the pass whose
+  identity keys the caches;
 - ``register_interface_for_device`` for ``accel`` and ``accel:N`` (reductions and streams need
   it).
 
@@ -31,14 +32,14 @@ def register() -> None:
             return
         from torch._dynamo.device_interface import register_interface_for_device
         from torch._inductor.codegen.common import register_backend_for_device
-        from torch._inductor.codegen.cpp import CppScheduling
 
         from torch_accel._inductor.interface import AccelInterface
         from torch_accel._inductor.passes import AccelPostGradPass
+        from torch_accel._inductor.scheduling import AccelCppScheduling
         from torch_accel._inductor.wrapper import AccelWrapper
 
         register_backend_for_device(
-            "accel", CppScheduling, AccelWrapper, device_custom_pass=AccelPostGradPass()
+            "accel", AccelCppScheduling, AccelWrapper, device_custom_pass=AccelPostGradPass()
         )
         register_interface_for_device("accel", AccelInterface)
         for i in range(torch.accel.device_count()):  # type: ignore[attr-defined]
@@ -49,6 +50,6 @@ def register() -> None:
 def scheduling() -> type:
     """``torch.accel.Scheduling``: registers everything, returns accel's scheduling class."""
     register()
-    from torch._inductor.codegen.cpp import CppScheduling
+    from torch_accel._inductor.scheduling import AccelCppScheduling
 
-    return CppScheduling
+    return AccelCppScheduling

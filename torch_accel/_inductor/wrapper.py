@@ -37,7 +37,9 @@ class _AccelWrapperMixin:
         gpu: bool = True,
         cpp_definition: str | None = None,
     ) -> None:
-        if not gpu and kernel_body.lstrip().startswith(_PYBINDING):
+        if getattr(self, "accel_kernel_definition", False) and kernel_body.lstrip().startswith(
+            _PYBINDING
+        ):
             kernel_body = kernel_body.replace(_PYBINDING, f"accel_cpp_kernel({kernel_name!r}, ", 1)
         super().define_kernel(  # type: ignore[misc]
             kernel_name, kernel_body, metadata=metadata, gpu=gpu, cpp_definition=cpp_definition

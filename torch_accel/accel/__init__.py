@@ -209,6 +209,8 @@ class _AccelDeviceProperties:
     minor: int
     is_integrated: bool
     max_threads_per_multi_processor: int
+    max_kernel_args: int
+    max_kernel_buffers: int
 
     def __repr__(self) -> str:
         return (
@@ -238,6 +240,8 @@ def get_device_properties(device: Any = None) -> _AccelDeviceProperties:
         minor=p["minor"],
         is_integrated=p["integrated"],
         max_threads_per_multi_processor=p["max_threads_per_compute_unit"],
+        max_kernel_args=p["max_kernel_args"],
+        max_kernel_buffers=p["max_kernel_buffers"],
     )
 
 

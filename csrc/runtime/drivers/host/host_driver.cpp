@@ -136,6 +136,8 @@ class HostDriver final : public Driver {
     p.minor = 0;
     p.max_threads_per_compute_unit = 1;
     p.integrated = true;
+    p.max_kernel_args = options_.max_kernel_args;
+    p.max_kernel_buffers = options_.max_kernel_buffers;
     return p;
   }
 

@@ -1,0 +1,99 @@
+"""Accel's Inductor scheduling: the C++ backend, with every kernel kept within the device's
+limits on arguments and unique buffers (``max_kernel_args``/``max_kernel_buffers`` of
+``torch.accel.get_device_properties``; ``ACCEL_MAX_KERNEL_ARGS``/``_BUFFERS`` on the host).
+
+Inductor's own guard (``max_fusion_unique_io_buffers``) only vetoes fusing two nodes, and the
+C++ backend then packs unfused nodes into one function anyway (up to 500 arguments). Here the
+veto applies per device by default (the user's ``max_fusion_unique_io_buffers``, when set, is
+used instead, as Inductor uses it), and the kernel group is flushed before a node would take it
+past the device's limits; a single node that alone exceeds them is an error that says so.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+from torch._inductor import config
+from torch._inductor.codegen.common import REMOVED
+from torch._inductor.codegen.cpp import CppScheduling
+from torch._inductor.virtualized import V
+
+# Arguments Inductor may add to a kernel beyond its buffers (size variables of dynamic shapes).
+_ARG_HEADROOM = 4
+
+
+@functools.cache
+def device_limits(index: int) -> tuple[int, int]:
+    """(arguments, unique buffers) one kernel may take on accel device ``index``."""
+    p = torch.accel.get_device_properties(index)  # type: ignore[attr-defined]
+    return p.max_kernel_args, p.max_kernel_buffers
+
+
+def _limits(node: Any) -> tuple[int, int]:
+    device = node.get_device()
+    return device_limits(device.index if device is not None and device.index is not None else 0)
+
+
+def _node_buffers(node: Any) -> set[str]:
+    return {dep.name for dep in node.read_writes.reads_and_writes()}
+
+
+def _group_buffers(group: Any) -> set[str]:
+    args = group.args
+    names = set(args.input_buffers)
+    names |= {k for k, v in args.output_buffers.items() if v is not REMOVED}
+    names |= {k for k, v in args.inplace_buffers.items() if v is not REMOVED}
+    return names
+
+
+class AccelCppScheduling(CppScheduling):
+    def define_kernel(self, src_code: str, nodes: Any, kernel_args: Any = None) -> str:
+        # The wrapper makes this kernel an accel stream kernel (wrapper.py); CPU kernels of the
+        # same graph (a CPU optimizer state, say) stay Python bindings.
+        wrapper = V.graph.wrapper_code
+        wrapper.accel_kernel_definition = True
+        try:
+            return super().define_kernel(src_code, nodes, kernel_args)
+        finally:
+            wrapper.accel_kernel_definition = False
+
+    def _fusion_limit(self, node: Any) -> int:
+        user = config.max_fusion_unique_io_buffers
+        return user if user is not None else _limits(node)[1]
+
+    def _too_many(self, node1: Any, node2: Any) -> bool:
+        return self.scheduler.fusion_prevent_too_many_reads_and_writes(
+            node1, node2, self._fusion_limit(node1)
+        )
+
+    def can_fuse_vertical(self, node1: Any, node2: Any) -> bool:
+        return not self._too_many(node1, node2) and super().can_fuse_vertical(node1, node2)
+
+    def can_fuse_horizontal(self, node1: Any, node2: Any) -> bool:
+        return not self._too_many(node1, node2) and super().can_fuse_horizontal(node1, node2)
+
+    def codegen_node(self, node: Any) -> None:
+        max_args, max_buffers = _limits(node)
+        max_args -= _ARG_HEADROOM
+        group = self.kernel_group
+        if group.scheduled_nodes:
+            current = _group_buffers(group)
+            added = _node_buffers(node) - current
+            if (
+                len(current) + len(added) > max_buffers
+                or group.get_num_args() + len(added) > max_args
+            ):
+                self.flush()
+        super().codegen_node(node)
+        group = self.kernel_group
+        buffers, args = len(_group_buffers(group)), group.get_num_args()
+        if buffers > max_buffers or args > max_args:
+            raise RuntimeError(
+                f"torch_accel: one Inductor kernel needs {buffers} buffers and {args} arguments, "
+                f"beyond accel's limits ({max_buffers} buffers, {max_args} arguments: "
+                "ACCEL_MAX_KERNEL_BUFFERS / ACCEL_MAX_KERNEL_ARGS, less Inductor's headroom); "
+                "lower torch._inductor.config.realize_acc_reads_threshold or "
+                "max_pointwise_cat_inputs so that lowering merges fewer inputs into one node"
+            )
