@@ -19,6 +19,12 @@ import torch_accel  # noqa: F401
 
 ACCEL = torch.device("accel")
 
+# Tests that start their own processes run them in the default configuration: once is enough.
+_DEFAULT_RUN_ONLY = pytest.mark.skipif(
+    any(os.environ.get(v) == "1" for v in ("ACCEL_PROTECT_DEVICE_MEMORY", "ACCEL_LAUNCH_BLOCKING")),
+    reason="its processes run the default configuration, tested in the default run",
+)
+
 
 @pytest.fixture(autouse=True)
 def _fresh_dynamo() -> None:
@@ -146,6 +152,7 @@ def test_compiled_kernels_are_captured_into_graphs() -> None:
         torch.testing.assert_close(out.cpu(), (x.cpu().sin() * 3).sum(0))
 
 
+@_DEFAULT_RUN_ONLY
 def test_a_second_process_compiles_from_the_cache(tmp_path: Path) -> None:
     code = textwrap.dedent(
         """
@@ -171,6 +178,7 @@ def test_a_second_process_compiles_from_the_cache(tmp_path: Path) -> None:
     assert "hits 1" in runs[1].stdout
 
 
+@_DEFAULT_RUN_ONLY
 def test_kernels_stay_within_the_device_limits(run_python) -> None:
     # ACCEL_MAX_KERNEL_BUFFERS is read when the runtime starts: a fresh process.
     code = textwrap.dedent(
@@ -220,3 +228,49 @@ def test_kernels_stay_within_the_device_limits(run_python) -> None:
     r = run_python(code, ACCEL_MAX_KERNEL_BUFFERS="16", ACCEL_MAX_KERNEL_ARGS="40")
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.strip().endswith("ok")
+
+
+_LAYER_NORM = textwrap.dedent(
+    """
+    import sys, torch, torch_accel
+    from torch._inductor.utils import run_and_get_code
+    from torch_accel._inductor import _import_hook
+    if sys.argv[1] == "without-hook":
+        sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _import_hook._Finder)]
+    f = lambda x, w, b: torch.nn.functional.layer_norm(x, (64,), w, b).relu()
+    x, w, b = torch.randn(16, 64), torch.randn(64), torch.randn(64)
+    got, (code,) = run_and_get_code(torch.compile(f), x.to("accel"), w.to("accel"), b.to("accel"))
+    torch.testing.assert_close(got.cpu(), f(x, w, b))
+    print("accel whole", "native_layer_norm.default" in code)
+    torch._dynamo.reset()
+    got, (code,) = run_and_get_code(torch.compile(f), x, w, b)
+    torch.testing.assert_close(got, f(x, w, b))
+    print("cpu whole", "native_layer_norm.default" in code)
+    """
+)
+
+
+@_DEFAULT_RUN_ONLY
+def test_native_layer_norm_stays_whole_on_accel_from_the_first_compile(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ACCEL_")}
+    env["TORCHINDUCTOR_CACHE_DIR"] = str(tmp_path / "cache")  # the first compile of its cache
+    runs = {
+        mode: subprocess.run(
+            [sys.executable, "-c", _LAYER_NORM, mode],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        for mode in ("with-hook", "without-hook")
+    }
+    for r in runs.values():
+        assert r.returncode == 0, r.stderr[-2000:]
+    # One accel call of native_layer_norm; the CPU keeps Inductor's decomposition.
+    assert "accel whole True" in runs["with-hook"].stdout
+    assert "cpu whole False" in runs["with-hook"].stdout
+    # Without torch_accel/_inductor/_import_hook.py the first compile decomposes it: when this
+    # fails, torch registers devices early enough and the hook can go.
+    assert "accel whole False" in runs["without-hook"].stdout, (
+        "the import hook is no longer needed: remove torch_accel/_inductor/_import_hook.py"
+    )

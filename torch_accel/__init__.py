@@ -61,6 +61,10 @@ def _register() -> None:
     # torch.accelerator.Graph exists from PyTorch 2.12; where the torch accel was built against
     # has it, accel's graphs serve it (2.11: nothing to register).
     _C._register_accelerator_graph()
+    # torch.compile: accel registers with Inductor when Inductor's compiler is imported.
+    from torch_accel._inductor import _import_hook
+
+    _import_hook.install()
 
 
 _register()

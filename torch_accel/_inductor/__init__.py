@@ -9,7 +9,8 @@ accel compile), so that importing torch_accel stays cheap:
   accel's wrapper code (kernels on streams, device indices, subgraphs), and the pass whose
   identity keys the caches;
 - ``register_interface_for_device`` for ``accel`` and ``accel:N`` (reductions and streams need
-  it).
+  it);
+- the operators accel keeps whole (decompositions.py: ``native_layer_norm``).
 
 Everything goes through PyTorch's registration functions; nothing of torch is patched.
 """
@@ -33,6 +34,7 @@ def register() -> None:
         from torch._dynamo.device_interface import register_interface_for_device
         from torch._inductor.codegen.common import register_backend_for_device
 
+        from torch_accel._inductor import decompositions
         from torch_accel._inductor.interface import AccelInterface
         from torch_accel._inductor.passes import AccelPostGradPass
         from torch_accel._inductor.scheduling import AccelCppScheduling
@@ -41,6 +43,7 @@ def register() -> None:
         register_backend_for_device(
             "accel", AccelCppScheduling, AccelWrapper, device_custom_pass=AccelPostGradPass()
         )
+        decompositions.apply()
         register_interface_for_device("accel", AccelInterface)
         for i in range(torch.accel.device_count()):  # type: ignore[attr-defined]
             register_interface_for_device(f"accel:{i}", AccelInterface)

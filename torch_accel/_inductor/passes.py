@@ -60,4 +60,6 @@ class AccelPostGradPass(CustomGraphModulePass):
         gm.recompile()
 
     def uuid(self) -> Any:
-        return (torch_accel.__version__, get_hash_for_files(_SOURCES))
+        from torch_accel._inductor.decompositions import KEEP_WHOLE
+
+        return (torch_accel.__version__, get_hash_for_files(_SOURCES), KEEP_WHOLE)
