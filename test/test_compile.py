@@ -112,11 +112,7 @@ def test_mutation_views_dynamic_shapes_and_control_flow() -> None:
 
 def test_training_step_matches_eager() -> None:
     torch.manual_seed(0)
-    layers = (torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.LayerNorm(32))
-    model = torch.nn.Sequential(*layers, torch.nn.Linear(32, 4))
-    reference = torch.nn.Sequential(
-        torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.LayerNorm(32), torch.nn.Linear(32, 4)
-    )
+    model, reference = _mlp(), _mlp()
     reference.load_state_dict(model.state_dict())
     model.to(ACCEL)
     compiled = torch.compile(model)
@@ -274,3 +270,53 @@ def test_native_layer_norm_stays_whole_on_accel_from_the_first_compile(tmp_path:
     assert "accel whole False" in runs["without-hook"].stdout, (
         "the import hook is no longer needed: remove torch_accel/_inductor/_import_hook.py"
     )
+
+
+def _mlp() -> torch.nn.Sequential:
+    return torch.nn.Sequential(
+        torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.LayerNorm(32), torch.nn.Linear(32, 4)
+    )
+
+
+def test_the_accel_backend_captures_replays_and_trains_like_eager() -> None:
+    from torch_accel._dynamo import backend
+
+    torch.manual_seed(0)
+    model, reference = _mlp(), _mlp()
+    reference.load_state_dict(model.state_dict())
+    model.to(ACCEL)
+    compiled = torch.compile(model, backend="accel")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1)
+    before = dict(backend.stats)
+    for step in range(5):
+        x = torch.randn(8, 16, generator=torch.Generator().manual_seed(step))
+        loss = compiled(x.to(ACCEL)).square().mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        ref_loss = reference(x).square().mean()
+        ref_loss.backward()
+        ref_opt.step()
+        ref_opt.zero_grad()
+        torch.testing.assert_close(loss.item(), ref_loss.item(), atol=1e-5, rtol=1e-5)
+    assert backend.stats["captures"] - before["captures"] == 2  # forward and backward
+    assert backend.stats["replays"] - before["replays"] >= 6
+    # Parameters moved elsewhere: captured again, with their new memory.
+    with torch.no_grad():
+        for p in model.parameters():
+            p.data = p.data.clone()
+    x = torch.randn(8, 16)
+    torch.testing.assert_close(
+        compiled(x.to(ACCEL)).cpu(), reference(x).detach(), atol=1e-5, rtol=1e-5
+    )
+
+
+def test_the_accel_backend_runs_dynamic_shapes_uncaptured(caplog) -> None:
+    f = torch.compile(lambda t: (t.sin() * 2).sum(0), backend="accel")
+    with caplog.at_level("WARNING", logger="torch_accel.compile"):
+        for n in (5, 9, 12):
+            t = torch.randn(n, 3, device=ACCEL)
+            torch._dynamo.mark_dynamic(t, 0)
+            torch.testing.assert_close(f(t).cpu(), (t.cpu().sin() * 2).sum(0))
+    assert any("without graph capture" in r.getMessage() for r in caplog.records)

@@ -17,6 +17,15 @@ from torch._inductor.codecache import CppCodeCache
 
 from torch_accel import _C
 
+
+class _KernelCache(CppCodeCache):
+    """Inductor's C++ code cache with the flags of its own kernel bindings (no libtorch: the
+    kernels need none; the same vectorization flags)."""
+
+    cache: dict[str, Any] = {}
+    cpp_compile_command_flags = {"include_pytorch": False, "shared": True}
+
+
 _POINTER_TYPES = ("*",)
 _INT_TYPES = ("int64_t", "int32_t", "int", "long", "bool", "uint64_t", "uint32_t", "size_t")
 _FLOAT_TYPES = ("double", "float")
@@ -72,7 +81,7 @@ class AccelKernel:
 
     def __init__(self, arg_types: list[str], source: str, name: str = "inductor kernel") -> None:
         extra, kinds = trampoline(list(arg_types))
-        self._library = CppCodeCache.load(source + extra)  # kept: the code lives in it
+        self._library = _KernelCache.load(source + extra)  # kept: the code lives in it
         address = ctypes.cast(self._library.accel_kernel_packed, ctypes.c_void_p).value
         assert address is not None
         self._launch = _C._InductorLauncher(address, kinds, name)

@@ -1,0 +1,1 @@
+"""Dynamo backends of accel: ``torch.compile(model, backend="accel")`` (see backend.py)."""
