@@ -107,6 +107,7 @@ bench: build-cpp
 	$(BUILD_DIR)/runtime_bench benchmarks/results/runtime.json
 	$(PY) benchmarks/eager_ops.py --json benchmarks/results/eager_ops.json
 	$(PY) benchmarks/graphs.py --json benchmarks/results/graphs.json
+	$(PY) benchmarks/compile.py --json benchmarks/results/compile.json
 
 # The whole OpInfo database (about a minute here); the suites above run a fast subset of it.
 opinfo: install opinfo-sweep

@@ -320,3 +320,27 @@ def test_the_accel_backend_runs_dynamic_shapes_uncaptured(caplog) -> None:
             torch._dynamo.mark_dynamic(t, 0)
             torch.testing.assert_close(f(t).cpu(), (t.cpu().sin() * 2).sum(0))
     assert any("without graph capture" in r.getMessage() for r in caplog.records)
+
+
+def test_the_quickstart_transformer_compiles_and_matches_eager() -> None:
+    # Attention blocks split a fused qkv projection: the backward concatenates (accel lowers
+    # cat as the CPU does; see torch_accel/_inductor/decompositions.py).
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
+    from transformer_lm import BATCH, CONTEXT, VOCAB, TinyLM
+
+    torch.manual_seed(0)
+    model = TinyLM().to(ACCEL)
+    tokens = torch.randint(0, VOCAB, (BATCH, CONTEXT + 1), device=ACCEL)
+    inputs, targets = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+
+    def loss_and_grads(m: torch.nn.Module) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        model.zero_grad(set_to_none=True)
+        loss = torch.nn.functional.cross_entropy(m(inputs).flatten(0, 1), targets.flatten())
+        loss.backward()
+        return loss.detach().cpu(), [p.grad.cpu() for p in model.parameters()]
+
+    eager_loss, eager_grads = loss_and_grads(model)
+    compiled_loss, compiled_grads = loss_and_grads(torch.compile(model))
+    torch.testing.assert_close(compiled_loss, eager_loss, atol=1e-5, rtol=1e-5)
+    for got, want in zip(compiled_grads, eager_grads, strict=True):
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)

@@ -1,0 +1,155 @@
+"""torch.compile on accel against the CPU and against eager accel, measured in the same run.
+
+(a) compiled accel against compiled CPU on the same functions (goal: ratio of times at least
+    0.95, i.e. accel no more than 5% slower);
+(b) compiled accel against eager accel on a pointwise-heavy block, bias + GELU + residual +
+    layer norm (goal: at least 1.5x);
+(c) one training step of the quickstart model (examples/transformer_lm.py) with
+    backend="accel" against eager accel (goal: at least 2x).
+
+Each side is the best of several repeats, synchronized. Prints a table and writes JSON (default
+benchmarks/results/compile.json).
+
+    python benchmarks/compile.py [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+import torch_accel  # noqa: F401
+
+ROOT = Path(__file__).resolve().parent.parent
+GOALS = {"vs_compiled_cpu": 0.95, "vs_eager_block": 1.5, "train_step": 2.0}
+
+
+def best_of(fn: Callable[[], object], repeats: int, device: str) -> float:
+    times = []
+    for _ in range(repeats):
+        if device == "accel":
+            torch.accel.synchronize()
+        start = time.perf_counter()
+        fn()
+        if device == "accel":
+            torch.accel.synchronize()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def block(x: torch.Tensor, b: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.layer_norm(torch.nn.functional.gelu(x + b) + r, (x.shape[-1],))
+
+
+def functions() -> dict[str, tuple[Callable[..., torch.Tensor], tuple[int, ...]]]:
+    return {
+        "pointwise": (lambda x, b, r: ((x * 2).sin() + b).relu() * r, (4096, 1024)),
+        "reduction": (lambda x, b, r: (x * b).sum(-1) + r.amax(-1), (4096, 1024)),
+        "block": (block, (4096, 1024)),
+    }
+
+
+def compiled_vs_cpu() -> tuple[float, float]:
+    """Summed times of the compiled functions on accel and on the CPU."""
+    accel_total = cpu_total = 0.0
+    for fn, shape in functions().values():
+        for device in ("cpu", "accel"):
+            x = torch.randn(shape, device=device)
+            b = torch.randn(shape[-1], device=device)
+            r = torch.randn(shape, device=device)
+            torch._dynamo.reset()
+            f = torch.compile(fn)
+            for _ in range(3):
+                f(x, b, r)
+            t = best_of(lambda f=f, x=x, b=b, r=r: f(x, b, r), 10, device)
+            if device == "accel":
+                accel_total += t
+            else:
+                cpu_total += t
+    return cpu_total, accel_total
+
+
+def block_vs_eager() -> tuple[float, float]:
+    shape = (4096, 1024)
+    x, b, r = (torch.randn(s, device="accel") for s in (shape, shape[-1:], shape))
+    torch._dynamo.reset()
+    f = torch.compile(block)
+    for _ in range(3):
+        f(x, b, r)
+        block(x, b, r)
+    return best_of(lambda: block(x, b, r), 10, "accel"), best_of(lambda: f(x, b, r), 10, "accel")
+
+
+def train_step() -> tuple[float, float]:
+    sys.path.insert(0, str(ROOT / "examples"))
+    from transformer_lm import BATCH, CONTEXT, VOCAB, TinyLM
+
+    torch.manual_seed(0)
+    tokens = torch.randint(0, VOCAB, (BATCH, CONTEXT + 1), device="accel")
+    inputs, targets = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+
+    def make() -> tuple[Callable[[], None], torch.nn.Module]:
+        torch.manual_seed(0)
+        model = TinyLM().to("accel")
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
+        return model, opt
+
+    eager_model, eager_opt = make()
+    graphed_model, graphed_opt = make()
+    torch._dynamo.reset()
+    compiled = torch.compile(graphed_model, backend="accel")
+
+    def step(m: Callable[..., torch.Tensor], opt: torch.optim.Optimizer) -> None:
+        opt.zero_grad(set_to_none=False)
+        logits = m(inputs)
+        torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten()).backward()
+        opt.step()
+
+    for _ in range(4):
+        step(eager_model, eager_opt)
+        step(compiled, graphed_opt)
+    return (
+        best_of(lambda: step(eager_model, eager_opt), 10, "accel"),
+        best_of(lambda: step(compiled, graphed_opt), 10, "accel"),
+    )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", type=Path, default=ROOT / "benchmarks/results/compile.json")
+    args = parser.parse_args()
+    print(f"torch {torch.__version__}, accel driver {torch.accel.get_device_properties().driver}")
+    print(f"{'case':<16} {'base ms':>9} {'accel ms':>9} {'ratio':>7} {'goal':>6}")
+    results = {}
+    for name, fn in (
+        ("vs_compiled_cpu", compiled_vs_cpu),
+        ("vs_eager_block", block_vs_eager),
+        ("train_step", train_step),
+    ):
+        try:
+            base, accel = fn()
+        except Exception as e:  # noqa: BLE001 - reported, and the other cases still run
+            reason = str(e).strip().splitlines()[0][:120]
+            print(f"{name:<16} not measured: {type(e).__name__}: {reason}")
+            results[name] = {"error": f"{type(e).__name__}: {reason}", "goal": GOALS[name]}
+            continue
+        ratio = base / accel
+        goal = GOALS[name]
+        verdict = "ok" if ratio >= goal else "below"
+        print(f"{name:<16} {base * 1e3:9.2f} {accel * 1e3:9.2f} {ratio:6.2f}x {goal:5.2f}x "
+              f"{verdict}")  # fmt: skip
+        results[name] = {"base_s": base, "accel_s": accel, "ratio": ratio, "goal": goal}
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(results, indent=2) + "\n")
+    print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
