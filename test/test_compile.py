@@ -31,6 +31,35 @@ def _fresh_dynamo() -> None:
     torch._dynamo.reset()
 
 
+def _mlp() -> torch.nn.Sequential:
+    return torch.nn.Sequential(
+        torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.LayerNorm(32), torch.nn.Linear(32, 4)
+    )
+
+
+def _train_against_cpu(compile_fn, steps: int) -> tuple[torch.nn.Sequential, torch.nn.Sequential]:
+    """Trains an MLP on accel through ``compile_fn(model)`` and a copy on the CPU eagerly, with
+    the same batches, checking each step's loss; returns (accel model, CPU model)."""
+    torch.manual_seed(0)
+    model, reference = _mlp(), _mlp()
+    reference.load_state_dict(model.state_dict())
+    model.to(ACCEL)
+    compiled = compile_fn(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1)
+    for step in range(steps):
+        x = torch.randn(8, 16, generator=torch.Generator().manual_seed(step))
+        for m, o, data in ((compiled, opt, x.to(ACCEL)), (reference, ref_opt, x)):
+            loss = m(data).square().mean()
+            loss.backward()
+            o.step()
+            o.zero_grad()
+            if m is compiled:
+                got = loss.item()
+        torch.testing.assert_close(got, loss.item(), atol=1e-5, rtol=1e-5)
+    return model, reference
+
+
 def test_kernels_run_in_stream_order_with_eager_work() -> None:
     # The producer (a matrix product) is still queued when the compiled function is called:
     # a kernel run on the Python thread would read stale memory (trap 7 of INDUCTOR_NOTES).
@@ -111,24 +140,7 @@ def test_mutation_views_dynamic_shapes_and_control_flow() -> None:
 
 
 def test_training_step_matches_eager() -> None:
-    torch.manual_seed(0)
-    model, reference = _mlp(), _mlp()
-    reference.load_state_dict(model.state_dict())
-    model.to(ACCEL)
-    compiled = torch.compile(model)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1)
-    for step in range(3):
-        x = torch.randn(8, 16, generator=torch.Generator().manual_seed(step))
-        loss = compiled(x.to(ACCEL)).square().mean()
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        ref_loss = reference(x).square().mean()
-        ref_loss.backward()
-        ref_opt.step()
-        ref_opt.zero_grad()
-        torch.testing.assert_close(loss.item(), ref_loss.item(), atol=1e-5, rtol=1e-5)
+    model, reference = _train_against_cpu(lambda m: torch.compile(m), steps=3)
     for p, q in zip(model.parameters(), reference.parameters(), strict=True):
         torch.testing.assert_close(p.detach().cpu(), q.detach(), atol=1e-5, rtol=1e-5)
     explained = torch._dynamo.explain(model)(torch.randn(8, 16, device=ACCEL))
@@ -272,34 +284,17 @@ def test_native_layer_norm_stays_whole_on_accel_from_the_first_compile(tmp_path:
     )
 
 
-def _mlp() -> torch.nn.Sequential:
-    return torch.nn.Sequential(
-        torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.LayerNorm(32), torch.nn.Linear(32, 4)
-    )
-
-
 def test_the_accel_backend_captures_replays_and_trains_like_eager() -> None:
     from torch_accel._dynamo import backend
 
-    torch.manual_seed(0)
-    model, reference = _mlp(), _mlp()
-    reference.load_state_dict(model.state_dict())
-    model.to(ACCEL)
-    compiled = torch.compile(model, backend="accel")
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1)
     before = dict(backend.stats)
-    for step in range(5):
-        x = torch.randn(8, 16, generator=torch.Generator().manual_seed(step))
-        loss = compiled(x.to(ACCEL)).square().mean()
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        ref_loss = reference(x).square().mean()
-        ref_loss.backward()
-        ref_opt.step()
-        ref_opt.zero_grad()
-        torch.testing.assert_close(loss.item(), ref_loss.item(), atol=1e-5, rtol=1e-5)
+    compiled: list[torch.nn.Module] = []
+
+    def compile_accel(m: torch.nn.Module) -> torch.nn.Module:
+        compiled.append(torch.compile(m, backend="accel"))
+        return compiled[0]
+
+    model, reference = _train_against_cpu(compile_accel, steps=5)
     assert backend.stats["captures"] - before["captures"] == 2  # forward and backward
     assert backend.stats["replays"] - before["replays"] >= 6
     # Parameters moved elsewhere: captured again, with their new memory.
@@ -308,7 +303,7 @@ def test_the_accel_backend_captures_replays_and_trains_like_eager() -> None:
             p.data = p.data.clone()
     x = torch.randn(8, 16)
     torch.testing.assert_close(
-        compiled(x.to(ACCEL)).cpu(), reference(x).detach(), atol=1e-5, rtol=1e-5
+        compiled[0](x.to(ACCEL)).cpu(), reference(x).detach(), atol=1e-5, rtol=1e-5
     )
 
 
