@@ -367,17 +367,7 @@ void CachingAllocator::capture_ended() {
   for (Block* b : blocks) insert_events(b);
   if (rt_.capturing_anywhere()) return;
   // Private pools released while captures were underway give their memory back now.
-  for (auto it = segments_.begin(); it != segments_.end();) {
-    Block* head = it->second;
-    ++it;
-    const BlockPool& pool = *head->pool;
-    if (pool.is_private && *pool.use_count == 0 && segment_is_free(head)) release_segment(head);
-  }
-  for (auto it = private_pools_.begin(); it != private_pools_.end();) {
-    PrivatePool& p = *it->second;
-    ++it;
-    maybe_drop_private_pool(&p.small);
-  }
+  release_free_segments([](const BlockPool& p) { return p.is_private && *p.use_count == 0; });
 }
 
 void CachingAllocator::free_block(Block* b) {
@@ -437,24 +427,29 @@ void CachingAllocator::release_segment(Block* head) {
   arena_->recycle(head);
 }
 
-bool CachingAllocator::release_cached_segments() {
+template <class Releasable>
+bool CachingAllocator::release_free_segments(Releasable releasable) {
   bool released = false;
   for (auto it = segments_.begin(); it != segments_.end();) {
     Block* head = it->second;
     ++it;  // release_segment erases the current entry
-    const BlockPool& pool = *head->pool;
-    if (pool.is_private && *pool.use_count > 0) continue;  // graphs still replay into it
-    if (segment_is_free(head)) {
+    if (releasable(*head->pool) && segment_is_free(head)) {
       release_segment(head);
       released = true;
     }
   }
   for (auto it = private_pools_.begin(); it != private_pools_.end();) {
     PrivatePool& p = *it->second;
-    ++it;
+    ++it;  // maybe_drop_private_pool erases the current entry
     maybe_drop_private_pool(&p.small);
   }
   return released;
+}
+
+bool CachingAllocator::release_cached_segments() {
+  // Not the private pools that graphs or MemPools still hold: they replay into them.
+  return release_free_segments(
+      [](const BlockPool& p) { return !p.is_private || *p.use_count == 0; });
 }
 
 void CachingAllocator::maybe_drop_private_pool(BlockPool* pool) {
@@ -478,14 +473,7 @@ void CachingAllocator::release_pool(PoolId id) {
   if (it == private_pools_.end() || it->second->use_count == 0) return;
   if (--it->second->use_count > 0) return;
   if (rt_.capturing_anywhere()) return;  // capture_ended gives the memory back
-  for (auto sit = segments_.begin(); sit != segments_.end();) {
-    Block* head = sit->second;
-    ++sit;
-    if (head->pool->is_private && head->pool->id == id && segment_is_free(head)) {
-      release_segment(head);
-    }
-  }
-  maybe_drop_private_pool(&it->second->small);
+  release_free_segments([&](const BlockPool& p) { return p.is_private && p.id == id; });
 }
 
 void CachingAllocator::create_pool(PoolId id, MemPoolOptions options) {

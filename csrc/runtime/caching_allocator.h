@@ -93,6 +93,10 @@ class CachingAllocator {
   void insert_events(Block* block);
   void process_events();
   bool release_cached_segments();
+  // Releases the free segments of the pools `releasable(const BlockPool&)` accepts, then
+  // forgets the private pools nobody holds that hold no memory. True if one was released.
+  template <class Releasable>
+  bool release_free_segments(Releasable releasable);
   void release_segment(Block* head);
   bool segment_is_free(const Block* head) const;
   BlockPool& pool_for(PoolId id, bool small);
