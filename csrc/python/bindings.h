@@ -3,7 +3,21 @@
 
 #include <pybind11/pybind11.h>
 
+#include <cstdint>
+#include <utility>
+
+#include "runtime/types.h"
+
 namespace accel::python {
+
+// Memory pool ids are (int, int) tuples in Python, as torch.cuda's.
+using PoolTuple = std::pair<uint64_t, uint64_t>;
+inline rt::PoolId pool_of(const PoolTuple& p) {
+  return rt::PoolId{p.first, p.second};
+}
+inline PoolTuple pool_tuple(rt::PoolId p) {
+  return {p.first, p.second};
+}
 
 // torch.accel support: lazy init, fork state, generators, fallback statistics; capture errors
 // raised inside operators surface as `capture_error` (torch_accel.CaptureError).

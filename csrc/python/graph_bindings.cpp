@@ -35,13 +35,6 @@ rt::CaptureMode mode_of(const std::string& mode) {
                         mode + "'");
 }
 
-rt::PoolId pool_of(const std::pair<uint64_t, uint64_t>& p) {
-  return rt::PoolId{p.first, p.second};
-}
-std::pair<uint64_t, uint64_t> pool_tuple(rt::PoolId p) {
-  return {p.first, p.second};
-}
-
 }  // namespace
 
 void init_graph_bindings(py::module_& m) {
@@ -53,7 +46,7 @@ void init_graph_bindings(py::module_& m) {
       "_graph_destroy", [](uint64_t g) { device::graph_destroy(graph_of(g)); }, py::arg("graph"));
   m.def(
       "_graph_capture_begin",
-      [](uint64_t g, int device, int64_t stream, std::pair<uint64_t, uint64_t> pool,
+      [](uint64_t g, int device, int64_t stream, PoolTuple pool,
          const std::string& mode) {
         device::graph_capture_begin(graph_of(g), stream_of(device, stream), pool_of(pool),
                                     mode_of(mode));
@@ -91,10 +84,10 @@ void init_graph_bindings(py::module_& m) {
       .def_static("pool_handle", [] { return pool_tuple(device::AccelGraph::pool_handle()); })
       .def(
           "capture_begin",
-          [](device::AccelGraph& g, std::pair<uint64_t, uint64_t> pool, const std::string& mode) {
+          [](device::AccelGraph& g, PoolTuple pool, const std::string& mode) {
             g.capture_begin(pool_of(pool), mode_of(mode));
           },
-          py::arg("pool") = std::pair<uint64_t, uint64_t>{0, 0}, py::arg("mode") = "global")
+          py::arg("pool") = PoolTuple{0, 0}, py::arg("mode") = "global")
       .def("capture_end", &device::AccelGraph::capture_end)
       .def("instantiate", &device::AccelGraph::instantiate)
       .def("replay", [](device::AccelGraph& g) { g.replay(); })

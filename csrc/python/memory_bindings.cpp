@@ -62,10 +62,6 @@ class Frames {
   std::vector<py::object> frames_;
 };
 
-py::tuple pool_tuple(rt::PoolId p) {
-  return py::make_tuple(p.first, p.second);
-}
-
 const char* block_state(rt::BlockInfo::State s) {
   switch (s) {
     case rt::BlockInfo::State::ActiveAllocated: return "active_allocated";
@@ -112,7 +108,7 @@ py::dict snapshot() {
     s["requested_size"] = seg.requested_size;
     s["stream"] = seg.stream;
     s["segment_type"] = seg.is_large ? "large" : "small";
-    s["segment_pool_id"] = pool_tuple(seg.pool);
+    s["segment_pool_id"] = py::cast(pool_tuple(seg.pool));
     s["is_expandable"] = false;
     s["frames"] = py::list();
     s["blocks"] = blocks;
@@ -216,32 +212,31 @@ void init_memory_bindings(py::module_& m) {
   m.def(
       "_mem_pool_create",
       [](int device, bool use_on_oom, bool no_split) {
-        const rt::PoolId p = rt::mem_pool_create(device, rt::MemPoolOptions{use_on_oom, no_split});
-        return std::make_pair(p.first, p.second);
+        return pool_tuple(rt::mem_pool_create(device, rt::MemPoolOptions{use_on_oom, no_split}));
       },
       py::arg("device"), py::arg("use_on_oom"), py::arg("no_split"));
   m.def(
       "_mem_pool_release",
-      [](int device, std::pair<uint64_t, uint64_t> p) {
-        rt::mem_pool_release(device, rt::PoolId{p.first, p.second});
+      [](int device, PoolTuple p) {
+        rt::mem_pool_release(device, pool_of(p));
       },
       py::arg("device"), py::arg("pool"));
   m.def(
       "_mem_pool_use_count",
-      [](int device, std::pair<uint64_t, uint64_t> p) {
-        return rt::mem_pool_use_count(device, rt::PoolId{p.first, p.second});
+      [](int device, PoolTuple p) {
+        return rt::mem_pool_use_count(device, pool_of(p));
       },
       py::arg("device"), py::arg("pool"));
   m.def(
       "_mem_pool_begin_allocate",
-      [](int device, std::pair<uint64_t, uint64_t> p) {
-        rt::mem_pool_begin_allocate(device, rt::PoolId{p.first, p.second});
+      [](int device, PoolTuple p) {
+        rt::mem_pool_begin_allocate(device, pool_of(p));
       },
       py::arg("device"), py::arg("pool"));
   m.def(
       "_mem_pool_end_allocate",
-      [](int device, std::pair<uint64_t, uint64_t> p) {
-        rt::mem_pool_end_allocate(device, rt::PoolId{p.first, p.second});
+      [](int device, PoolTuple p) {
+        rt::mem_pool_end_allocate(device, pool_of(p));
       },
       py::arg("device"), py::arg("pool"));
   m.def("_host_memory_stats", &host_stats);
