@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
+
 import torch
 
 
@@ -16,3 +19,38 @@ def assert_same(actual: torch.Tensor, expected: torch.Tensor, exact: bool = True
 
 def same_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+
+
+def capture_while_another_thread_runs(
+    mode: str, other: Callable[[], None]
+) -> tuple[BaseException | None, BaseException | None, Callable[[], None]]:
+    """Captures ``y = ones(3) * 2`` on accel in ``capture_error_mode=mode`` while another
+    thread runs ``other``. Returns the error the capture raised (None if it did not), the error
+    ``other`` raised (None if none), and a check that replays the graph and compares ``y``."""
+    import torch_accel
+
+    x = torch.ones(3, device="accel")
+    thread_errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            other()
+        except BaseException as e:  # noqa: BLE001 - reported to the caller
+            thread_errors.append(e)
+
+    g = torch.accel.AccelGraph()  # type: ignore[attr-defined]
+    capture_error = None
+    try:
+        with torch.accel.graph(g, capture_error_mode=mode):  # type: ignore[attr-defined]
+            y = x * 2
+            t = threading.Thread(target=run)
+            t.start()
+            t.join()
+    except torch_accel.CaptureError as e:
+        capture_error = e
+
+    def replay_matches_eager() -> None:
+        g.replay()
+        torch.testing.assert_close(y.cpu(), torch.full((3,), 2.0))
+
+    return capture_error, (thread_errors[0] if thread_errors else None), replay_matches_eager

@@ -4,13 +4,13 @@ graph class, and torch.accelerator.Graph: values compared against eager runs."""
 from __future__ import annotations
 
 import re
-import threading
 from pathlib import Path
 
 import pytest
 import torch
 
 import torch_accel
+from helpers import capture_while_another_thread_runs
 from torch_accel import _C
 
 ACCEL = torch.device("accel")
@@ -80,36 +80,25 @@ def test_debug_dump_needs_debug_mode_as_on_cuda(tmp_path: Path) -> None:
 
 
 def test_another_threads_allocation_follows_the_capture_mode() -> None:
-    x = torch.ones(8, device=ACCEL)
+    def allocate() -> None:
+        # A new 48 MiB segment: the cache was emptied, so this asks the driver.
+        t = torch.empty(12 << 20, device=ACCEL)
+        del t
+
     for mode, refused in (("global", True), ("thread_local", False), ("relaxed", False)):
-        errors: list[BaseException] = []
-
-        def allocate(errors: list[BaseException] = errors) -> None:
-            try:
-                # A new 48 MiB segment: the cache was emptied, so this asks the driver.
-                t = torch.empty(12 << 20, device=ACCEL)
-                del t
-            except BaseException as e:  # noqa: BLE001
-                errors.append(e)
-
         torch.accel.empty_cache()
-        g = torch.accel.AccelGraph()
-        try:
-            with torch.accel.graph(g, capture_error_mode=mode):
-                y = x * 2
-                t = threading.Thread(target=allocate)
-                t.start()
-                t.join()
-        except torch_accel.CaptureError as e:
+        capture_error, error, replay_matches_eager = capture_while_another_thread_runs(
+            mode, allocate
+        )
+        if capture_error is not None:
             assert refused, mode
-            assert "invalidated by allocating" in str(e)
-        assert bool(errors) == refused, (mode, errors)
+            assert "invalidated by allocating" in str(capture_error)
+        assert (error is not None) == refused, (mode, error)
         if refused:
-            assert isinstance(errors[0], torch_accel.CaptureError)
-            assert "new device memory" in str(errors[0])
+            assert isinstance(error, torch_accel.CaptureError)
+            assert "new device memory" in str(error)
         else:
-            g.replay()
-            torch.testing.assert_close(y.cpu(), torch.full((8,), 2.0))
+            replay_matches_eager()
 
 
 def test_memory_tools_are_safe_during_capture() -> None:

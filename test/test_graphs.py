@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import copy
 import gc
-import threading
 
 import pytest
 import torch
 
 import torch_accel
+from helpers import capture_while_another_thread_runs
 
 ACCEL = torch.device("accel")
 
@@ -188,32 +188,17 @@ def test_invalidated_manual_capture_reports_at_capture_end() -> None:
 
 
 def test_global_mode_refuses_a_synchronize_from_another_thread() -> None:
-    x = torch.ones(3, device=ACCEL)
-    errors: list[BaseException] = []
-
-    def other_thread() -> None:
-        try:
-            torch.accel.synchronize()
-        except BaseException as e:  # noqa: BLE001
-            errors.append(e)
-
     for mode, refused in (("global", True), ("thread_local", False), ("relaxed", False)):
-        errors.clear()
-        g = torch.accel.AccelGraph()
-        try:
-            with torch.accel.graph(g, capture_error_mode=mode):
-                y = x * 2
-                t = threading.Thread(target=other_thread)
-                t.start()
-                t.join()
-        except torch_accel.CaptureError:
+        capture_error, error, replay_matches_eager = capture_while_another_thread_runs(
+            mode, torch.accel.synchronize
+        )
+        if capture_error is not None:
             assert refused, mode
-        assert bool(errors) == refused, (mode, errors)
+        assert (error is not None) == refused, (mode, error)
         if refused:
-            assert isinstance(errors[0], torch_accel.CaptureError)
+            assert isinstance(error, torch_accel.CaptureError)
         else:
-            g.replay()
-            torch.testing.assert_close(y.cpu(), torch.full((3,), 2.0))
+            replay_matches_eager()
 
 
 def test_pools_are_shared_and_memory_returns_after_reset() -> None:

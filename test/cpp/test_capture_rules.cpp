@@ -23,22 +23,14 @@ TEST(HostDriverCapture, RefusesUnsafeCallsAsCudaDoes) {
   auto driver = make_host_driver(HostDriverOptions{});
   DriverStream capturing = driver->stream_create(0, 0);
   DriverEvent ev = driver->event_create(0, false);
-  auto from_thread = [&](auto&& f) {
-    std::string error;
-    std::thread([&] {
-      try {
-        f();
-      } catch (const CaptureError& e) {
-        error = e.what();
-      }
-    }).join();
-    return error;
-  };
+  using testing::capture_error_from_thread;
 
   driver->stream_begin_capture(capturing, CaptureMode::Global);
   EXPECT_RT_ERROR(driver->event_query(ev), CaptureError, "event_query is not allowed");
   EXPECT_RT_ERROR(driver->raw_alloc(0, 4096), CaptureError, "raw_alloc");
-  EXPECT_NE(from_thread([&] { driver->event_synchronize(ev); }).find("begun by another thread"),
+  EXPECT_NE(capture_error_from_thread([&] {
+              driver->event_synchronize(ev);
+            }).find("begun by another thread"),
             std::string::npos);
   // A relaxed thread may (what the runtime does around an allocation for the capture).
   const CaptureMode previous = driver->thread_capture_mode_exchange(CaptureMode::Relaxed);
@@ -48,7 +40,7 @@ TEST(HostDriverCapture, RefusesUnsafeCallsAsCudaDoes) {
   driver->raw_free(0, p, 4096);
   driver->thread_capture_mode_exchange(previous);
   // Another thread in thread-local mode ignores other threads' captures.
-  EXPECT_EQ(from_thread([&] {
+  EXPECT_EQ(capture_error_from_thread([&] {
               driver->thread_capture_mode_exchange(CaptureMode::ThreadLocal);
               driver->event_query(ev);
             }),
@@ -59,7 +51,7 @@ TEST(HostDriverCapture, RefusesUnsafeCallsAsCudaDoes) {
   // A thread-local capture forbids its own thread only; a relaxed one nobody.
   driver->stream_begin_capture(capturing, CaptureMode::ThreadLocal);
   EXPECT_RT_ERROR(driver->stream_query(capturing), CaptureError, "thread_local");
-  EXPECT_EQ(from_thread([&] { driver->event_query(ev); }), "");
+  EXPECT_EQ(capture_error_from_thread([&] { driver->event_query(ev); }), "");
   driver->graph_destroy(driver->stream_end_capture(capturing));
   driver->stream_begin_capture(capturing, CaptureMode::Relaxed);
   EXPECT_TRUE(driver->event_query(ev));
@@ -98,17 +90,11 @@ TEST_F(CaptureRulesTest, TheAllocatorMakesNoForbiddenCallDuringCapture) {
 
 TEST_F(CaptureRulesTest, AnotherThreadsCacheMissFollowsTheCaptureMode) {
   empty_cache(0);
-  auto alloc_from_thread = [&] {
-    std::string error;
-    std::thread([&] {
-      try {
-        void* p = rt::malloc(std::size_t{32} << 20, default_stream(0));
-        rt::free(p);
-      } catch (const CaptureError& e) {
-        error = e.what();
-      }
-    }).join();
-    return error;
+  auto alloc_from_thread = [] {
+    return testing::capture_error_from_thread([] {
+      void* p = rt::malloc(std::size_t{32} << 20, default_stream(0));
+      rt::free(p);
+    });
   };
   graph_capture_begin(g_, s_, {}, CaptureMode::Global);
   const std::string error = alloc_from_thread();

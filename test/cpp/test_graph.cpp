@@ -282,15 +282,7 @@ TEST_F(GraphTest, SynchronizingCallsInvalidateTheCapture) {
 
 TEST_F(GraphTest, CaptureModesGovernDeviceSynchronizationFromOtherThreads) {
   auto sync_from_thread = [] {
-    std::string error;
-    std::thread([&] {
-      try {
-        device_synchronize(0);
-      } catch (const CaptureError& e) {
-        error = e.what();
-      }
-    }).join();
-    return error;
+    return testing::capture_error_from_thread([] { device_synchronize(0); });
   };
   // Global: another thread's device synchronization is refused and invalidates the capture.
   graph_capture_begin(g_, s_, {}, CaptureMode::Global);

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <typeinfo>
 #include <vector>
 
@@ -49,6 +50,20 @@ void expect_throw(F&& f, const std::string& needle, const char* file, int line) 
     ADD_FAILURE_AT(file, line) << "expected " << typeid(E).name() << ", got " << typeid(e).name()
                                << ": " << e.what();
   }
+}
+
+// Runs f() on a new thread: the message of the CaptureError it threw, or "" if none.
+template <class F>
+std::string capture_error_from_thread(F&& f) {
+  std::string error;
+  std::thread([&] {
+    try {
+      f();
+    } catch (const CaptureError& e) {
+      error = e.what();
+    }
+  }).join();
+  return error;
 }
 
 // EXPECT_RT_ERROR(statement, ErrorType, "part of the message")
