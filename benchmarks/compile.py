@@ -15,32 +15,17 @@ benchmarks/results/compile.json).
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from ratios import best_of, report
 
 import torch_accel  # noqa: F401
 
 ROOT = Path(__file__).resolve().parent.parent
 GOALS = {"vs_compiled_cpu": 0.95, "vs_eager_block": 1.5, "train_step": 2.0}
-
-
-def best_of(fn: Callable[[], object], repeats: int, device: str) -> float:
-    times = []
-    for _ in range(repeats):
-        if device == "accel":
-            torch.accel.synchronize()
-        start = time.perf_counter()
-        fn()
-        if device == "accel":
-            torch.accel.synchronize()
-        times.append(time.perf_counter() - start)
-    return min(times)
 
 
 def block(x: torch.Tensor, b: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
@@ -121,34 +106,17 @@ def train_step() -> tuple[float, float]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--json", type=Path, default=ROOT / "benchmarks/results/compile.json")
-    args = parser.parse_args()
-    print(f"torch {torch.__version__}, accel driver {torch.accel.get_device_properties().driver}")
-    print(f"{'case':<16} {'base ms':>9} {'accel ms':>9} {'ratio':>7} {'goal':>6}")
-    results = {}
-    for name, fn in (
-        ("vs_compiled_cpu", compiled_vs_cpu),
-        ("vs_eager_block", block_vs_eager),
-        ("train_step", train_step),
-    ):
-        try:
-            base, accel = fn()
-        except Exception as e:  # noqa: BLE001 - reported, and the other cases still run
-            reason = str(e).strip().splitlines()[0][:120]
-            print(f"{name:<16} not measured: {type(e).__name__}: {reason}")
-            results[name] = {"error": f"{type(e).__name__}: {reason}", "goal": GOALS[name]}
-            continue
-        ratio = base / accel
-        goal = GOALS[name]
-        verdict = "ok" if ratio >= goal else "below"
-        print(f"{name:<16} {base * 1e3:9.2f} {accel * 1e3:9.2f} {ratio:6.2f}x {goal:5.2f}x "
-              f"{verdict}")  # fmt: skip
-        results[name] = {"base_s": base, "accel_s": accel, "ratio": ratio, "goal": goal}
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(results, indent=2) + "\n")
-    print(f"wrote {args.json}")
-    return 0
+    return report(
+        __doc__.splitlines()[0],
+        ROOT / "benchmarks/results/compile.json",
+        [
+            ("vs_compiled_cpu", compiled_vs_cpu),
+            ("vs_eager_block", block_vs_eager),
+            ("train_step", train_step),
+        ],
+        GOALS,
+        ("base", "accel", "ratio"),
+    )
 
 
 if __name__ == "__main__":

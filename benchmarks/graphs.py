@@ -14,32 +14,18 @@ writes JSON (default benchmarks/results/graphs.json).
 
 from __future__ import annotations
 
-import argparse
 import copy
-import json
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from ratios import best_of, report
 
 import torch_accel  # noqa: F401
 
 ROOT = Path(__file__).resolve().parent.parent
 ACCEL = torch.device("accel")
 GOALS = {"tiny_chain": 20.0, "train_step": 2.0}
-
-
-def best_of(fn: Callable[[], object], repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        torch.accel.synchronize()
-        start = time.perf_counter()
-        fn()
-        torch.accel.synchronize()
-        times.append(time.perf_counter() - start)
-    return min(times)
 
 
 def tiny_chain() -> tuple[float, float]:
@@ -89,24 +75,13 @@ def train_step() -> tuple[float, float]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--json", type=Path, default=ROOT / "benchmarks/results/graphs.json")
-    args = parser.parse_args()
-    results = {}
-    print(f"torch {torch.__version__}, accel driver {torch.accel.get_device_properties().driver}")
-    print(f"{'case':<12} {'eager ms':>9} {'replay ms':>10} {'speedup':>8} {'goal':>6}")
-    for name, fn in (("tiny_chain", tiny_chain), ("train_step", train_step)):
-        eager, replay = fn()
-        speedup = eager / replay
-        goal = GOALS[name]
-        verdict = "ok" if speedup >= goal else "below"
-        print(f"{name:<12} {eager * 1e3:9.3f} {replay * 1e3:10.3f} {speedup:7.2f}x {goal:5.0f}x "
-              f"{verdict}")  # fmt: skip
-        results[name] = {"eager_s": eager, "replay_s": replay, "speedup": speedup, "goal": goal}
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(results, indent=2) + "\n")
-    print(f"wrote {args.json}")
-    return 0
+    return report(
+        __doc__.splitlines()[0],
+        ROOT / "benchmarks/results/graphs.json",
+        [("tiny_chain", tiny_chain), ("train_step", train_step)],
+        GOALS,
+        ("eager", "replay", "speedup"),
+    )
 
 
 if __name__ == "__main__":

@@ -1,0 +1,71 @@
+"""What benchmarks/graphs.py and benchmarks/compile.py share: timing, and the table of ratios
+against goals they print and write as JSON."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import torch
+
+
+def best_of(fn: Callable[[], object], repeats: int, device: str = "accel") -> float:
+    """The shortest of ``repeats`` timed calls of ``fn``, with accel synchronized around each."""
+    times = []
+    for _ in range(repeats):
+        if device == "accel":
+            torch.accel.synchronize()
+        start = time.perf_counter()
+        fn()
+        if device == "accel":
+            torch.accel.synchronize()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def report(
+    description: str,
+    default_json: Path,
+    cases: Sequence[tuple[str, Callable[[], tuple[float, float]]]],
+    goals: dict[str, float],
+    labels: tuple[str, str, str],
+) -> int:
+    """Runs each case (returning the times of the baseline and of the measured side), prints
+    ``baseline / measured`` against its goal, and writes the results as JSON (``--json``).
+    ``labels``: the names of the baseline, the measured side and the ratio. A case that fails is
+    reported and the others still run."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--json", type=Path, default=default_json)
+    args = parser.parse_args()
+    base_label, measured_label, ratio_label = labels
+    width = max(len(name) for name, _ in cases) + 1
+    print(f"torch {torch.__version__}, accel driver {torch.accel.get_device_properties().driver}")
+    print(f"{'case':<{width}} {base_label + ' ms':>10} {measured_label + ' ms':>10} "
+          f"{ratio_label:>8} {'goal':>6}")  # fmt: skip
+    results: dict[str, dict[str, object]] = {}
+    for name, fn in cases:
+        goal = goals[name]
+        try:
+            base, measured = fn()
+        except Exception as e:  # noqa: BLE001 - reported, and the other cases still run
+            reason = str(e).strip().splitlines()[0][:120]
+            print(f"{name:<{width}} not measured: {type(e).__name__}: {reason}")
+            results[name] = {"error": f"{type(e).__name__}: {reason}", "goal": goal}
+            continue
+        ratio = base / measured
+        verdict = "ok" if ratio >= goal else "below"
+        print(f"{name:<{width}} {base * 1e3:10.3f} {measured * 1e3:10.3f} {ratio:7.2f}x "
+              f"{goal:5.2f}x {verdict}")  # fmt: skip
+        results[name] = {
+            f"{base_label}_s": base,
+            f"{measured_label}_s": measured,
+            ratio_label: ratio,
+            "goal": goal,
+        }
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(results, indent=2) + "\n")
+    print(f"wrote {args.json}")
+    return 0
