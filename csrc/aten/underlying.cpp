@@ -227,6 +227,7 @@ class UnderlyingKernel final : public c10::OperatorKernel {
     bool has_write_arguments = false;
     bool has_generator = false;
     bool has_index_list = false;  // a Tensor?[] argument (indices)
+    int64_t serial_numel = 0;     // calls with fewer elements in every tensor run serially
   };
 
   void resolve_ops(const c10::OperatorHandle& op) {
@@ -250,6 +251,7 @@ class UnderlyingKernel final : public c10::OperatorKernel {
              t->containedType(0)->containedType(0)->kind() == c10::TypeKind::TensorType);
       }
       info_.tensor_returns_only = returns_only_tensors(schema);
+      info_.serial_numel = serial_numel(config_->name);
       cpu_op_ = find_op(config_->cpu_op);
       out_op_ = find_op(config_->out_variant);
       functional_op_ = find_op(config_->functional);
@@ -399,7 +401,7 @@ class UnderlyingKernel final : public c10::OperatorKernel {
         buf.copy_into.assign(fresh.begin(), fresh.end());
       }
     }
-    work.serial = small_work(buf);
+    work.serial = small_work(buf, info_.serial_numel);
     std::optional<rt::Task> direct;
     if (capturing(device) && stream_capturing(device)) direct = replay_elementwise(work);
     if (direct) {
@@ -551,7 +553,7 @@ class UnderlyingKernel final : public c10::OperatorKernel {
       at::AutoDispatchBelowADInplaceOrView below_autograd;
       c10::WarningUtils::WarningHandlerGuard see(&warnings);
       std::optional<SerialScope> serial;
-      if (small_call(*stack, begin, expected)) serial.emplace();
+      if (small_call(*stack, begin, expected, info_.serial_numel)) serial.emplace();
       (cpu_op_ ? *cpu_op_ : op).callBoxed(&cpu);
     }
 

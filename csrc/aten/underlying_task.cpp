@@ -24,9 +24,17 @@ bool is_accel(const at::Tensor& t) {
   return t.defined() && t.device().type() == kAccel;
 }
 
-// Below this many elements in every tensor of a call, its kernel runs without intra-op
-// parallelism (ATen's own grain size).
-constexpr int64_t kSerialNumel = 32768;
+// Below ATen's grain size its kernels run serially anyway.
+constexpr int64_t kGrainSize = 32768;
+
+// Memory-bound kernels (pointwise, reductions, copies) below this many elements run serially on
+// the stream worker. The worker's OpenMP team is a second team in the process (the calling
+// thread has its own), and libgomp cuts its threads' spinning to ~100 iterations when teams
+// together hold more threads than there are cores: each parallel region then wakes sleeping
+// threads (40-50 us on a 2-core VM), more than the whole kernel below ~512K elements (measured:
+// add_ on 256K floats 29 us serial against 50 us parallel; softmax rows of 1M elements 693 us
+// serial against 413 us parallel).
+constexpr int64_t kSerialNumelMemoryBound = int64_t{1} << 19;
 
 // Keeps the warnings of a kernel call, to be passed on after it.
 class CollectWarnings final : public c10::WarningHandler {
@@ -183,11 +191,44 @@ std::unique_ptr<WorkBuffers> take_buffers() {
   return buffer_pool().take();
 }
 
+int64_t serial_numel(std::string_view name) {
+  // Compute-bound kernels (matrix products, convolutions, attention, factorizations) do much
+  // work per element: they keep ATen's rule.
+  static constexpr std::string_view kComputeBound[] = {"aten::mm",
+                                                       "aten::addmm",
+                                                       "aten::_addmm_activation",
+                                                       "aten::bmm",
+                                                       "aten::baddbmm",
+                                                       "aten::addbmm",
+                                                       "aten::matmul",
+                                                       "aten::linear",
+                                                       "aten::mv",
+                                                       "aten::addmv",
+                                                       "aten::conv",
+                                                       "aten::_conv",
+                                                       "aten::mkldnn",
+                                                       "aten::_scaled_dot",
+                                                       "aten::_flash",
+                                                       "aten::_efficient",
+                                                       "aten::linalg",
+                                                       "aten::_linalg",
+                                                       "aten::cdist",
+                                                       "aten::_cdist",
+                                                       "aten::_fft",
+                                                       "aten::cholesky",
+                                                       "aten::triangular_solve",
+                                                       "aten::lu"};
+  for (std::string_view prefix : kComputeBound) {
+    if (name.starts_with(prefix)) return kGrainSize;
+  }
+  return kSerialNumelMemoryBound;
+}
+
 void RecycleBuffers::operator()(WorkBuffers* b) const noexcept {
   buffer_pool().give(b);
 }
 
-bool small_work(const WorkBuffers& buf) {
+bool small_work(const WorkBuffers& buf, int64_t serial_below) {
   int64_t most = 0;
   for (const Arg& a : buf.args()) {
     switch (a.kind) {
@@ -208,10 +249,11 @@ bool small_work(const WorkBuffers& buf) {
     }
   }
   for (const Layout& l : buf.copy_into) most = std::max(most, numel_of(l));
-  return most < kSerialNumel;
+  return most < serial_below;
 }
 
-bool small_call(const torch::jit::Stack& stack, size_t begin, const CachedResult* results) {
+bool small_call(const torch::jit::Stack& stack, size_t begin, const CachedResult* results,
+                int64_t serial_below) {
   int64_t most = 0;
   const auto count = [&](const at::Tensor& t) {
     if (t.defined()) most = std::max(most, t.numel());
@@ -238,7 +280,7 @@ bool small_call(const torch::jit::Stack& stack, size_t begin, const CachedResult
       }
     }
   }
-  return most < kSerialNumel;
+  return most < serial_below;
 }
 
 void Work::operator()() const {

@@ -9,6 +9,7 @@
 
 #include <memory>
 #include <optional>
+#include <string_view>
 #include <vector>
 
 #include "aten/host_task.h"
@@ -73,15 +74,21 @@ struct Work {
   void run() const;
 };
 
-// Whether every tensor of the call has fewer elements than ATen's grain size (its kernel then
-// runs without intra-op parallelism).
-bool small_work(const WorkBuffers& buf);
+// Below how many elements in every tensor a call of the operator `name` ("aten::add.Tensor")
+// runs without intra-op parallelism: ATen's grain size for compute-bound kernels (matrix
+// products, convolutions), more for memory-bound ones (see underlying_task.cpp).
+int64_t serial_numel(std::string_view name);
+
+// Whether every tensor of the call has fewer than `serial_below` elements (its kernel then runs
+// without intra-op parallelism).
+bool small_work(const WorkBuffers& buf, int64_t serial_below);
 
 struct CachedResult;
 // The same rule for a call run on the calling thread (its arguments stack[begin:] and, where
 // known, its results): the first call of a signature must compute what later calls, run as
 // tasks, compute, bit for bit (a reduction split over threads rounds differently).
-bool small_call(const torch::jit::Stack& stack, size_t begin, const CachedResult* results);
+bool small_call(const torch::jit::Stack& stack, size_t begin, const CachedResult* results,
+                int64_t serial_below);
 
 // While alive, the calling thread's OpenMP work runs on one thread.
 class SerialScope {
