@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "aten/underlying_task.h"
 #include "device/common.h"
 #include "python/bindings.h"
 #include "runtime/runtime.h"
@@ -104,6 +105,11 @@ void init_inductor_bindings(py::module_& m) {
            py::arg("name"))
       .def("__call__", &KernelLauncher::operator())
       .def_property_readonly("name", &KernelLauncher::name);
+  // How many elements a call of the operator needs before its kernel on a stream worker uses
+  // intra-op threads (torch_accel/_inductor applies the same rule to generated loops).
+  m.def(
+      "_serial_numel", [](const std::string& name) { return aten::serial_numel(name); },
+      py::arg("operator"));
 }
 
 }  // namespace accel::python

@@ -7,11 +7,18 @@ C++ backend then packs unfused nodes into one function anyway (up to 500 argumen
 veto applies per device by default (the user's ``max_fusion_unique_io_buffers``, when set, is
 used instead, as Inductor uses it), and the kernel group is flushed before a node would take it
 past the device's limits; a single node that alone exceeds them is an error that says so.
+
+Generated loops go parallel only for as much work as an eager accel kernel needs before it uses
+intra-op threads (``torch_accel._C._serial_numel``): kernels run on a stream worker, whose
+OpenMP threads sleep between parallel regions (a second OpenMP team in the process), so a
+parallel region costs tens of microseconds there. A user's ``cpp.min_chunk_size`` is kept.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import os
 from typing import Any
 
 import torch
@@ -20,8 +27,35 @@ from torch._inductor.codegen.common import REMOVED
 from torch._inductor.codegen.cpp import CppScheduling
 from torch._inductor.virtualized import V
 
+import torch_accel
+
 # Arguments Inductor may add to a kernel beyond its buffers (size variables of dynamic shapes).
 _ARG_HEADROOM = 4
+
+
+# Inductor's default cpp.min_chunk_size (work items per thread before a loop goes parallel).
+_DEFAULT_MIN_CHUNK = int(os.environ.get("TORCHINDUCTOR_CPP_MIN_CHUNK_SIZE", "512"))
+
+
+def _cpp_codegen() -> contextlib.AbstractContextManager[Any]:
+    """Inductor's configuration while it generates an accel kernel.
+
+    - ``cuda_backend = "cpp"``: Inductor asks ``get_current_backend()`` which code generator
+      serves the current device, and answers ``config.cuda_backend`` ("triton") for every device
+      but cpu, mps and xpu. For accel's C++ kernels the C++ rules must apply (dtype propagation,
+      ``masked``, bf16 upcasts); with "triton", the vectorized C++ kernel of an embedding fails
+      (``indirect_assert``: a CSE variable without dtype).
+    - ``cpp.min_chunk_size``: the parallelism rule above, unless the user set one.
+    """
+    patch: dict[str, Any] = {"cuda_backend": "cpp"}
+    if config.cpp.min_chunk_size == _DEFAULT_MIN_CHUNK and (
+        "TORCHINDUCTOR_CPP_MIN_CHUNK_SIZE" not in os.environ
+    ):
+        from torch._inductor.utils import parallel_num_threads
+
+        serial = torch_accel._C._serial_numel("aten::add.Tensor")
+        patch["cpp.min_chunk_size"] = max(_DEFAULT_MIN_CHUNK, serial // parallel_num_threads())
+    return config.patch(patch)
 
 
 @functools.cache
@@ -86,7 +120,8 @@ class AccelCppScheduling(CppScheduling):
                 or group.get_num_args() + len(added) > max_args
             ):
                 self.flush()
-        super().codegen_node(node)
+        with _cpp_codegen():
+            super().codegen_node(node)
         group = self.kernel_group
         buffers, args = len(_group_buffers(group)), group.get_num_args()
         if buffers > max_buffers or args > max_args:
