@@ -339,3 +339,136 @@ def test_the_quickstart_transformer_compiles_and_matches_eager() -> None:
     torch.testing.assert_close(compiled_loss, eager_loss, atol=1e-5, rtol=1e-5)
     for got, want in zip(compiled_grads, eager_grads, strict=True):
         torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+
+
+def test_random_ops_are_reproducible_with_a_seed() -> None:
+    def noisy(x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.dropout(x, 0.5) + torch.rand_like(x) + torch.randn_like(x)
+
+    f = torch.compile(noisy)
+    x = torch.ones(64, 128, device=ACCEL)
+    runs = []
+    for _ in range(2):
+        torch.manual_seed(7)
+        runs.append(f(x).cpu())
+    torch.testing.assert_close(runs[0], runs[1], atol=0, rtol=0)
+    assert not torch.equal(runs[0], f(x).cpu())  # the generator moved on
+    # Dropout kept about half of the elements and scaled them by 2; uniform + normal noise.
+    torch.manual_seed(7)
+    kept = torch.compile(lambda t: torch.nn.functional.dropout(t, 0.5))(x).cpu()
+    assert set(kept.unique().tolist()) <= {0.0, 2.0}
+    assert 0.45 < (kept == 2).float().mean().item() < 0.55
+    noise = torch.compile(lambda t: torch.rand_like(t))(x).cpu()
+    assert 0.0 <= noise.min().item() and noise.max().item() < 1.0
+    assert abs(noise.mean().item() - 0.5) < 0.02
+
+
+class _ConvNet(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.features = torch.nn.Sequential(
+            torch.nn.Conv2d(3, 8, 3, padding=1),
+            torch.nn.BatchNorm2d(8),
+            torch.nn.ReLU(),
+            torch.nn.MaxPool2d(2),
+            torch.nn.Conv2d(8, 16, 3, padding=1),
+            torch.nn.BatchNorm2d(16),
+            torch.nn.ReLU(),
+        )
+        self.head = torch.nn.Linear(16, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(x).mean((2, 3)))
+
+
+def test_a_conv_net_with_batch_norm_trains_like_eager() -> None:
+    torch.manual_seed(0)
+    model, reference = _ConvNet(), _ConvNet()
+    reference.load_state_dict(model.state_dict())
+    model.to(ACCEL)
+    compiled = torch.compile(model)
+    opts = [torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9) for m in (model, reference)]
+    for step in range(3):
+        g = torch.Generator().manual_seed(step)
+        x, y = torch.randn(4, 3, 16, 16, generator=g), torch.randint(0, 10, (4,), generator=g)
+        losses = []
+        for m, o, dev in ((compiled, opts[0], ACCEL), (reference, opts[1], "cpu")):
+            loss = torch.nn.functional.cross_entropy(m(x.to(dev)), y.to(dev))
+            loss.backward()
+            o.step()
+            o.zero_grad()
+            losses.append(loss.item())
+        torch.testing.assert_close(losses[0], losses[1], atol=1e-5, rtol=1e-5)
+    # BatchNorm's running statistics were updated in place, as in eager mode.
+    for name, buf in reference.named_buffers():
+        torch.testing.assert_close(
+            model.get_buffer(name).cpu(), buf, atol=1e-5, rtol=1e-5, msg=name
+        )
+    model.eval()
+    reference.eval()
+    x = torch.randn(2, 3, 16, 16)
+    torch.testing.assert_close(compiled(x.to(ACCEL)).cpu(), reference(x), atol=1e-5, rtol=1e-5)
+    assert torch._dynamo.explain(model)(x.to(ACCEL)).graph_break_count == 0
+
+
+def test_the_quickstart_transformer_compiles_without_graph_breaks() -> None:
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
+    from transformer_lm import BATCH, CONTEXT, VOCAB, TinyLM
+
+    tokens = torch.randint(0, VOCAB, (BATCH, CONTEXT), device=ACCEL)
+    explained = torch._dynamo.explain(TinyLM().to(ACCEL))(tokens)
+    assert explained.graph_break_count == 0
+    assert explained.graph_count == 1
+
+
+def test_recompilations_stay_bounded() -> None:
+    from torch._dynamo.utils import counters
+
+    counters.clear()
+    f = torch.compile(lambda t: (t.sigmoid() * 2).sum(-1))
+    for n in (4, 4, 4, 7, 9, 12, 30, 4):
+        t = torch.randn(n, 8, device=ACCEL)
+        torch.testing.assert_close(f(t).cpu(), (t.cpu().sigmoid() * 2).sum(-1))
+    # One static graph, then one with a symbolic first size serves every later length.
+    assert counters["stats"]["unique_graphs"] == 2
+    t1 = torch.randn(5, 8, device="accel:1")
+    torch.testing.assert_close(f(t1).cpu(), (t1.cpu().sigmoid() * 2).sum(-1))
+    assert counters["stats"]["unique_graphs"] <= 3  # another device: at most one more
+
+
+@pytest.mark.parametrize(
+    ("name", "fn"),
+    [
+        ("gather", lambda x, i: x.gather(1, i) * 2),
+        ("scatter_add", lambda x, i: torch.zeros_like(x).scatter_add(1, i, x.exp())),
+        ("index_select", lambda x, i: x.index_select(0, i[:, 0]).relu()),
+        ("index_put_accumulate", lambda x, i: x.index_put((i[:, 0],), x[:4] + 1, accumulate=True)),
+        ("masked_fill_where", lambda x, i: x.masked_fill(x > 0, 0.5) + torch.where(x < 0, x, 1)),
+        ("embedding", lambda x, i: torch.nn.functional.embedding(i, x).sum(1)),
+        ("strided_slices", lambda x, i: x[1::3, 2:7].flip(0) * 3),
+    ],
+)
+def test_indexing_matches_eager(name: str, fn) -> None:
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(16, 8, generator=g)
+    i = torch.randint(0, 8, (4, 8), generator=g)
+    got = torch.compile(fn)(x.to(ACCEL), i.to(ACCEL))
+    assert got.device.type == "accel"
+    torch.testing.assert_close(got.cpu(), fn(x, i), atol=1e-5, rtol=1e-5)
+
+
+def test_accel_kernels_are_vectorized_like_the_cpus() -> None:
+    # Inductor answers "triton" for accel's backend unless accel's scheduling says "cpp" while
+    # it generates code: the vectorized kernel of an embedding then failed (indirect_assert).
+    from torch._inductor.utils import run_and_get_code
+
+    def f(w: torch.Tensor, i: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.embedding(i, w).sigmoid() * 2 + 1
+
+    w, i = torch.randn(64, 256), torch.randint(0, 64, (32, 16))
+    codes = {}
+    for device in ("cpu", "accel"):
+        torch._dynamo.reset()
+        got, (codes[device],) = run_and_get_code(torch.compile(f), w.to(device), i.to(device))
+        torch.testing.assert_close(got.cpu(), f(w, i))
+    assert ("Vectorized" in codes["accel"]) == ("Vectorized" in codes["cpu"])
