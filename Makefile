@@ -3,6 +3,8 @@
 #   make demo      set up .venv, install torch and the package, run the quickstart (a small
 #                  transformer trained on accel and checked against the CPU)
 #   make test      set up, then run every test suite (C++ GoogleTest via ctest, then pytest)
+#   make test-compile
+#                  set up, then torch.compile's suite alone (make test runs it once)
 #   make install   set up and build only
 #   make sanitize  build the runtime tests with ASan+UBSan and with TSan and run them
 #   make bench     set up, then run the benchmarks (tables on stdout, JSON in benchmarks/results)
@@ -37,12 +39,12 @@ REQUIREMENTS := requirements-dev.txt
 DEPS_STAMP := $(VENV)/.deps-$(shell sha1sum $(REQUIREMENTS) | cut -c1-12)
 
 .PHONY: demo test install sanitize bench opinfo opinfo-sweep pytorch-suites system-deps deps test-cpp \
-        test-python build-cpp clean
+        test-python test-compile build-cpp clean
 
 demo: install
 	$(PY) examples/transformer_lm.py
 
-test: test-cpp test-python
+test: test-cpp test-python test-compile
 
 install: system-deps deps
 	$(PIP) install -q --no-build-isolation --no-deps -e .
@@ -83,15 +85,20 @@ test-cpp: build-cpp
 
 # The Python suites run as configured by default, then with launch blocking, then with device
 # memory protected (a stray host access to device memory crashes there instead of passing).
-# torch.compile's suite (about a minute even with Inductor's caches warm) skips the
-# launch-blocking run: compiled kernels are stream tasks like any other there.
+# torch.compile's suite is test-compile's.
 test-python: install
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
-	$(PY) -m pytest -q test
+	$(PY) -m pytest -q --ignore=test/test_compile.py test
 	ACCEL_LAUNCH_BLOCKING=1 $(PY) -m pytest -q -p no:cacheprovider --ignore=test/test_compile.py test
-	ACCEL_PROTECT_DEVICE_MEMORY=1 $(PY) -m pytest -q -p no:cacheprovider test
+	ACCEL_PROTECT_DEVICE_MEMORY=1 $(PY) -m pytest -q -p no:cacheprovider --ignore=test/test_compile.py test
 	$(MAKE) --no-print-directory opinfo-sweep
+
+# torch.compile's suite, once, in the default configuration (compiled kernels are stream tasks
+# like any other: the other configurations add little to what test-python covers). Inductor's
+# caches (TORCHINDUCTOR_CACHE_DIR, /tmp/torchinductor_$USER by default) serve later runs.
+test-compile: install
+	$(PY) -m pytest -q -p no:cacheprovider test/test_compile.py
 
 sanitize: system-deps deps
 	for san in address thread; do \
