@@ -110,6 +110,24 @@ void init_inductor_bindings(py::module_& m) {
   m.def(
       "_serial_numel", [](const std::string& name) { return aten::serial_numel(name); },
       py::arg("operator"));
+  // Swaps the memory of two accel storages of one size: every tensor on `a`'s storage (views,
+  // autograd's saved copies) then reads `b`'s memory, and the reverse. backend="accel" moves
+  // a captured graph's outputs that are still held to new memory before a replay rewrites them.
+  m.def(
+      "_swap_storage_memory",
+      [](const py::handle& a, const py::handle& b) {
+        c10::StorageImpl* sa = THPVariable_Unpack(a.ptr()).storage().unsafeGetStorageImpl();
+        c10::StorageImpl* sb = THPVariable_Unpack(b.ptr()).storage().unsafeGetStorageImpl();
+        TORCH_CHECK(sa->device() == sb->device() && sa->device().type() == device::kAccel,
+                    "_swap_storage_memory: storages on one accel device expected, got ",
+                    sa->device(), " and ", sb->device());
+        TORCH_CHECK(sa->nbytes() == sb->nbytes(), "_swap_storage_memory: storages of ",
+                    sa->nbytes(), " and ", sb->nbytes(), " bytes");
+        if (sa == sb) return;
+        at::DataPtr from_a = sa->set_data_ptr(c10::DataPtr(nullptr, sa->device()));
+        sa->set_data_ptr_noswap(sb->set_data_ptr(std::move(from_a)));
+      },
+      py::arg("a"), py::arg("b"));
 }
 
 }  // namespace accel::python
