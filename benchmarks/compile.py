@@ -5,10 +5,12 @@
 (b) compiled accel against eager accel on a pointwise-heavy block, bias + GELU + residual +
     layer norm (goal: at least 1.5x);
 (c) one training step of the quickstart model (examples/transformer_lm.py) with
-    backend="accel" against eager accel (goal: at least 2x).
+    backend="accel" against eager accel (goal: at least 2x): model and AdamW step compiled with
+    backend="accel" (the optimizer capturable, as graph capture needs its step counts on the
+    device), against eager model and eager foreach AdamW.
 
-Each side is the best of several repeats, synchronized. Prints a table and writes JSON (default
-benchmarks/results/compile.json).
+Each side is the best of several repeats, synchronized, the two sides timed in alternation.
+Prints a table and writes JSON (default benchmarks/results/compile.json).
 
     python benchmarks/compile.py [--json PATH]
 """
@@ -20,7 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from ratios import best_of, report
+from ratios import interleaved, report
 
 import torch_accel  # noqa: F401
 
@@ -44,19 +46,18 @@ def compiled_vs_cpu() -> tuple[float, float]:
     """Summed times of the compiled functions on accel and on the CPU."""
     accel_total = cpu_total = 0.0
     for fn, shape in functions().values():
+        calls = []
         for device in ("cpu", "accel"):
             x = torch.randn(shape, device=device)
             b = torch.randn(shape[-1], device=device)
             r = torch.randn(shape, device=device)
-            torch._dynamo.reset()
             f = torch.compile(fn)
             for _ in range(3):
                 f(x, b, r)
-            t = best_of(lambda f=f, x=x, b=b, r=r: f(x, b, r), 10, device)
-            if device == "accel":
-                accel_total += t
-            else:
-                cpu_total += t
+            calls.append(lambda f=f, x=x, b=b, r=r: f(x, b, r))
+        cpu, accel = interleaved(*calls, 15)
+        cpu_total += cpu
+        accel_total += accel
     return cpu_total, accel_total
 
 
@@ -68,7 +69,7 @@ def block_vs_eager() -> tuple[float, float]:
     for _ in range(3):
         f(x, b, r)
         block(x, b, r)
-    return best_of(lambda: block(x, b, r), 10, "accel"), best_of(lambda: f(x, b, r), 10, "accel")
+    return interleaved(lambda: block(x, b, r), lambda: f(x, b, r), 15)
 
 
 def train_step() -> tuple[float, float]:
@@ -79,30 +80,29 @@ def train_step() -> tuple[float, float]:
     tokens = torch.randint(0, VOCAB, (BATCH, CONTEXT + 1), device="accel")
     inputs, targets = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
 
-    def make() -> tuple[Callable[[], None], torch.nn.Module]:
+    def make(graphed: bool) -> Callable[[], None]:
         torch.manual_seed(0)
         model = TinyLM().to("accel")
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
-        return model, opt
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True, capturable=graphed)
+        forward, update = model, opt.step
+        if graphed:
+            forward = torch.compile(model, backend="accel")
+            update = torch.compile(opt.step, backend="accel")
 
-    eager_model, eager_opt = make()
-    graphed_model, graphed_opt = make()
+        def step() -> None:
+            opt.zero_grad(set_to_none=False)
+            logits = forward(inputs)
+            torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten()).backward()
+            update()
+
+        return step
+
     torch._dynamo.reset()
-    compiled = torch.compile(graphed_model, backend="accel")
-
-    def step(m: Callable[..., torch.Tensor], opt: torch.optim.Optimizer) -> None:
-        opt.zero_grad(set_to_none=False)
-        logits = m(inputs)
-        torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten()).backward()
-        opt.step()
-
+    eager, graphed = make(False), make(True)
     for _ in range(4):
-        step(eager_model, eager_opt)
-        step(compiled, graphed_opt)
-    return (
-        best_of(lambda: step(eager_model, eager_opt), 10, "accel"),
-        best_of(lambda: step(compiled, graphed_opt), 10, "accel"),
-    )
+        eager()
+        graphed()
+    return interleaved(eager, graphed, 15)
 
 
 def main() -> int:

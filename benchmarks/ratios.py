@@ -26,6 +26,18 @@ def best_of(fn: Callable[[], object], repeats: int, device: str = "accel") -> fl
     return min(times)
 
 
+def interleaved(
+    first: Callable[[], object], second: Callable[[], object], rounds: int, device: str = "accel"
+) -> tuple[float, float]:
+    """The shortest timed call of each of two functions, timed in alternation (``rounds`` calls
+    each), so that a machine whose speed drifts (shared cores) slows both alike."""
+    a, b = [], []
+    for _ in range(rounds):
+        a.append(best_of(first, 1, device))
+        b.append(best_of(second, 1, device))
+    return min(a), min(b)
+
+
 def report(
     description: str,
     default_json: Path,
