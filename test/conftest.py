@@ -1,8 +1,9 @@
 """Shared pytest set-up for the accel test suites.
 
 Every test process starts from the default runtime configuration: ACCEL_* variables are removed,
-except the two debug modes the whole suite is also run under (make test-python runs it with
-ACCEL_LAUNCH_BLOCKING=1 and with ACCEL_PROTECT_DEVICE_MEMORY=1 too). The CPU fallback is silent
+except the driver choice (ACCEL_DRIVER, ACCEL_DRIVER_PATH: the suites run on whichever driver is
+asked for) and the two debug modes the whole suite is also run under (make test-python runs it
+with ACCEL_LAUNCH_BLOCKING=1 and with ACCEL_PROTECT_DEVICE_MEMORY=1 too). The CPU fallback is silent
 unless a test asks otherwise (tests that check warnings set the mode).
 """
 
@@ -15,7 +16,12 @@ from collections.abc import Iterator
 
 import pytest
 
-_KEPT = ("ACCEL_LAUNCH_BLOCKING", "ACCEL_PROTECT_DEVICE_MEMORY")
+_KEPT = (
+    "ACCEL_DRIVER",
+    "ACCEL_DRIVER_PATH",
+    "ACCEL_LAUNCH_BLOCKING",
+    "ACCEL_PROTECT_DEVICE_MEMORY",
+)
 for _name in [n for n in os.environ if n.startswith("ACCEL_") and n not in _KEPT]:
     del os.environ[_name]
 

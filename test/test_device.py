@@ -49,16 +49,21 @@ def test_device_type_is_renamed_and_methods_are_generated():
 
 def test_device_count_properties_and_capability():
     assert torch.accel.is_available()
-    assert torch.accel.device_count() == 2
-    props = torch.accel.get_device_properties(1)
-    assert props.name == "accel host device 1" == torch.accel.get_device_name(1)
-    assert props.total_memory == 4 << 30
+    n = torch.accel.device_count()
+    assert n >= 1
+    props = torch.accel.get_device_properties(n - 1)
+    assert props.name == torch.accel.get_device_name(n - 1)
     assert props.multi_processor_count >= 1
-    assert props.driver == "host"
-    assert torch.accel.get_device_capability(0) == (props.major, props.minor) == (1, 0)
-    assert "accel host device 1" in repr(props)
-    with pytest.raises(RuntimeError, match="invalid device index 2"):
-        torch.accel.get_device_properties(2)
+    assert props.driver == torch_accel.driver()
+    assert torch.accel.get_device_capability(n - 1) == (props.major, props.minor)
+    assert props.name in repr(props)
+    if props.driver == "host":  # the host driver's defaults
+        assert n == 2
+        assert props.name == "accel host device 1"
+        assert props.total_memory == 4 << 30
+        assert (props.major, props.minor) == (1, 0)
+    with pytest.raises(RuntimeError, match=f"invalid device index {n}"):
+        torch.accel.get_device_properties(n)
     with pytest.raises(RuntimeError, match="invalid device index -1"):
         torch.accel.get_device_properties(-1)  # torch.cuda refuses negative indices too
     assert torch.accel.get_device_properties(None) == torch.accel.get_device_properties(0)

@@ -20,17 +20,35 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_import_reports_version_and_devices():
     assert torch_accel.__version__ == torch_accel.runtime_version() == "0.1.0"
-    assert torch_accel.device_count() == 2
     assert torch_accel.is_available()
-    assert torch_accel.driver() == "host"
     assert torch_accel.init_error() == ""
-    props = torch_accel.get_device_properties(1)
-    assert props["name"] == "accel host device 1"
-    assert props["total_memory"] == 4 << 30
-    assert props["driver"] == "host"
+    driver = torch_accel.driver()
+    assert torch_accel.driver_selection()[-1] == (driver, "selected")
+    props = torch_accel.get_device_properties(torch_accel.device_count() - 1)
+    assert props["driver"] == driver
     assert props["compute_units"] >= 1
     free, total = _C.mem_get_info(0)
-    assert total == 4 << 30 and 0 <= free <= total
+    assert total == props["total_memory"] and 0 <= free <= total
+    if driver == "host":  # the host driver's defaults
+        assert torch_accel.device_count() == 2
+        assert props["name"] == "accel host device 1"
+        assert total == 4 << 30
+
+
+def test_driver_selection_says_why_each_driver_was_skipped(run_python):
+    code = "import torch_accel; print(torch_accel.driver_selection())"
+    lib = ROOT / "torch_accel" / "lib"
+    r = run_python(code, ACCEL_DRIVER="auto")
+    assert r.returncode == 0, r.stderr
+    selection = eval(r.stdout)  # noqa: S307 - a list of tuples of strings printed above
+    for name, outcome in selection[:-1]:
+        assert name in ("cuda", "level_zero") and outcome.startswith("skipped: ")
+        if not (lib / f"libaccel_driver_{name}.so").exists():
+            assert "does not exist (this build has no " in outcome
+    assert selection[-1][1] == "selected"
+    assert selection[-1][0] in ("cuda", "level_zero", "host")
+    r = run_python(code, ACCEL_DRIVER="host")
+    assert r.stdout.strip() == "[('host', 'selected')]"
 
 
 def test_device_buffer_round_trip_on_two_streams_with_timing():

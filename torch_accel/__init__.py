@@ -75,6 +75,7 @@ __all__ = [
     "__version__",
     "device_count",
     "driver",
+    "driver_selection",
     "get_device_properties",
     "init_error",
     "is_available",
@@ -105,6 +106,13 @@ def init_error() -> str:
 def driver() -> str:
     """The driver running the devices: ``"host"``, ``"cuda"`` or ``"level_zero"``."""
     return _C.driver_name()
+
+
+def driver_selection() -> list[tuple[str, str]]:
+    """The drivers the runtime considered when it started, in order, each with ``"selected"``
+    or ``"skipped: <why>"``: with ``ACCEL_DRIVER=auto``, why the cuda and Level Zero drivers
+    were not used (no library in this build, no device, the driver's own error)."""
+    return _C.driver_selection()
 
 
 def get_device_properties(device: int | None = None) -> dict[str, object]:

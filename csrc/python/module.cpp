@@ -314,6 +314,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("in_bad_fork", &rt::in_bad_fork);
   m.def("init", &rt::init);
   m.def("driver_name", [] { return std::string(rt::driver_name()); });
+  m.def("driver_selection", [] { return rt::driver_selection(); });
   m.def("launch_blocking", &rt::launch_blocking);
   m.def("set_device", &rt::set_device, py::arg("device"));
   m.def("get_device", &rt::get_device);

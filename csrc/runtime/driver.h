@@ -173,6 +173,10 @@ struct HostDriverOptions {
   // packing small (Inductor's own C++ backend flushes at 500 arguments).
   int max_kernel_args = 256;
   int max_kernel_buffers = 64;
+
+  // ACCEL_HOST_DEVICES, ACCEL_HOST_MEMORY, ACCEL_LAUNCH_BLOCKING, ACCEL_PROTECT_DEVICE_MEMORY,
+  // ACCEL_MAX_KERNEL_ARGS and ACCEL_MAX_KERNEL_BUFFERS (InitError naming a malformed one).
+  ACCEL_RT_API static HostDriverOptions from_env();
 };
 ACCEL_RT_API std::unique_ptr<Driver> make_host_driver(const HostDriverOptions& options);
 

@@ -9,6 +9,7 @@
 #include <string>
 #include <thread>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "runtime/driver.h"
@@ -22,16 +23,11 @@ class HostCachingAllocator;
 struct Config {
   std::string driver = "auto";
   std::string driver_path;  // where libaccel_driver_<name>.so live; default: next to the runtime
-  int host_devices = 2;
-  uint64_t host_memory = uint64_t{4} << 30;
   bool launch_blocking = false;
-  bool protect_device_memory = false;
-  int max_kernel_args = 256;    // ACCEL_MAX_KERNEL_ARGS (host driver)
-  int max_kernel_buffers = 64;  // ACCEL_MAX_KERNEL_BUFFERS (host driver)
-  // Throws InitError naming the variable when a value is malformed.
+  // Throws InitError naming the variable when a value is malformed. Drivers read their own
+  // settings (HostDriverOptions::from_env).
   static Config from_env();
 };
-uint64_t parse_size(const std::string& text, const char* variable);
 
 // A fixed-capacity table of objects that are never freed while the runtime lives, addressed by
 // slot. Objects carry a generation so stale handles are detected; slots are recycled.
@@ -208,6 +204,8 @@ class Runtime {
 
   Config config;
   Driver* driver = nullptr;
+  // The drivers the runtime considered, in order: (name, "selected" or "skipped: <why>").
+  std::vector<std::pair<std::string, std::string>> driver_selection;
   int num_devices = 0;
   std::pair<int, int> priority_range{0, 0};
   std::vector<std::unique_ptr<DeviceState>> devices;

@@ -91,27 +91,32 @@ thread_local int t_device = 0;
 
 void Runtime::start() {
   config = Config::from_env();
-  HostDriverOptions host;
-  host.devices = config.host_devices;
-  host.memory_per_device = config.host_memory;
-  host.protect_device_memory = config.protect_device_memory;
-  host.launch_blocking = config.launch_blocking;
-  host.max_kernel_args = config.max_kernel_args;
-  host.max_kernel_buffers = config.max_kernel_buffers;
-
+  const auto start_host = [this] {
+    owned_driver_ = make_host_driver(HostDriverOptions::from_env());
+    driver_selection.emplace_back("host", "selected");
+  };
   if (config.driver == "host") {
-    owned_driver_ = make_host_driver(host);
+    start_host();
   } else if (config.driver == "auto") {
+    // The first driver with a device, else the host driver; each skipped driver keeps why.
     for (const char* name : {"cuda", "level_zero"}) {
       std::string why;
-      Driver* d = load_plugin(config, name, &plugin_, why);
+      void* handle = nullptr;
+      Driver* d = load_plugin(config, name, &handle, why);
       if (d != nullptr && d->device_count() > 0) {
         owned_driver_.reset(d);
+        plugin_ = handle;
+        driver_selection.emplace_back(name, "selected");
         break;
       }
-      delete d;
+      if (d != nullptr) {
+        why = "no device";
+        delete d;  // made by the plugin: the C table of issue 11 moves destruction into it
+        ::dlclose(handle);
+      }
+      driver_selection.emplace_back(name, "skipped: " + why);
     }
-    if (!owned_driver_) owned_driver_ = make_host_driver(host);
+    if (!owned_driver_) start_host();
   } else {
     std::string why;
     Driver* d = load_plugin(config, config.driver, &plugin_, why);
@@ -119,6 +124,7 @@ void Runtime::start() {
                    " driver cannot be used: ", why,
                    ". Use ACCEL_DRIVER=host (always available) or auto");
     owned_driver_.reset(d);
+    driver_selection.emplace_back(config.driver, "selected");
   }
   driver = owned_driver_.get();
   num_devices = driver->device_count();
@@ -287,6 +293,9 @@ int device_count() {
 }
 const char* driver_name() {
   return Runtime::get().driver->name().data();
+}
+std::vector<std::pair<std::string, std::string>> driver_selection() {
+  return Runtime::get().driver_selection;
 }
 bool launch_blocking() {
   return Runtime::get().config.launch_blocking;

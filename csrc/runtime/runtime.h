@@ -31,6 +31,9 @@ ACCEL_RT_API std::string init_error() noexcept;
 ACCEL_RT_API bool in_bad_fork() noexcept;
 ACCEL_RT_API int device_count();
 ACCEL_RT_API const char* driver_name();
+// The drivers considered at start, in order: (name, "selected" or "skipped: <why>"); with
+// ACCEL_DRIVER=auto, why each driver before the selected one was not used.
+ACCEL_RT_API std::vector<std::pair<std::string, std::string>> driver_selection();
 ACCEL_RT_API bool launch_blocking();
 ACCEL_RT_API void set_device(int device);
 ACCEL_RT_API int get_device();

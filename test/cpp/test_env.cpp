@@ -48,12 +48,30 @@ TEST(InitFailure, ReportsTheCauseEveryTime) {
 TEST(Plugin, LoadsADriverLibraryByName) {
   if (env("ACCEL_DRIVER") != "testdrv") GTEST_SKIP() << "runs with ACCEL_DRIVER=testdrv";
   EXPECT_STREQ(driver_name(), "testdrv");
+  EXPECT_EQ(driver_selection(),
+            (std::vector<std::pair<std::string, std::string>>{{"testdrv", "selected"}}));
   EXPECT_EQ(device_count(), 1);
   EXPECT_EQ(get_device_properties(0).driver, "testdrv");
   std::vector<float> host = {1.f, 2.f, 3.f};
   float* dev = testing::upload(host);
   EXPECT_EQ(testing::download(dev, 3), host);
   free(dev);
+}
+
+TEST(DriverSelection, AutoKeepsWhyEachDriverWasSkipped) {
+  if (env("ACCEL_DRIVER") != "auto" || env("ACCEL_DRIVER_PATH").empty()) {
+    GTEST_SKIP() << "runs with ACCEL_DRIVER=auto and a refusing cuda driver in ACCEL_DRIVER_PATH";
+  }
+  EXPECT_STREQ(driver_name(), "host");
+  const auto selection = driver_selection();
+  ASSERT_EQ(selection.size(), 3u);
+  EXPECT_EQ(selection[0].first, "cuda");
+  EXPECT_EQ(selection[0].second, "skipped: no test device is present on this machine");
+  EXPECT_EQ(selection[1].first, "level_zero");
+  EXPECT_NE(selection[1].second.find("libaccel_driver_level_zero.so does not exist"),
+            std::string::npos)
+      << selection[1].second;
+  EXPECT_EQ(selection[2], (std::pair<std::string, std::string>{"host", "selected"}));
 }
 
 }  // namespace
