@@ -70,6 +70,15 @@ std::string capture_error_from_thread(F&& f) {
 #define EXPECT_RT_ERROR(stmt, Type, needle) \
   ::accel::rt::testing::expect_throw<::accel::rt::Type>([&] { stmt; }, needle, __FILE__, __LINE__)
 
+// Tests of what only the host driver allows (a host task calling back into the runtime, which
+// CUDA forbids in host callbacks) skip on other drivers.
+#define SKIP_UNLESS_HOST_DRIVER()                                                             \
+  do {                                                                                        \
+    if (std::string(::accel::rt::driver_name()) != "host") {                                  \
+      GTEST_SKIP() << "host driver behaviour (CUDA forbids runtime calls in host callbacks)"; \
+    }                                                                                         \
+  } while (0)
+
 // Tests that need streams to run asynchronously skip under ACCEL_LAUNCH_BLOCKING=1.
 #define SKIP_IF_LAUNCH_BLOCKING()                                              \
   do {                                                                         \
