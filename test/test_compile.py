@@ -574,3 +574,22 @@ def test_accel_kernels_are_vectorized_like_the_cpus() -> None:
         got, (codes[device],) = run_and_get_code(torch.compile(f), w.to(device), i.to(device))
         torch.testing.assert_close(got.cpu(), f(w, i))
     assert ("Vectorized" in codes["accel"]) == ("Vectorized" in codes["cpu"])
+
+
+def test_inductor_writes_accel_device_guards_and_streams() -> None:
+    from torch._inductor.codegen.common import get_device_op_overrides
+
+    torch.compile(lambda t: t + 1)(torch.ones(2, device=ACCEL))  # registers accel with Inductor
+    ops = get_device_op_overrides("accel")
+    assert type(ops).__name__ == "AccelDeviceOpOverrides"  # not the CPU's no-op guard
+    namespace: dict[str, object] = {"torch": torch}
+    exec(ops.import_get_raw_stream_as("get_raw_stream"), namespace)  # noqa: S102
+    side = torch.accel.Stream(device=1)
+    with eval(ops.device_guard(1), namespace):  # noqa: S307
+        assert torch.accel.current_device() == 1
+        with torch.accel.stream(side):
+            assert namespace["get_raw_stream"](1) == side.stream_id
+    assert torch.accel.current_device() == 0
+    exec(ops.set_device(1) + "\n" + ops.synchronize(), namespace)  # noqa: S102
+    assert torch.accel.current_device() == 1
+    torch.accel.set_device(0)

@@ -10,6 +10,8 @@ accel compile), so that importing torch_accel stays cheap:
   identity keys the caches;
 - ``register_interface_for_device`` for ``accel`` and ``accel:N`` (reductions and streams need
   it);
+- ``register_device_op_overrides("accel", ...)``: the wrapper's device guard, set_device,
+  synchronize and raw-stream snippets (device_ops.py);
 - the operators accel keeps whole (decompositions.py: ``native_layer_norm``).
 
 Everything goes through PyTorch's registration functions; nothing of torch is patched.
@@ -32,9 +34,13 @@ def register() -> None:
         if _registered:
             return
         from torch._dynamo.device_interface import register_interface_for_device
-        from torch._inductor.codegen.common import register_backend_for_device
+        from torch._inductor.codegen.common import (
+            register_backend_for_device,
+            register_device_op_overrides,
+        )
 
         from torch_accel._inductor import decompositions
+        from torch_accel._inductor.device_ops import AccelDeviceOpOverrides
         from torch_accel._inductor.interface import AccelInterface
         from torch_accel._inductor.passes import AccelPostGradPass
         from torch_accel._inductor.scheduling import AccelCppScheduling
@@ -43,6 +49,7 @@ def register() -> None:
         register_backend_for_device(
             "accel", AccelCppScheduling, AccelWrapper, device_custom_pass=AccelPostGradPass()
         )
+        register_device_op_overrides("accel", AccelDeviceOpOverrides())
         decompositions.apply()
         register_interface_for_device("accel", AccelInterface)
         for i in range(torch.accel.device_count()):  # type: ignore[attr-defined]

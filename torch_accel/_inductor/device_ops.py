@@ -1,0 +1,33 @@
+"""The code snippets Inductor's wrapper writes for accel devices (``DeviceOpOverrides``).
+
+Registered with ``register_device_op_overrides("accel", ...)``; without it Inductor falls back
+to the CPU's snippets, whose device guard does nothing (a graph on ``accel:1`` would allocate
+and launch on the current device). The C++ wrapper and AOTInductor snippets (``cpp_*``) are not
+provided: both are unsupported on accel (see the README).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch._inductor.codegen.common import DeviceOpOverrides
+
+
+def raw_stream(device_index: int) -> int:
+    """The current accel stream of ``device_index`` as an integer, for generated code that passes
+    streams to kernels (the stream's id on the host driver; the cuda driver will hand out its
+    ``cudaStream_t``)."""
+    return torch.accel.current_stream(device_index).stream_id  # type: ignore[attr-defined]
+
+
+class AccelDeviceOpOverrides(DeviceOpOverrides):
+    def import_get_raw_stream_as(self, name: str) -> str:
+        return f"from torch_accel._inductor.device_ops import raw_stream as {name}"
+
+    def set_device(self, device_idx: int) -> str:
+        return f"torch.accel.set_device({device_idx})"
+
+    def synchronize(self) -> str:
+        return "torch.accel.synchronize()"
+
+    def device_guard(self, device_idx: int) -> str:
+        return f"torch.accel.device({device_idx})"
