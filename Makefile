@@ -5,6 +5,7 @@
 #   make test      set up, then run every test suite (C++ GoogleTest via ctest, then pytest)
 #   make test-compile
 #                  set up, then torch.compile's suite alone (make test runs it once)
+#   make test-cuda set up, then every suite on the cuda driver (skips, saying why, without one)
 #   make install   set up and build only
 #   make sanitize  build the runtime tests with ASan+UBSan and with TSan and run them
 #   make bench     set up, then run the benchmarks (tables on stdout, JSON in benchmarks/results)
@@ -39,7 +40,7 @@ REQUIREMENTS := requirements-dev.txt
 DEPS_STAMP := $(VENV)/.deps-$(shell sha1sum $(REQUIREMENTS) | cut -c1-12)
 
 .PHONY: demo test install sanitize bench opinfo opinfo-sweep pytorch-suites system-deps deps test-cpp \
-        test-python test-compile build-cpp clean
+        test-python test-compile test-cuda build-cpp clean
 
 demo: install
 	$(PY) examples/transformer_lm.py
@@ -99,6 +100,15 @@ test-python: install
 # caches (TORCHINDUCTOR_CACHE_DIR, /tmp/torchinductor_$USER by default) serve later runs.
 test-compile: install
 	$(PY) -m pytest -q -p no:cacheprovider test/test_compile.py
+
+# Every suite on the cuda driver (ACCEL_DRIVER=cuda) where this build has one and a GPU is
+# present; elsewhere it says why it skipped (the runtime's reason) and succeeds.
+test-cuda: install build-cpp
+	@why=$$(ACCEL_DRIVER=cuda $(PY) -c "import torch_accel as t; print('' if t.is_available() else t.init_error())"); \
+	if [ -n "$$why" ]; then echo "make test-cuda: skipped: $$why"; exit 0; fi; \
+	ACCEL_DRIVER=cuda $(BUILD_DIR)/test/cpp/runtime_tests --gtest_brief=1 \
+	  --gtest_filter=-EnvConfig.*:InitFailure.*:Plugin.*:DriverSelection.*; \
+	ACCEL_DRIVER=cuda $(PY) -m pytest -q -p no:cacheprovider test
 
 sanitize: system-deps deps
 	for san in address thread; do \

@@ -60,6 +60,17 @@ def test_generic_torch_stream_and_priorities():
     assert s.query()
 
 
+def test_streams_have_native_handles():
+    # The driver's handle (cudaStream_t on the cuda driver), what Inductor and NCCL are given.
+    a, b = torch.accel.Stream(), torch.accel.Stream()
+    handles = {s.native_handle for s in (a, b, torch.accel.default_stream(0))}
+    assert len(handles) == 3 and 0 not in handles
+    assert a.native_handle == a.native_handle
+    with torch.accel.stream(a):
+        assert torch.accel.current_stream().native_handle == a.native_handle
+    assert torch.accel.default_stream(1).native_handle not in handles
+
+
 def test_wait_stream_orders_work_between_streams():
     producer, consumer = torch.accel.Stream(), torch.accel.Stream()
     base = torch.arange(100_000, dtype=torch.float32)

@@ -55,6 +55,10 @@ class AccelGuardImpl final : public c10::impl::DeviceGuardImplInterface {
     });
   }
 
+  void* getStreamNativeHandle(const c10::Stream s) const override {
+    return call([&] { return rt::stream_native_handle(to_rt(s)); });
+  }
+
   c10::Stream exchangeStream(c10::Stream s) const override {
     return call([&] {
       const rt::Stream previous = rt::current_stream(s.device_index());

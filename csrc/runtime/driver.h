@@ -80,6 +80,13 @@ class ACCEL_RT_API Driver {
   // Waits for the stream's work, then releases it.
   // CUDA: cudaStreamSynchronize + cudaStreamDestroy.  L0: zeCommandListHostSynchronize + Destroy.
   virtual void stream_destroy(DriverStream stream) = 0;
+  // The vendor's handle of the stream, for libraries that take one (torch.Stream.native_handle,
+  // Inductor's raw stream, NCCL); nullptr: the driver has none (the runtime then says so).
+  // CUDA: the cudaStream_t.  L0: the ze_command_list_handle_t.  Host: the driver's stream object.
+  virtual void* stream_native_handle(DriverStream stream) {
+    (void)stream;
+    return nullptr;
+  }
   // Runs `task` on the host in stream order.
   // CUDA: cudaLaunchHostFunc.
   // L0: no host-function command: append a signal of an event that a runtime thread waits on

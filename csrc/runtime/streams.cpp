@@ -149,6 +149,15 @@ void stream_check(Stream stream) {
   Runtime::get().stream(stream, "stream_check");
 }
 
+void* stream_native_handle(Stream stream) {
+  Runtime& rt = Runtime::get();
+  StreamObj& s = rt.stream(stream, "stream_native_handle");
+  void* handle = rt.driver->stream_native_handle(s.ds);
+  ACCEL_RT_CHECK(handle != nullptr, NotSupportedError, "stream_native_handle: the ",
+                 rt.driver->name(), " driver has no native stream handle");
+  return handle;
+}
+
 void launch_host_func(Stream stream, Task task, const char* label) {
   Runtime& rt = Runtime::get();
   ACCEL_RT_CHECK(static_cast<bool>(task), InvalidValueError, "launch_host_func: empty task");

@@ -23,6 +23,19 @@ TEST(Stream, DefaultStreamHasIdZeroPerDevice) {
   EXPECT_EQ(current_stream(0), default_stream(0));
 }
 
+TEST(Stream, NativeHandlesAreTheDriversOwn) {
+  Stream a = stream_create();
+  Stream b = stream_create();
+  void* ha = stream_native_handle(a);
+  EXPECT_NE(ha, nullptr);
+  EXPECT_EQ(stream_native_handle(a), ha);
+  EXPECT_NE(stream_native_handle(b), ha);
+  EXPECT_NE(stream_native_handle(default_stream(0)), ha);
+  stream_destroy(a);
+  stream_destroy(b);
+  EXPECT_RT_ERROR(stream_native_handle(a), InvalidHandleError, "stream_native_handle");
+}
+
 TEST(Stream, TasksRunInSubmissionOrder) {
   Stream s = stream_create();
   std::vector<int> order;

@@ -13,10 +13,10 @@ from torch._inductor.codegen.common import DeviceOpOverrides
 
 
 def raw_stream(device_index: int) -> int:
-    """The current accel stream of ``device_index`` as an integer, for generated code that passes
-    streams to kernels (the stream's id on the host driver; the cuda driver will hand out its
-    ``cudaStream_t``)."""
-    return torch.accel.current_stream(device_index).stream_id  # type: ignore[attr-defined]
+    """The driver's handle of the current accel stream of ``device_index``, for generated code
+    that passes streams to kernels (``torch.Stream.native_handle``: the ``cudaStream_t`` on the
+    cuda driver, the driver's stream object on the host driver)."""
+    return torch.accel.current_stream(device_index).native_handle  # type: ignore[attr-defined]
 
 
 class AccelDeviceOpOverrides(DeviceOpOverrides):

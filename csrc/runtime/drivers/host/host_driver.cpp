@@ -209,6 +209,8 @@ class HostDriver final : public Driver {
     return reinterpret_cast<DriverStream>(s.get());
   }
 
+  void* stream_native_handle(DriverStream stream) override { return as_stream(stream); }
+
   void stream_destroy(DriverStream stream) override {
     HostStream* s = as_stream(stream);
     s->synchronize();
