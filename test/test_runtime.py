@@ -29,7 +29,16 @@ def test_import_reports_version_and_devices():
     assert props["compute_units"] >= 1
     free, total = _C.mem_get_info(0)
     assert total == props["total_memory"] and 0 <= free <= total
+    caps = torch_accel.driver_capabilities()
+    assert set(caps) == {
+        "graphs",
+        "host_functions",
+        "timing_events",
+        "host_accessible_memory",
+        "native_handles",
+    }
     if driver == "host":  # the host driver's defaults
+        assert all(caps.values())
         assert torch_accel.device_count() == 2
         assert props["name"] == "accel host device 1"
         assert total == 4 << 30

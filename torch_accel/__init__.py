@@ -75,6 +75,7 @@ __all__ = [
     "__version__",
     "device_count",
     "driver",
+    "driver_capabilities",
     "driver_selection",
     "get_device_properties",
     "init_error",
@@ -106,6 +107,13 @@ def init_error() -> str:
 def driver() -> str:
     """The driver running the devices: ``"host"``, ``"cuda"`` or ``"level_zero"``."""
     return _C.driver_name()
+
+
+def driver_capabilities() -> dict[str, bool]:
+    """What the driver can do: ``graphs``, ``host_functions``, ``timing_events``,
+    ``host_accessible_memory``, ``native_handles``. The runtime refuses what it cannot with an
+    error naming the driver."""
+    return _C.driver_capabilities()
 
 
 def driver_selection() -> list[tuple[str, str]]:

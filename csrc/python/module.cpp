@@ -315,6 +315,16 @@ PYBIND11_MODULE(_C, m) {
   m.def("init", &rt::init);
   m.def("driver_name", [] { return std::string(rt::driver_name()); });
   m.def("driver_selection", [] { return rt::driver_selection(); });
+  m.def("driver_capabilities", [] {
+    const rt::DriverCapabilities c = rt::driver_capabilities();
+    py::dict d;
+    d["graphs"] = c.graphs;
+    d["host_functions"] = c.host_functions;
+    d["timing_events"] = c.timing_events;
+    d["host_accessible_memory"] = c.host_accessible_memory;
+    d["native_handles"] = c.native_handles;
+    return d;
+  });
   m.def("launch_blocking", &rt::launch_blocking);
   m.def("set_device", &rt::set_device, py::arg("device"));
   m.def("get_device", &rt::get_device);

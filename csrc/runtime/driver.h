@@ -52,9 +52,7 @@ class ACCEL_RT_API Driver {
   virtual void set_device(int device) = 0;
   // CUDA: cudaMemGetInfo.                L0: zesMemoryGetState, or total minus the driver's count.
   virtual MemoryInfo mem_get_info(int device) = 0;
-  // True when device memory is ordinary host memory (the host driver): the CPU may touch it
-  // inside host_access_begin/end.
-  virtual bool host_accessible_memory() const { return false; }
+  virtual DriverCapabilities capabilities() const { return {}; }
 
   // --- raw memory -----------------------------------------------------------------------
   // CUDA: cudaMalloc / cudaFree.         L0: zeMemAllocDevice / zeMemFree.
@@ -180,6 +178,9 @@ struct HostDriverOptions {
   // packing small (Inductor's own C++ backend flushes at 500 arguments).
   int max_kernel_args = 256;
   int max_kernel_buffers = 64;
+  // What the driver reports it can do (and then refuses, through the runtime, what it leaves
+  // out: tests use this to stand in for drivers without graphs or timing).
+  DriverCapabilities capabilities{true, true, true, true, true};
 
   // ACCEL_HOST_DEVICES, ACCEL_HOST_MEMORY, ACCEL_LAUNCH_BLOCKING, ACCEL_PROTECT_DEVICE_MEMORY,
   // ACCEL_MAX_KERNEL_ARGS and ACCEL_MAX_KERNEL_BUFFERS (InitError naming a malformed one).

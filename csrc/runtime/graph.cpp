@@ -94,6 +94,8 @@ void graph_destroy(Graph graph) {
 
 void graph_capture_begin(Graph graph, Stream stream, PoolId pool, CaptureMode mode) {
   Runtime& rt = Runtime::get();
+  ACCEL_RT_CHECK(rt.capabilities.graphs, NotSupportedError, "graph_capture_begin: the ",
+                 rt.driver->name(), " driver cannot capture streams into graphs");
   GraphObj& g = rt.graph(graph, "graph_capture_begin");
   StreamObj& s = rt.stream(stream, "graph_capture_begin");
   std::lock_guard<std::mutex> glock(g.m);

@@ -204,6 +204,7 @@ class Runtime {
 
   Config config;
   Driver* driver = nullptr;
+  DriverCapabilities capabilities;  // the driver's, asked once at start
   // The drivers the runtime considered, in order: (name, "selected" or "skipped: <why>").
   std::vector<std::pair<std::string, std::string>> driver_selection;
   int num_devices = 0;

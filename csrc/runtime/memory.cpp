@@ -374,7 +374,7 @@ void memset_async(void* dst, int value, std::size_t size, Stream stream) {
 // --- host access --------------------------------------------------------------------------
 
 bool device_memory_host_accessible() {
-  return Runtime::get().driver->host_accessible_memory();
+  return Runtime::get().capabilities.host_accessible_memory;
 }
 
 HostAccessGuard::HostAccessGuard(const void* ptr, std::size_t size)

@@ -127,6 +127,7 @@ void Runtime::start() {
     driver_selection.emplace_back(config.driver, "selected");
   }
   driver = owned_driver_.get();
+  capabilities = driver->capabilities();
   num_devices = driver->device_count();
   ACCEL_RT_CHECK(num_devices > 0 && num_devices <= kMaxDevices, InitError, "the ", driver->name(),
                  " driver reports ", num_devices, " devices");
@@ -293,6 +294,9 @@ int device_count() {
 }
 const char* driver_name() {
   return Runtime::get().driver->name().data();
+}
+DriverCapabilities driver_capabilities() {
+  return Runtime::get().capabilities;
 }
 std::vector<std::pair<std::string, std::string>> driver_selection() {
   return Runtime::get().driver_selection;

@@ -34,6 +34,9 @@ ACCEL_RT_API const char* driver_name();
 // The drivers considered at start, in order: (name, "selected" or "skipped: <why>"); with
 // ACCEL_DRIVER=auto, why each driver before the selected one was not used.
 ACCEL_RT_API std::vector<std::pair<std::string, std::string>> driver_selection();
+// What the driver can do (graphs, host functions, timing events, host-accessible memory, native
+// handles); the runtime refuses the rest with NotSupportedError.
+ACCEL_RT_API DriverCapabilities driver_capabilities();
 ACCEL_RT_API bool launch_blocking();
 ACCEL_RT_API void set_device(int device);
 ACCEL_RT_API int get_device();

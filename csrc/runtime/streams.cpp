@@ -152,7 +152,7 @@ void stream_check(Stream stream) {
 void* stream_native_handle(Stream stream) {
   Runtime& rt = Runtime::get();
   StreamObj& s = rt.stream(stream, "stream_native_handle");
-  void* handle = rt.driver->stream_native_handle(s.ds);
+  void* handle = rt.capabilities.native_handles ? rt.driver->stream_native_handle(s.ds) : nullptr;
   ACCEL_RT_CHECK(handle != nullptr, NotSupportedError, "stream_native_handle: the ",
                  rt.driver->name(), " driver has no native stream handle");
   return handle;
@@ -161,6 +161,8 @@ void* stream_native_handle(Stream stream) {
 void launch_host_func(Stream stream, Task task, const char* label) {
   Runtime& rt = Runtime::get();
   ACCEL_RT_CHECK(static_cast<bool>(task), InvalidValueError, "launch_host_func: empty task");
+  ACCEL_RT_CHECK(rt.capabilities.host_functions, NotSupportedError, "launch_host_func: the ",
+                 rt.driver->name(), " driver cannot run host functions in stream order");
   StreamObj& s = rt.stream(stream, "launch_host_func");
   rt.driver->launch_host_func(s.ds, std::move(task), label);
 }
@@ -184,6 +186,10 @@ void stream_synchronize(Stream stream) {
 Event event_create(int device, bool enable_timing) {
   Runtime& rt = Runtime::get();
   const int d = rt.resolve_device(device, "event_create");
+  ACCEL_RT_CHECK(!enable_timing || rt.capabilities.timing_events, NotSupportedError,
+                 "event_create: the ", rt.driver->name(),
+                 " driver has no timing events; create "
+                 "the event with enable_timing=False");
   detail::EventObj* obj = rt.events.acquire(
       [&](detail::EventObj& e) {
         // Reuse only an event whose previous records have all completed: it then behaves

@@ -213,4 +213,15 @@ struct MemorySnapshot {
   std::vector<std::vector<TraceEntry>> device_traces;  // per device, oldest first
 };
 
+// What a driver can do beyond moving bytes; the runtime refuses the rest with NotSupportedError
+// naming the driver (a capability query instead of calls every driver must fake).
+struct DriverCapabilities {
+  bool graphs = true;                   // stream capture into graphs, instantiate, launch
+  bool host_functions = true;           // launch_host_func (L0 has no host-function command)
+  bool timing_events = true;            // events created with timing (event_elapsed_ms)
+  bool host_accessible_memory = false;  // device memory is host memory: the CPU may touch it
+                                        // inside host_access_begin/end (the host driver)
+  bool native_handles = false;          // stream_native_handle
+};
+
 }  // namespace accel::rt

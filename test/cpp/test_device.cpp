@@ -10,7 +10,11 @@ namespace {
 TEST(Device, DefaultConfiguration) {
   init();
   EXPECT_TRUE(is_initialized());
+  SKIP_UNLESS_HOST_DRIVER();  // the host driver's defaults
   EXPECT_STREQ(driver_name(), "host");
+  const DriverCapabilities caps = driver_capabilities();
+  EXPECT_TRUE(caps.graphs && caps.host_functions && caps.timing_events &&
+              caps.host_accessible_memory && caps.native_handles);
   // The suite runs with ACCEL_HOST_DEVICES and ACCEL_HOST_MEMORY unset: the defaults apply.
   EXPECT_EQ(device_count(), 2);
   EXPECT_EQ(device_count_noexcept(), 2);

@@ -1,5 +1,6 @@
-// A driver library for the plugin-loading tests: the host driver under another name, or a
-// driver that refuses to start (built with ACCEL_TEST_REFUSE).
+// A driver library for the plugin-loading tests: the host driver under another name, a driver
+// that refuses to start (built with ACCEL_TEST_REFUSE), or one that leaves out capabilities
+// (ACCEL_TEST_LIMITED).
 #include <cstdio>
 
 #include "runtime/driver.h"
@@ -19,6 +20,13 @@ extern "C" __attribute__((visibility("default"))) accel::rt::Driver* accel_drive
   options.name = "testdrv";
   options.devices = 1;
   options.memory_per_device = 256u << 20;
+#ifdef ACCEL_TEST_LIMITED
+  // A driver without graphs, timing events and native handles (what the runtime must refuse).
+  options.name = "limited";
+  options.capabilities.graphs = false;
+  options.capabilities.timing_events = false;
+  options.capabilities.native_handles = false;
+#endif
   return accel::rt::make_host_driver(options).release();
 #endif
 }

@@ -1,5 +1,6 @@
 // Configuration from the environment and start-up failures. Each ctest entry runs these in a
 // fresh process with its own ACCEL_* variables; elsewhere they skip.
+#include <atomic>
 #include <cstdlib>
 
 #include "test_util.h"
@@ -56,6 +57,31 @@ TEST(Plugin, LoadsADriverLibraryByName) {
   float* dev = testing::upload(host);
   EXPECT_EQ(testing::download(dev, 3), host);
   free(dev);
+}
+
+TEST(Capabilities, WhatTheDriverLeavesOutIsRefusedByName) {
+  if (env("ACCEL_DRIVER") != "limited") GTEST_SKIP() << "runs with ACCEL_DRIVER=limited";
+  const DriverCapabilities caps = driver_capabilities();
+  EXPECT_FALSE(caps.graphs);
+  EXPECT_FALSE(caps.timing_events);
+  EXPECT_FALSE(caps.native_handles);
+  EXPECT_TRUE(caps.host_functions);
+  Stream s = stream_create();
+  Graph g = graph_create();
+  EXPECT_RT_ERROR(graph_capture_begin(g, s), NotSupportedError,
+                  "the limited driver cannot capture streams into graphs");
+  EXPECT_RT_ERROR(event_create(0, true), NotSupportedError, "has no timing events");
+  EXPECT_RT_ERROR(stream_native_handle(s), NotSupportedError, "no native stream handle");
+  // What it can do still works.
+  Event e = event_create(0, false);
+  std::atomic<int> ran{0};
+  launch_host_func(s, [&] { ran = 1; });
+  event_record(e, s);
+  event_synchronize(e);
+  EXPECT_EQ(ran.load(), 1);
+  event_destroy(e);
+  graph_destroy(g);
+  stream_destroy(s);
 }
 
 TEST(DriverSelection, AutoKeepsWhyEachDriverWasSkipped) {

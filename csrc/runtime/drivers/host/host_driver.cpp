@@ -150,7 +150,7 @@ class HostDriver final : public Driver {
     return MemoryInfo{used >= d.capacity ? 0 : d.capacity - used, d.capacity};
   }
 
-  bool host_accessible_memory() const override { return true; }
+  DriverCapabilities capabilities() const override { return options_.capabilities; }
 
   void* raw_alloc(int device, std::size_t size) override {
     check_capture_safe("raw_alloc");
