@@ -14,7 +14,8 @@
 //  - raw_alloc/host_alloc return nullptr when memory is exhausted; they never throw for that.
 //  - Any other failure throws accel::rt::Error (DriverError when nothing more specific fits).
 //  - Work submitted to a stream that is capturing is recorded into the capture, not executed.
-//  - Drivers loaded with dlopen export `accel_driver_create` (see kDriverAbiVersion below).
+//  - Drivers loaded with dlopen export `accel_driver_create` and `accel_driver_destroy` (see
+//    kDriverAbiVersion below).
 #pragma once
 
 #include <cstddef>
@@ -161,10 +162,13 @@ class ACCEL_RT_API Driver {
 
 // Drivers built as separate shared libraries (libaccel_driver_<name>.so) export
 //   extern "C" accel::rt::Driver* accel_driver_create(int abi_version, char* error, size_t len);
-// It returns nullptr and writes a message into `error` when the driver cannot run here (no
-// device, missing vendor library). The runtime refuses a library built for another ABI.
-inline constexpr int kDriverAbiVersion = 1;
+//   extern "C" void accel_driver_destroy(accel::rt::Driver* driver);
+// create returns nullptr and writes a message into `error` when the driver cannot run here (no
+// device, missing vendor library); the runtime refuses a library built for another ABI. What
+// create made, destroy frees, inside the library (allocator and C++ runtime of the plugin).
+inline constexpr int kDriverAbiVersion = 2;
 using DriverCreateFn = Driver* (*)(int abi_version, char* error, std::size_t error_len);
+using DriverDestroyFn = void (*)(Driver* driver);
 
 // The embedded host driver, also used by plugins that wrap it in tests.
 struct HostDriverOptions {

@@ -274,7 +274,9 @@ class Runtime {
   // `why`: why `what` is refused (default: it would wait for work only being recorded).
   [[noreturn]] void invalidate_and_throw(CaptureState& cs, const std::string& what,
                                          const char* why = nullptr);
-  std::unique_ptr<Driver> owned_driver_;
+  // Destroyed by whoever made it: the host driver here, a plugin's driver in the plugin.
+  using OwnedDriver = std::unique_ptr<Driver, DriverDestroyFn>;
+  OwnedDriver owned_driver_{nullptr, nullptr};
   void* plugin_ = nullptr;
 };
 

@@ -39,8 +39,10 @@ bool file_exists(const std::string& path) {
   return ::stat(path.c_str(), &st) == 0;
 }
 
-// Loads libaccel_driver_<name>.so. Returns nullptr and sets `why` when it cannot.
-Driver* load_plugin(const Config& c, const std::string& name, void** handle, std::string& why) {
+// Loads libaccel_driver_<name>.so. Returns nullptr and sets `why` when it cannot; on success
+// `*handle` and `*destroy` are the library and its accel_driver_destroy.
+Driver* load_plugin(const Config& c, const std::string& name, void** handle,
+                    DriverDestroyFn* destroy, std::string& why) {
   const std::string dir = c.driver_path.empty() ? runtime_library_dir() : c.driver_path;
   const std::string path = dir + "/libaccel_driver_" + name + ".so";
   if (!file_exists(path)) {
@@ -54,8 +56,11 @@ Driver* load_plugin(const Config& c, const std::string& name, void** handle, std
     return nullptr;
   }
   auto create = reinterpret_cast<DriverCreateFn>(::dlsym(h, "accel_driver_create"));
-  if (create == nullptr) {
-    why = path + " does not export accel_driver_create";
+  auto destroy_fn = reinterpret_cast<DriverDestroyFn>(::dlsym(h, "accel_driver_destroy"));
+  if (create == nullptr || destroy_fn == nullptr) {
+    why = path + " does not export " +
+          (create == nullptr ? "accel_driver_create" : "accel_driver_destroy") +
+          " (a driver for another runtime version?)";
     ::dlclose(h);
     return nullptr;
   }
@@ -67,6 +72,7 @@ Driver* load_plugin(const Config& c, const std::string& name, void** handle, std
     return nullptr;
   }
   *handle = h;
+  *destroy = destroy_fn;
   return d;
 }
 
@@ -92,7 +98,8 @@ thread_local int t_device = 0;
 void Runtime::start() {
   config = Config::from_env();
   const auto start_host = [this] {
-    owned_driver_ = make_host_driver(HostDriverOptions::from_env());
+    owned_driver_ = OwnedDriver(make_host_driver(HostDriverOptions::from_env()).release(),
+                                [](Driver* d) { delete d; });
     driver_selection.emplace_back("host", "selected");
   };
   if (config.driver == "host") {
@@ -102,16 +109,17 @@ void Runtime::start() {
     for (const char* name : {"cuda", "level_zero"}) {
       std::string why;
       void* handle = nullptr;
-      Driver* d = load_plugin(config, name, &handle, why);
+      DriverDestroyFn destroy = nullptr;
+      Driver* d = load_plugin(config, name, &handle, &destroy, why);
       if (d != nullptr && d->device_count() > 0) {
-        owned_driver_.reset(d);
+        owned_driver_ = OwnedDriver(d, destroy);
         plugin_ = handle;
         driver_selection.emplace_back(name, "selected");
         break;
       }
       if (d != nullptr) {
         why = "no device";
-        delete d;  // made by the plugin: the C table of issue 11 moves destruction into it
+        destroy(d);
         ::dlclose(handle);
       }
       driver_selection.emplace_back(name, "skipped: " + why);
@@ -119,11 +127,12 @@ void Runtime::start() {
     if (!owned_driver_) start_host();
   } else {
     std::string why;
-    Driver* d = load_plugin(config, config.driver, &plugin_, why);
+    DriverDestroyFn destroy = nullptr;
+    Driver* d = load_plugin(config, config.driver, &plugin_, &destroy, why);
     ACCEL_RT_CHECK(d != nullptr, InitError, "ACCEL_DRIVER=", config.driver, ": the ", config.driver,
                    " driver cannot be used: ", why,
                    ". Use ACCEL_DRIVER=host (always available) or auto");
-    owned_driver_.reset(d);
+    owned_driver_ = OwnedDriver(d, destroy);
     driver_selection.emplace_back(config.driver, "selected");
   }
   driver = owned_driver_.get();

@@ -30,3 +30,10 @@ extern "C" __attribute__((visibility("default"))) accel::rt::Driver* accel_drive
   return accel::rt::make_host_driver(options).release();
 #endif
 }
+
+#ifndef ACCEL_TEST_NO_DESTROY  // a library from before ABI 2: the runtime refuses it
+extern "C" __attribute__((visibility("default"))) void accel_driver_destroy(
+    accel::rt::Driver* driver) {
+  delete driver;
+}
+#endif
