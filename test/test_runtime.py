@@ -44,6 +44,29 @@ def test_import_reports_version_and_devices():
         assert total == 4 << 30
 
 
+def test_the_cuda_driver_starts_or_says_why(run_python):
+    # Where the build has the cuda driver: on a machine with a GPU it starts and reports CUDA's
+    # devices; elsewhere (this CI machine) it loads and refuses with CUDA's own reason.
+    if not (ROOT / "torch_accel" / "lib" / "libaccel_driver_cuda.so").exists():
+        pytest.skip("this build has no cuda driver (no CUDA toolkit)")
+    code = (
+        "import torch_accel as t\n"
+        "if t.is_available():\n"
+        "    p = t.get_device_properties(0)\n"
+        "    print('started', t.driver(), p['driver'], p['total_memory'] > 0)\n"
+        "else:\n"
+        "    print('refused', t.init_error())\n"
+    )
+    r = run_python(code, ACCEL_DRIVER="cuda")
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = r.stdout.strip()
+    if out.startswith("started"):
+        assert out == "started cuda cuda True"
+    else:
+        assert "ACCEL_DRIVER=cuda: the cuda driver cannot be used: " in out
+        assert "cudaGetDeviceCount failed: cuda" in out or "no CUDA device is present" in out
+
+
 def test_driver_selection_says_why_each_driver_was_skipped(run_python):
     code = "import torch_accel; print(torch_accel.driver_selection())"
     lib = ROOT / "torch_accel" / "lib"
