@@ -26,10 +26,32 @@
 namespace accel::rt {
 namespace {
 
+// Errors after which the CUDA context is unusable: every later call fails with them too.
+bool sticky(cudaError_t e) {
+  switch (e) {
+    case cudaErrorIllegalAddress:
+    case cudaErrorLaunchFailure:
+    case cudaErrorLaunchTimeout:
+    case cudaErrorIllegalInstruction:
+    case cudaErrorMisalignedAddress:
+    case cudaErrorInvalidAddressSpace:
+    case cudaErrorInvalidPc:
+    case cudaErrorHardwareStackError:
+    case cudaErrorECCUncorrectable:
+    case cudaErrorAssert: return true;
+    default: return false;
+  }
+}
+
 [[noreturn]] void throw_cuda(cudaError_t e, const char* call) {
   (void)cudaGetLastError();  // clear a non-sticky error so later calls start clean
-  const std::string what =
+  std::string what =
       std::string(call) + " failed: " + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ")";
+  if (sticky(e)) {
+    what +=
+        "; this error is sticky: the CUDA context, and with it every accel device on the "
+        "cuda driver, is unusable until the process restarts";
+  }
   switch (e) {
     case cudaErrorMemoryAllocation: throw OutOfMemoryError(what, __FILE__, __LINE__);
     case cudaErrorInvalidValue: throw InvalidValueError(what, __FILE__, __LINE__);
