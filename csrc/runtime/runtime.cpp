@@ -49,7 +49,11 @@ Driver* load_plugin(const Config& c, const std::string& name, void** handle,
     why = path + " does not exist (this build has no " + name + " driver)";
     return nullptr;
   }
-  void* h = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  // RTLD_NODELETE: a driver that refused to start is closed but stays mapped. Vendor runtimes
+  // linked into it (cudart_static) register exit handlers and thread-local destructors that
+  // would otherwise point into unmapped code at exit (ThreadSanitizer's exit handling crashed
+  // there).
+  void* h = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
   if (h == nullptr) {
     const char* e = ::dlerror();
     why = "dlopen(" + path + ") failed: " + (e != nullptr ? e : "unknown error");
