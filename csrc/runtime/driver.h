@@ -19,6 +19,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdio>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -169,6 +170,15 @@ class ACCEL_RT_API Driver {
 inline constexpr int kDriverAbiVersion = 2;
 using DriverCreateFn = Driver* (*)(int abi_version, char* error, std::size_t error_len);
 using DriverDestroyFn = void (*)(Driver* driver);
+
+// For accel_driver_create: whether the runtime's ABI is the one the library was built for;
+// writes the refusal into `error` otherwise.
+inline bool driver_abi_matches(int abi_version, char* error, std::size_t error_len) {
+  if (abi_version == kDriverAbiVersion) return true;
+  std::snprintf(error, error_len, "built for driver ABI %d, the runtime has %d", kDriverAbiVersion,
+                abi_version);
+  return false;
+}
 
 // The embedded host driver, also used by plugins that wrap it in tests.
 struct HostDriverOptions {

@@ -7,11 +7,7 @@
 
 extern "C" __attribute__((visibility("default"))) accel::rt::Driver* accel_driver_create(
     int abi_version, char* error, std::size_t error_len) {
-  if (abi_version != accel::rt::kDriverAbiVersion) {
-    std::snprintf(error, error_len, "built for driver ABI %d, the runtime has %d",
-                  accel::rt::kDriverAbiVersion, abi_version);
-    return nullptr;
-  }
+  if (!accel::rt::driver_abi_matches(abi_version, error, error_len)) return nullptr;
 #ifdef ACCEL_TEST_REFUSE
   std::snprintf(error, error_len, "no test device is present on this machine");
   return nullptr;

@@ -77,6 +77,16 @@ void check(cudaError_t e, const char* call) {
   if (e != cudaSuccess) throw_cuda(e, call);
 }
 
+// A query's answer: done (cudaSuccess) or not yet (cudaErrorNotReady, not an error).
+bool completed(cudaError_t e, const char* call) {
+  if (e == cudaErrorNotReady) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  check(e, call);
+  return true;
+}
+
 cudaStreamCaptureMode to_cuda(CaptureMode mode) {
   switch (mode) {
     case CaptureMode::Global: return cudaStreamCaptureModeGlobal;
@@ -265,13 +275,7 @@ class CudaDriver final : public Driver {
     check(cudaMemsetAsync(dst, value, size, as_stream(stream)->stream), "cudaMemsetAsync");
   }
   bool stream_query(DriverStream stream) override {
-    const cudaError_t e = cudaStreamQuery(as_stream(stream)->stream);
-    if (e == cudaErrorNotReady) {
-      (void)cudaGetLastError();
-      return false;
-    }
-    check(e, "cudaStreamQuery");
-    return true;
+    return completed(cudaStreamQuery(as_stream(stream)->stream), "cudaStreamQuery");
   }
   void stream_synchronize(DriverStream stream) override {
     CudaStreamObj* s = as_stream(stream);
@@ -299,13 +303,7 @@ class CudaDriver final : public Driver {
           "cudaStreamWaitEvent");
   }
   bool event_query(DriverEvent event) override {
-    const cudaError_t e = cudaEventQuery(as_event(event)->event);
-    if (e == cudaErrorNotReady) {
-      (void)cudaGetLastError();
-      return false;
-    }
-    check(e, "cudaEventQuery");
-    return true;
+    return completed(cudaEventQuery(as_event(event)->event), "cudaEventQuery");
   }
   void event_synchronize(DriverEvent event) override {
     CudaEventObj* e = as_event(event);
@@ -415,11 +413,7 @@ class CudaDriver final : public Driver {
 
 extern "C" __attribute__((visibility("default"))) accel::rt::Driver* accel_driver_create(
     int abi_version, char* error, std::size_t error_len) {
-  if (abi_version != accel::rt::kDriverAbiVersion) {
-    std::snprintf(error, error_len, "built for driver ABI %d, the runtime has %d",
-                  accel::rt::kDriverAbiVersion, abi_version);
-    return nullptr;
-  }
+  if (!accel::rt::driver_abi_matches(abi_version, error, error_len)) return nullptr;
   int devices = 0;
   const cudaError_t e = cudaGetDeviceCount(&devices);
   if (e != cudaSuccess) {
