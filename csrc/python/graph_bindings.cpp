@@ -46,8 +46,7 @@ void init_graph_bindings(py::module_& m) {
       "_graph_destroy", [](uint64_t g) { device::graph_destroy(graph_of(g)); }, py::arg("graph"));
   m.def(
       "_graph_capture_begin",
-      [](uint64_t g, int device, int64_t stream, PoolTuple pool,
-         const std::string& mode) {
+      [](uint64_t g, int device, int64_t stream, PoolTuple pool, const std::string& mode) {
         device::graph_capture_begin(graph_of(g), stream_of(device, stream), pool_of(pool),
                                     mode_of(mode));
       },

@@ -217,27 +217,19 @@ void init_memory_bindings(py::module_& m) {
       py::arg("device"), py::arg("use_on_oom"), py::arg("no_split"));
   m.def(
       "_mem_pool_release",
-      [](int device, PoolTuple p) {
-        rt::mem_pool_release(device, pool_of(p));
-      },
-      py::arg("device"), py::arg("pool"));
+      [](int device, PoolTuple p) { rt::mem_pool_release(device, pool_of(p)); }, py::arg("device"),
+      py::arg("pool"));
   m.def(
       "_mem_pool_use_count",
-      [](int device, PoolTuple p) {
-        return rt::mem_pool_use_count(device, pool_of(p));
-      },
+      [](int device, PoolTuple p) { return rt::mem_pool_use_count(device, pool_of(p)); },
       py::arg("device"), py::arg("pool"));
   m.def(
       "_mem_pool_begin_allocate",
-      [](int device, PoolTuple p) {
-        rt::mem_pool_begin_allocate(device, pool_of(p));
-      },
+      [](int device, PoolTuple p) { rt::mem_pool_begin_allocate(device, pool_of(p)); },
       py::arg("device"), py::arg("pool"));
   m.def(
       "_mem_pool_end_allocate",
-      [](int device, PoolTuple p) {
-        rt::mem_pool_end_allocate(device, pool_of(p));
-      },
+      [](int device, PoolTuple p) { rt::mem_pool_end_allocate(device, pool_of(p)); },
       py::arg("device"), py::arg("pool"));
   m.def("_host_memory_stats", &host_stats);
   m.def("_host_reset_peak_stats", [] { rt::host_reset_peak_stats(); });

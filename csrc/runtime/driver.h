@@ -194,7 +194,7 @@ struct HostDriverOptions {
   int max_kernel_buffers = 64;
   // What the driver reports it can do (and then refuses, through the runtime, what it leaves
   // out: tests use this to stand in for drivers without graphs or timing).
-  DriverCapabilities capabilities{true, true, true, true, true};
+  DriverCapabilities capabilities{.host_accessible_memory = true, .native_handles = true};
 
   // ACCEL_HOST_DEVICES, ACCEL_HOST_MEMORY, ACCEL_LAUNCH_BLOCKING, ACCEL_PROTECT_DEVICE_MEMORY,
   // ACCEL_MAX_KERNEL_ARGS and ACCEL_MAX_KERNEL_BUFFERS (InitError naming a malformed one).

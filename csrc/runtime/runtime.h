@@ -59,11 +59,11 @@ ACCEL_RT_API int stream_priority(Stream stream);
 // The calling thread's current stream on a device (its default stream until set).
 ACCEL_RT_API Stream current_stream(int device = -1);
 ACCEL_RT_API void set_current_stream(Stream stream);
-// `label` (may be null, else a string that outlives the call) names the work in graph debug
-// dumps.
 // The driver's own handle of the stream (cudaStream_t on cuda); NotSupportedError where the
 // driver has none.
 ACCEL_RT_API void* stream_native_handle(Stream stream);
+// `label` (may be null, else a string that outlives the call) names the work in graph debug
+// dumps.
 ACCEL_RT_API void launch_host_func(Stream stream, Task task, const char* label = nullptr);
 ACCEL_RT_API bool stream_query(Stream stream);
 ACCEL_RT_API void stream_synchronize(Stream stream);

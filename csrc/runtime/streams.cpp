@@ -188,8 +188,7 @@ Event event_create(int device, bool enable_timing) {
   const int d = rt.resolve_device(device, "event_create");
   ACCEL_RT_CHECK(!enable_timing || rt.capabilities.timing_events, NotSupportedError,
                  "event_create: the ", rt.driver->name(),
-                 " driver has no timing events; create "
-                 "the event with enable_timing=False");
+                 " driver has no timing events; create the event with enable_timing=False");
   detail::EventObj* obj = rt.events.acquire(
       [&](detail::EventObj& e) {
         // Reuse only an event whose previous records have all completed: it then behaves
