@@ -103,8 +103,9 @@ class _Graphed:
         self._outputs: list[Any] = []
         # Outputs in an input's memory -> that input (None: a copied input; returned as copies).
         self._input_views: dict[int, int | None] = {}
-        # Per output storage: a weak reference and how many of our output tensors hold it.
-        self._held: list[tuple[StorageWeakRef, int]] = []
+        # Per output storage: a weak reference, its use count while only we hold it, and the
+        # index of one of our outputs on it.
+        self._held: list[tuple[StorageWeakRef, int, int]] = []
         self._output_ptrs: set[int] = set()
         self._key: tuple[Any, ...] | None = None
         self._static_ptrs: dict[int, int] = {}  # static inputs read in place -> their address
@@ -182,31 +183,23 @@ class _Graphed:
     def _count_holders(self) -> None:
         """Records, per storage of our outputs, its reference count while only the graph's own
         output tensors hold it (the count has other parts too: measured, not derived)."""
-        storages: dict[int, torch.Tensor] = {}
+        first: dict[int, int] = {}  # storage address -> index of the first output on it
         for j, o in enumerate(self._outputs):
             if isinstance(o, torch.Tensor) and j not in self._input_views:
-                storages.setdefault(_storage_ptr(o), o)
-        refs = [StorageWeakRef(o.untyped_storage()) for o in storages.values()]
-        del storages
-        self._held = [(r, torch._C._storage_Use_Count(r.cdata)) for r in refs]
-        self._output_ptrs = {_storage_ptr(o) for o in self._outputs if isinstance(o, torch.Tensor)}
-        self._output_ptrs -= {_storage_ptr(self._outputs[j]) for j in self._input_views}
+                first.setdefault(_storage_ptr(o), j)
+        self._output_ptrs = set(first)
+        refs = [(StorageWeakRef(self._outputs[j].untyped_storage()), j) for j in first.values()]
+        self._held = [(r, torch._C._storage_Use_Count(r.cdata), j) for r, j in refs]
 
     def _move_held_outputs(self) -> None:
         """Gives outputs of the previous replay that something still holds new memory, holding
         a copy of their values, before the next replay rewrites the graph's."""
         moved = False
-        for ref, ours in self._held:
+        for ref, ours, first in self._held:
             if torch._C._storage_Use_Count(ref.cdata) <= ours:
                 continue
             moved = True
-            old = next(
-                o
-                for j, o in enumerate(self._outputs)
-                if j not in self._input_views
-                and isinstance(o, torch.Tensor)
-                and o.untyped_storage()._cdata == ref.cdata
-            )
+            old = self._outputs[first]
             storage = old.untyped_storage()
             whole = torch.empty(0, dtype=torch.uint8, device=old.device).set_(storage)
             fresh = torch.empty_like(whole)

@@ -9,16 +9,16 @@ and a fallback lowering runs the operator itself.
 In torch 2.11 this takes two writes to Inductor's global tables (the decomposition entry, and
 ``make_fallback(..., override_decomp=True)``, without which the implicit fallback asserts "both a
 fallback and a decomp for same op"); 2.11 has no per-device decomposition hook
-(pytorch/pytorch#175954 proposes one table per compile).
+(pytorch/pytorch#175954 proposes one table per compile). They are made once, here, and only
+for the listed operators. ``KEEP_WHOLE`` is part of the cache key (passes.py): the FX-graph and
+AOTAutograd caches do not see decomposition-table changes.
 
 ``cat``: Inductor lowers it into a ``ConcatKernel`` on the CPU and into a pointwise kernel of
 masked loads on every other device. The C++ backend miscompiles the latter in 2.11
 (``AttributeError: 'str' object has no attribute 'dtype'`` in ``masked``: the backward of
 ``split``, e.g. any attention block's ``qkv.split``), and the CPU path is what C++ kernels are
 tuned for. Accel's ``cat`` lowers as the CPU's: the lowering-table entry is wrapped, other
-devices keep theirs. They are made
-once, here, and only for the listed operators. ``KEEP_WHOLE`` is part of the cache key
-(passes.py): the FX-graph and AOTAutograd caches do not see decomposition-table changes.
+devices keep theirs.
 """
 
 from __future__ import annotations
