@@ -597,8 +597,11 @@ def render_docs(regs: list[Registration], missing: list[tuple[str, str]]) -> str
         "for `host`, CUDA for `cuda`) is underlying unless the yaml says otherwise (`default`",
         "in the notes); views are computed from metadata and alias accel memory; composite",
         "operators decompose into these. Operators listed nowhere take the CPU fallback. The",
-        "`cuda` and `level_zero` drivers do not exist yet; the columns show the tier declared",
-        "for them.",
+        "`cuda` column is the tier declared for the cuda driver, which is written but whose",
+        "underlying executor (ATen CUDA kernels on accel memory) is not: on cuda today every",
+        "underlying operator runs the CPU fallback, copying through the host, and no native",
+        "kernel has run on a GPU.",
+        "The `level_zero` driver does not exist yet; its column shows the tier declared.",
         "",
         f"Registered operators: {len(regs)} ({counts['native']} native, {counts['underlying']} "
         f"underlying, {counts['cpu_fallback']} cpu_fallback, {counts['error']} error on the host "

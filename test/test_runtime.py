@@ -87,6 +87,44 @@ def test_driver_selection_says_why_each_driver_was_skipped(run_python):
     assert r.stdout.strip() == "[('host', 'selected')]"
 
 
+def test_a_lost_device_raises_accelerator_error_and_stays_lost(run_python, tmp_path):
+    # The fragile test driver (the host driver behind the C table) loses its device once the
+    # trigger file exists, as a CUDA context dies at an illegal address.
+    drivers = ROOT / "build" / "test" / "cpp" / "drivers"
+    if not (drivers / "libaccel_driver_fragile.so").exists():
+        pytest.skip("the C++ test drivers are not built (make test-cpp builds them)")
+    trigger = tmp_path / "lose"
+    code = (
+        "import pathlib, torch, torch_accel\n"
+        "x = torch.arange(4.0, device='accel')\n"
+        "print((x * 2).cpu().tolist())\n"
+        f"pathlib.Path({str(trigger)!r}).touch()\n"
+        "for step in ('synchronize', 'op after'):\n"
+        "    try:\n"
+        "        torch.accel.synchronize() if step == 'synchronize' else (x + 1).cpu()\n"
+        "        print(step, 'no error')\n"
+        "    except torch.AcceleratorError as e:\n"
+        "        print(step, 'AcceleratorError:', e)\n"
+        "del x\n"
+        "print('released')\n"
+    )
+    r = run_python(
+        code,
+        ACCEL_DRIVER="fragile",
+        ACCEL_DRIVER_PATH=str(drivers),
+        ACCEL_TEST_LOSE_DEVICE=str(trigger),
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    lines = r.stdout.strip().splitlines()
+    assert lines[0] == "[0.0, 2.0, 4.0, 6.0]"
+    assert lines[1].startswith("synchronize AcceleratorError: ")
+    assert "the fragile driver lost the device: the device fell off the bus" in lines[1]
+    assert "restart the process" in lines[1]
+    assert lines[2].startswith("op after AcceleratorError: ")
+    assert "lost the device earlier (the device fell off the bus" in lines[2]
+    assert lines[3] == "released"
+
+
 def test_device_buffer_round_trip_on_two_streams_with_timing():
     n = 100_000
     data = [np.arange(n, dtype=np.float32) * (i + 1) for i in range(2)]

@@ -23,6 +23,9 @@ void rethrow_as_torch(const rt::Error& e, const char* context) {
       TORCH_CHECK(false, msg);
     case rt::ErrorCode::OutOfMemory: TORCH_CHECK_WITH(OutOfMemoryError, false, msg);
     case rt::ErrorCode::NotSupported: TORCH_CHECK_NOT_IMPLEMENTED(false, msg);
+    case rt::ErrorCode::DeviceLost:  // torch.AcceleratorError, as CUDA's sticky errors raise
+      throw c10::AcceleratorError({__func__, __FILE__, static_cast<uint32_t>(__LINE__)},
+                                  static_cast<int32_t>(e.code()), msg);
     default: TORCH_CHECK(false, msg);
   }
 }

@@ -290,6 +290,8 @@ PYBIND11_MODULE(_C, m) {
       set_torch_oom(e.what());
     } catch (const rt::CaptureError& e) {
       PyErr_SetString(g_capture_error, e.what());
+    } catch (const rt::DeviceLostError& e) {  // torch.AcceleratorError, as for CUDA's sticky errors
+      PyErr_SetString(py::module_::import("torch").attr("AcceleratorError").ptr(), e.what());
     } catch (const rt::Error& e) {
       PyErr_SetString(g_accel_error, e.what());
     } catch (const c10::OutOfMemoryError& e) {

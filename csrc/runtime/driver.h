@@ -14,12 +14,11 @@
 //  - raw_alloc/host_alloc return nullptr when memory is exhausted; they never throw for that.
 //  - Any other failure throws accel::rt::Error (DriverError when nothing more specific fits).
 //  - Work submitted to a stream that is capturing is recorded into the capture, not executed.
-//  - Drivers loaded with dlopen export `accel_driver_create` and `accel_driver_destroy` (see
-//    kDriverAbiVersion below).
+//  - Drivers loaded with dlopen meet the runtime through the C table of runtime/driver_abi.h;
+//    a driver written against this class fills it with export_driver (runtime/driver_export.h).
 #pragma once
 
 #include <cstddef>
-#include <cstdio>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -159,26 +158,17 @@ class ACCEL_RT_API Driver {
   // capturing stream itself. The default does nothing (a driver without such rules).
   // CUDA: cudaThreadExchangeStreamCaptureMode.   L0: nothing.
   virtual CaptureMode thread_capture_mode_exchange(CaptureMode mode) { return mode; }
+
+  // --- memory of others -----------------------------------------------------------------
+  // What the driver knows of `ptr`, memory the runtime did not allocate (another library's
+  // device memory, registered host memory); runtime_allocated is not the driver's to set. The
+  // default: ordinary host memory.
+  // CUDA: cudaPointerGetAttributes.      L0: zeMemGetAllocProperties.
+  virtual PointerAttributes pointer_attributes(const void* ptr) {
+    (void)ptr;
+    return {};
+  }
 };
-
-// Drivers built as separate shared libraries (libaccel_driver_<name>.so) export
-//   extern "C" accel::rt::Driver* accel_driver_create(int abi_version, char* error, size_t len);
-//   extern "C" void accel_driver_destroy(accel::rt::Driver* driver);
-// create returns nullptr and writes a message into `error` when the driver cannot run here (no
-// device, missing vendor library); the runtime refuses a library built for another ABI. What
-// create made, destroy frees, inside the library (allocator and C++ runtime of the plugin).
-inline constexpr int kDriverAbiVersion = 2;
-using DriverCreateFn = Driver* (*)(int abi_version, char* error, std::size_t error_len);
-using DriverDestroyFn = void (*)(Driver* driver);
-
-// For accel_driver_create: whether the runtime's ABI is the one the library was built for;
-// writes the refusal into `error` otherwise.
-inline bool driver_abi_matches(int abi_version, char* error, std::size_t error_len) {
-  if (abi_version == kDriverAbiVersion) return true;
-  std::snprintf(error, error_len, "built for driver ABI %d, the runtime has %d", kDriverAbiVersion,
-                abi_version);
-  return false;
-}
 
 // The embedded host driver, also used by plugins that wrap it in tests.
 struct HostDriverOptions {

@@ -32,6 +32,7 @@ const char* error_code_name(ErrorCode code) noexcept {
     case ErrorCode::InitializationError: return "initialization error";
     case ErrorCode::TaskFailed: return "task failed";
     case ErrorCode::DriverError: return "driver error";
+    case ErrorCode::DeviceLost: return "device lost";
   }
   return "unknown error";
 }
@@ -42,6 +43,37 @@ Error::Error(ErrorCode code, std::string message, const char* file, int line)
       message_(std::move(message)),
       file_(short_path(file)),
       line_(line) {}
+
+const char* memory_type_name(MemoryType type) noexcept {
+  switch (type) {
+    case MemoryType::Unregistered: return "unregistered";
+    case MemoryType::Host: return "host";
+    case MemoryType::Device: return "device";
+    case MemoryType::Managed: return "managed";
+  }
+  return "unknown";
+}
+
+void throw_error_code(ErrorCode code, std::string message, const char* file, int line) {
+  switch (code) {
+    case ErrorCode::InvalidValue: throw InvalidValueError(std::move(message), file, line);
+    case ErrorCode::InvalidDevice: throw InvalidDeviceError(std::move(message), file, line);
+    case ErrorCode::InvalidHandle: throw InvalidHandleError(std::move(message), file, line);
+    case ErrorCode::InvalidPointer: throw InvalidPointerError(std::move(message), file, line);
+    case ErrorCode::OutOfMemory: throw OutOfMemoryError(std::move(message), file, line);
+    case ErrorCode::NotReady: throw NotReadyError(std::move(message), file, line);
+    case ErrorCode::CaptureUnsupported:
+    case ErrorCode::CaptureInvalidated:
+    case ErrorCode::CaptureUnjoined: throw CaptureError(code, std::move(message), file, line);
+    case ErrorCode::NotSupported: throw NotSupportedError(std::move(message), file, line);
+    case ErrorCode::InitializationError: throw InitError(std::move(message), file, line);
+    case ErrorCode::TaskFailed: throw TaskError(std::move(message), file, line);
+    case ErrorCode::DeviceLost: throw DeviceLostError(std::move(message), file, line);
+    case ErrorCode::Success:
+    case ErrorCode::DriverError: break;
+  }
+  throw DriverError(std::move(message), file, line);
+}
 
 std::string format_bytes(uint64_t bytes) {
   static const char* const kUnits[] = {"KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};

@@ -31,6 +31,7 @@ enum class ErrorCode : int {
   InitializationError,  // the runtime or its driver could not start
   TaskFailed,           // work executed on a stream raised an error
   DriverError,          // the driver reported an unexpected failure
+  DeviceLost,           // the device's context is unusable for the rest of the process (sticky)
 };
 
 ACCEL_RT_API const char* error_code_name(ErrorCode code) noexcept;
@@ -71,7 +72,12 @@ ACCEL_RT_DECLARE_ERROR(NotSupportedError, NotSupported);
 ACCEL_RT_DECLARE_ERROR(InitError, InitializationError);
 ACCEL_RT_DECLARE_ERROR(TaskError, TaskFailed);
 ACCEL_RT_DECLARE_ERROR(DriverError, DriverError);
+ACCEL_RT_DECLARE_ERROR(DeviceLostError, DeviceLost);
 #undef ACCEL_RT_DECLARE_ERROR
+
+// Throws the subclass of Error that `code` belongs to (DriverError for Success or an unknown code).
+[[noreturn]] ACCEL_RT_API void throw_error_code(ErrorCode code, std::string message,
+                                                const char* file, int line);
 
 // "1.50 GiB", "512 bytes": sizes in messages.
 ACCEL_RT_API std::string format_bytes(uint64_t bytes);

@@ -274,11 +274,16 @@ class Runtime {
   // `why`: why `what` is refused (default: it would wait for work only being recorded).
   [[noreturn]] void invalidate_and_throw(CaptureState& cs, const std::string& what,
                                          const char* why = nullptr);
-  // Destroyed by whoever made it: the host driver here, a plugin's driver in the plugin.
-  using OwnedDriver = std::unique_ptr<Driver, DriverDestroyFn>;
-  OwnedDriver owned_driver_{nullptr, nullptr};
-  void* plugin_ = nullptr;
+  // The host driver, or the runtime's view of a library's C table (whose destroy frees what
+  // the library made, inside the library).
+  std::unique_ptr<Driver> owned_driver_;
 };
+
+// A Driver over the C table that the accel_driver_open (`open_symbol`) of `library` fills
+// (runtime/driver_abi.h); nullptr with `why` set when the library refuses (its message) or its
+// table is unusable (named with `library`).
+std::unique_ptr<Driver> open_driver_table(void* open_symbol, const std::string& library,
+                                          std::string& why);
 
 // The calling thread's current device (0 until set), validated lazily.
 int tls_device();

@@ -83,6 +83,17 @@ Side classify(Runtime& rt, const void* ptr, std::size_t size, const char* call, 
     return side;
   }
   side.pinned = rt.host_allocator->contains(ptr, size);
+  if (side.pinned) return side;
+  // Memory the runtime did not allocate: what the driver knows of it (another library's device
+  // memory, registered host memory), else pageable host memory.
+  const PointerAttributes a = rt.driver->pointer_attributes(ptr);
+  if (a.type == MemoryType::Device || a.type == MemoryType::Managed) {
+    ACCEL_RT_CHECK(a.device >= 0 && a.device < rt.num_devices, InvalidPointerError, call, ": the ",
+                   which, " pointer ", format_ptr(ptr), " is ", memory_type_name(a.type),
+                   " memory of device ", a.device, ", which the runtime does not have");
+    side.device = a.device;
+  }
+  side.pinned = a.type == MemoryType::Host;
   return side;
 }
 
@@ -278,6 +289,23 @@ void host_record_stream(void* ptr, Stream stream) {
   Runtime& rt = Runtime::get();
   rt.stream(stream, "host_record_stream");
   rt.host_allocator->record_stream(ptr, stream);
+}
+
+PointerAttributes pointer_attributes(const void* ptr) {
+  Runtime& rt = Runtime::get();
+  ACCEL_RT_CHECK(ptr != nullptr, InvalidPointerError, "pointer_attributes: the pointer is null");
+  for (int d = 0; d < rt.num_devices; ++d) {
+    if (rt.devices[d]->allocator->owns(ptr)) {
+      return {.type = MemoryType::Device, .device = d, .runtime_allocated = true};
+    }
+  }
+  if (rt.host_allocator->contains(ptr, 1)) {
+    return {.type = MemoryType::Host, .runtime_allocated = true};
+  }
+  PointerAttributes a = rt.driver->pointer_attributes(ptr);
+  a.runtime_allocated = false;
+  if (a.type != MemoryType::Device && a.type != MemoryType::Managed) a.device = -1;
+  return a;
 }
 
 bool is_pinned(const void* ptr) noexcept {

@@ -39,10 +39,9 @@ bool file_exists(const std::string& path) {
   return ::stat(path.c_str(), &st) == 0;
 }
 
-// Loads libaccel_driver_<name>.so. Returns nullptr and sets `why` when it cannot; on success
-// `*handle` and `*destroy` are the library and its accel_driver_destroy.
-Driver* load_plugin(const Config& c, const std::string& name, void** handle,
-                    DriverDestroyFn* destroy, std::string& why) {
+// Loads libaccel_driver_<name>.so and opens its driver table. Returns nullptr and sets `why`
+// when it cannot.
+std::unique_ptr<Driver> load_plugin(const Config& c, const std::string& name, std::string& why) {
   const std::string dir = c.driver_path.empty() ? runtime_library_dir() : c.driver_path;
   const std::string path = dir + "/libaccel_driver_" + name + ".so";
   if (!file_exists(path)) {
@@ -59,25 +58,15 @@ Driver* load_plugin(const Config& c, const std::string& name, void** handle,
     why = "dlopen(" + path + ") failed: " + (e != nullptr ? e : "unknown error");
     return nullptr;
   }
-  auto create = reinterpret_cast<DriverCreateFn>(::dlsym(h, "accel_driver_create"));
-  auto destroy_fn = reinterpret_cast<DriverDestroyFn>(::dlsym(h, "accel_driver_destroy"));
-  if (create == nullptr || destroy_fn == nullptr) {
-    why = path + " does not export " +
-          (create == nullptr ? "accel_driver_create" : "accel_driver_destroy") +
-          " (a driver for another runtime version?)";
+  void* open = ::dlsym(h, "accel_driver_open");
+  if (open == nullptr) {
+    why = path + " does not export accel_driver_open (a driver built for an older runtime?)";
     ::dlclose(h);
     return nullptr;
   }
-  char error[512] = {0};
-  Driver* d = create(kDriverAbiVersion, error, sizeof(error));
-  if (d == nullptr) {
-    why = error[0] != 0 ? std::string(error) : "the driver refused to start";
-    ::dlclose(h);
-    return nullptr;
-  }
-  *handle = h;
-  *destroy = destroy_fn;
-  return d;
+  std::unique_ptr<Driver> d = open_driver_table(open, path, why);
+  if (d == nullptr) ::dlclose(h);
+  return d;  // the library stays loaded for the life of the process
 }
 
 std::once_flag g_once;
@@ -102,8 +91,7 @@ thread_local int t_device = 0;
 void Runtime::start() {
   config = Config::from_env();
   const auto start_host = [this] {
-    owned_driver_ = OwnedDriver(make_host_driver(HostDriverOptions::from_env()).release(),
-                                [](Driver* d) { delete d; });
+    owned_driver_ = make_host_driver(HostDriverOptions::from_env());
     driver_selection.emplace_back("host", "selected");
   };
   if (config.driver == "host") {
@@ -112,31 +100,22 @@ void Runtime::start() {
     // The first driver with a device, else the host driver; each skipped driver keeps why.
     for (const char* name : {"cuda", "level_zero"}) {
       std::string why;
-      void* handle = nullptr;
-      DriverDestroyFn destroy = nullptr;
-      Driver* d = load_plugin(config, name, &handle, &destroy, why);
+      std::unique_ptr<Driver> d = load_plugin(config, name, why);
       if (d != nullptr && d->device_count() > 0) {
-        owned_driver_ = OwnedDriver(d, destroy);
-        plugin_ = handle;
+        owned_driver_ = std::move(d);
         driver_selection.emplace_back(name, "selected");
         break;
       }
-      if (d != nullptr) {
-        why = "no device";
-        destroy(d);
-        ::dlclose(handle);
-      }
+      if (d != nullptr) why = "no device";
       driver_selection.emplace_back(name, "skipped: " + why);
     }
     if (!owned_driver_) start_host();
   } else {
     std::string why;
-    DriverDestroyFn destroy = nullptr;
-    Driver* d = load_plugin(config, config.driver, &plugin_, &destroy, why);
-    ACCEL_RT_CHECK(d != nullptr, InitError, "ACCEL_DRIVER=", config.driver, ": the ", config.driver,
-                   " driver cannot be used: ", why,
+    owned_driver_ = load_plugin(config, config.driver, why);
+    ACCEL_RT_CHECK(owned_driver_ != nullptr, InitError, "ACCEL_DRIVER=", config.driver, ": the ",
+                   config.driver, " driver cannot be used: ", why,
                    ". Use ACCEL_DRIVER=host (always available) or auto");
-    owned_driver_ = OwnedDriver(d, destroy);
     driver_selection.emplace_back(config.driver, "selected");
   }
   driver = owned_driver_.get();
@@ -254,13 +233,13 @@ StreamObj* Runtime::acquire_stream(int device, int priority, bool pooled) {
   StreamObj* obj = devices[device]->streams.acquire(
       [&](StreamObj& s) { return !pooled && !s.pooled && s.priority == priority; },
       [&](uint32_t slot) {
-        auto* s = new StreamObj;
+        auto s = std::make_unique<StreamObj>();  // freed if the driver refuses
         s->device = device;
         s->slot = slot;
         s->priority = priority;
         s->pooled = pooled;
         s->ds = driver->stream_create(device, priority);
-        return s;
+        return s.release();
       });
   obj->live.store(true, std::memory_order_release);
   return obj;

@@ -80,6 +80,10 @@ ACCEL_RT_API void free(void* ptr);
 ACCEL_RT_API void record_stream(void* ptr, Stream stream);
 // The device owning a pointer into an allocation (not necessarily its start), or -1.
 ACCEL_RT_API int pointer_device(const void* ptr) noexcept;
+// What `ptr` is (cudaPointerGetAttributes): memory of the runtime's device or pinned-host
+// allocators, or what the driver knows of memory another library allocated (copies accept such
+// device memory as device memory of its device).
+ACCEL_RT_API PointerAttributes pointer_attributes(const void* ptr);
 // The allocation containing ptr: (start, size), or (nullptr, 0).
 ACCEL_RT_API std::pair<void*, std::size_t> allocation_range(const void* ptr);
 ACCEL_RT_API void empty_cache(int device = -1);  // every device when -2

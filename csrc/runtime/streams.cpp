@@ -100,6 +100,8 @@ void stream_destroy(Stream stream) {
     rt.driver->stream_synchronize(s.ds);
   } catch (const TaskError& e) {
     failure = e.message();
+  } catch (const DeviceLostError&) {
+    // Nothing runs on a lost device again: the handle is released all the same.
   }
   // The driver stream is kept for reuse by a later stream_create: a racing user of the stale
   // handle can then never touch freed memory.
@@ -198,12 +200,12 @@ Event event_create(int device, bool enable_timing) {
                rt.driver->event_query(e.de);
       },
       [&](uint32_t slot) {
-        auto* e = new detail::EventObj;
+        auto e = std::make_unique<detail::EventObj>();  // freed if the driver refuses
         e->slot = slot;
         e->device = d;
         e->timing = enable_timing;
         e->de = rt.driver->event_create(d, enable_timing);
-        return e;
+        return e.release();
       });
   obj->recorded.store(false);
   obj->capture_id.store(0);

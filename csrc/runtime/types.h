@@ -224,4 +224,14 @@ struct DriverCapabilities {
   bool native_handles = false;          // stream_native_handle
 };
 
+// What a pointer is (cudaPointerGetAttributes): memory of the runtime's allocators, or what the
+// driver knows of memory another library allocated.
+enum class MemoryType { Unregistered, Host, Device, Managed };
+ACCEL_RT_API const char* memory_type_name(MemoryType type) noexcept;
+struct PointerAttributes {
+  MemoryType type = MemoryType::Unregistered;
+  int device = -1;                 // device and managed memory
+  bool runtime_allocated = false;  // handed out by the runtime's device or pinned-host allocator
+};
+
 }  // namespace accel::rt

@@ -1,35 +1,113 @@
-// A driver library for the plugin-loading tests: the host driver under another name, a driver
-// that refuses to start (built with ACCEL_TEST_REFUSE), or one that leaves out capabilities
-// (ACCEL_TEST_LIMITED).
+// Driver libraries for the plugin tests, each the host driver behind the C table of
+// runtime/driver_abi.h:
+//  - testdrv (default): the host driver under another name; it also reports a buffer of its own
+//    (accel_test_foreign_buffer) as device memory the runtime did not allocate.
+//  - refuse (ACCEL_TEST_REFUSE): refuses to start.
+//  - limited (ACCEL_TEST_LIMITED): no graphs, timing events or native handles.
+//  - fragile (ACCEL_TEST_FRAGILE): a failed host task loses the device, as a faulting CUDA
+//    kernel poisons its context (and so does ACCEL_TEST_LOSE_DEVICE=<file> once it exists).
+//  - badtable (ACCEL_TEST_BAD_TABLE): fills a table the runtime must refuse, the fault chosen
+//    by ACCEL_TEST_BAD_TABLE=abi|entry|name.
+//  - oldabi (ACCEL_TEST_OLD_ABI): a library from before the C table (exports only
+//    accel_driver_create).
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
 
-#include "runtime/driver.h"
+#include <unistd.h>
 
-extern "C" __attribute__((visibility("default"))) accel::rt::Driver* accel_driver_create(
-    int abi_version, char* error, std::size_t error_len) {
-  if (!accel::rt::driver_abi_matches(abi_version, error, error_len)) return nullptr;
+#include "runtime/driver_export.h"
+
+namespace {
+
+alignas(64) unsigned char g_foreign[4096];
+
+accel_driver_table g_inner;        // the exported table, for the wrappers below
+thread_local std::string t_error;  // fragile's own last error
+
+[[maybe_unused]] int foreign_pointer_attributes(accel_driver* self, const void* ptr,
+                                                accel_drv_pointer_attributes* out) {
+  const auto* p = static_cast<const unsigned char*>(ptr);
+  if (p >= g_foreign && p < g_foreign + sizeof(g_foreign)) {
+    *out = {ACCEL_DRV_MEMORY_DEVICE, 0};
+    return ACCEL_DRV_SUCCESS;
+  }
+  return g_inner.pointer_attributes(self, ptr, out);
+}
+
+// fragile: a failed task, or the file named by ACCEL_TEST_LOSE_DEVICE existing (the device
+// dies now, for tests without a failing task), loses the device.
+[[maybe_unused]] int lose_device_on_failure(int status) {
+  const char* trigger = std::getenv("ACCEL_TEST_LOSE_DEVICE");
+  if (status == ACCEL_DRV_SUCCESS && trigger != nullptr && ::access(trigger, F_OK) == 0) {
+    t_error = std::string("the device fell off the bus (") + trigger + " exists)";
+    return ACCEL_DRV_DEVICE_LOST;
+  }
+  return status == ACCEL_DRV_TASK_FAILED ? ACCEL_DRV_DEVICE_LOST : status;
+}
+
+[[maybe_unused]] const char* fragile_last_error(accel_driver* self) {
+  return t_error.empty() ? g_inner.last_error(self) : t_error.c_str();
+}
+
+}  // namespace
+
+extern "C" __attribute__((visibility("default"))) unsigned char* accel_test_foreign_buffer() {
+  return g_foreign;
+}
+
+#ifdef ACCEL_TEST_OLD_ABI
+extern "C" __attribute__((visibility("default"))) void* accel_driver_create(int, char*, size_t) {
+  return nullptr;
+}
+#else
+extern "C" __attribute__((visibility("default"))) int accel_driver_open(uint32_t abi_version,
+                                                                        accel_driver_table* table,
+                                                                        size_t table_size,
+                                                                        char* error,
+                                                                        size_t error_len) {
+  if (!accel::rt::driver_abi_matches(abi_version, error, error_len)) return 1;
 #ifdef ACCEL_TEST_REFUSE
   std::snprintf(error, error_len, "no test device is present on this machine");
-  return nullptr;
+  return 1;
 #else
   accel::rt::HostDriverOptions options;
-  options.name = "testdrv";
-  options.devices = 1;
-  options.memory_per_device = 256u << 20;
+  options.name = "testdrv";  // the host driver's defaults otherwise: the conformance run
 #ifdef ACCEL_TEST_LIMITED
-  // A driver without graphs, timing events and native handles (what the runtime must refuse).
   options.name = "limited";
   options.capabilities.graphs = false;
   options.capabilities.timing_events = false;
   options.capabilities.native_handles = false;
 #endif
-  return accel::rt::make_host_driver(options).release();
+#ifdef ACCEL_TEST_FRAGILE
+  options.name = "fragile";
 #endif
-}
-
-#ifndef ACCEL_TEST_NO_DESTROY  // a library from before ABI 2: the runtime refuses it
-extern "C" __attribute__((visibility("default"))) void accel_driver_destroy(
-    accel::rt::Driver* driver) {
-  delete driver;
+  const int status = accel::rt::export_driver(accel::rt::make_host_driver(options), &g_inner,
+                                              sizeof(g_inner), error, error_len);
+  if (status != 0) return status;
+  accel_driver_table t = g_inner;
+  t.pointer_attributes = &foreign_pointer_attributes;
+#ifdef ACCEL_TEST_FRAGILE
+  t.last_error = &fragile_last_error;
+  t.stream_synchronize = [](accel_driver* self, accel_drv_stream s) {
+    t_error.clear();
+    return lose_device_on_failure(g_inner.stream_synchronize(self, s));
+  };
+  t.event_synchronize = [](accel_driver* self, accel_drv_event e) {
+    t_error.clear();
+    return lose_device_on_failure(g_inner.event_synchronize(self, e));
+  };
+#endif
+#ifdef ACCEL_TEST_BAD_TABLE
+  const char* fault = std::getenv("ACCEL_TEST_BAD_TABLE");
+  if (fault != nullptr && std::strcmp(fault, "abi") == 0) t.abi_version = 2;
+  if (fault != nullptr && std::strcmp(fault, "entry") == 0) t.event_query = nullptr;
+  if (fault != nullptr && std::strcmp(fault, "name") == 0) t.name = nullptr;
+#endif
+  t.struct_size = static_cast<uint32_t>(table_size < sizeof(t) ? table_size : sizeof(t));
+  std::memcpy(static_cast<void*>(table), &t, t.struct_size);
+  return 0;
+#endif
 }
 #endif

@@ -1,7 +1,11 @@
 // Configuration from the environment and start-up failures. Each ctest entry runs these in a
 // fresh process with its own ACCEL_* variables; elsewhere they skip.
+#include <dlfcn.h>
+
 #include <atomic>
 #include <cstdlib>
+#include <cstring>
+#include <stdexcept>
 
 #include "test_util.h"
 
@@ -51,11 +55,42 @@ TEST(Plugin, LoadsADriverLibraryByName) {
   EXPECT_STREQ(driver_name(), "testdrv");
   EXPECT_EQ(driver_selection(),
             (std::vector<std::pair<std::string, std::string>>{{"testdrv", "selected"}}));
-  EXPECT_EQ(device_count(), 1);
-  EXPECT_EQ(get_device_properties(0).driver, "testdrv");
+  EXPECT_EQ(device_count(), 2);
+  EXPECT_EQ(get_device_properties(1).driver, "testdrv");
   std::vector<float> host = {1.f, 2.f, 3.f};
   float* dev = testing::upload(host);
   EXPECT_EQ(testing::download(dev, 3), host);
+
+  // Memory the runtime did not allocate: the driver's answer (testdrv reports a buffer of its
+  // own as device memory, as cudaPointerGetAttributes does for another library's cudaMalloc).
+  const std::string path = env("ACCEL_DRIVER_PATH") + "/libaccel_driver_testdrv.so";
+  void* lib = ::dlopen(path.c_str(), RTLD_NOW | RTLD_NOLOAD);
+  ASSERT_NE(lib, nullptr) << path << " is not loaded";
+  auto buffer_fn =
+      reinterpret_cast<unsigned char* (*)()>(::dlsym(lib, "accel_test_foreign_buffer"));
+  ::dlclose(lib);
+  ASSERT_NE(buffer_fn, nullptr);
+  float* foreign = reinterpret_cast<float*>(buffer_fn());
+  const PointerAttributes fa = pointer_attributes(foreign + 4);
+  EXPECT_EQ(fa.type, MemoryType::Device);
+  EXPECT_EQ(fa.device, 0);
+  EXPECT_FALSE(fa.runtime_allocated);
+  const PointerAttributes da = pointer_attributes(dev + 1);
+  EXPECT_EQ(da.type, MemoryType::Device);
+  EXPECT_TRUE(da.runtime_allocated);
+  const PointerAttributes ha = pointer_attributes(host.data());
+  EXPECT_EQ(ha.type, MemoryType::Unregistered);
+  EXPECT_EQ(ha.device, -1);
+  EXPECT_RT_ERROR(pointer_attributes(nullptr), InvalidPointerError, "null");
+  // Copies treat it as device memory: DeviceToDevice both ways, and a host kind is refused.
+  const float values[3] = {7.f, 8.f, 9.f};
+  std::memcpy(foreign, values, sizeof(values));
+  memcpy(dev, foreign, sizeof(values), CopyKind::DeviceToDevice);
+  EXPECT_EQ(testing::download(dev, 3), (std::vector<float>{7.f, 8.f, 9.f}));
+  memcpy(foreign + 8, dev, sizeof(values));  // Default: inferred DeviceToDevice
+  EXPECT_EQ(foreign[9], 8.f);
+  EXPECT_RT_ERROR(memcpy(dev, foreign, sizeof(values), CopyKind::HostToDevice), InvalidValueError,
+                  "is device memory, not host memory");
   free(dev);
 }
 
@@ -82,6 +117,29 @@ TEST(Capabilities, WhatTheDriverLeavesOutIsRefusedByName) {
   event_destroy(e);
   graph_destroy(g);
   stream_destroy(s);
+}
+
+TEST(DeviceLost, TheFirstLossIsStickyAndFreesStillWork) {
+  if (env("ACCEL_DRIVER") != "fragile") GTEST_SKIP() << "runs with ACCEL_DRIVER=fragile";
+  Stream s = stream_create();
+  void* kept = malloc(1024, s);
+  launch_host_func(s, [] { throw std::runtime_error("illegal address at 0x10"); });
+  // The failure surfaces at the synchronize as the driver's loss, naming the cause.
+  EXPECT_RT_ERROR(stream_synchronize(s), DeviceLostError, "illegal address at 0x10");
+  // Every later call is refused with the first loss; releasing memory and handles still works.
+  EXPECT_RT_ERROR(stream_synchronize(s), DeviceLostError, "lost the device earlier");
+  EXPECT_RT_ERROR(launch_host_func(s, [] {}), DeviceLostError, "illegal address at 0x10");
+  EXPECT_RT_ERROR(event_create(0, false), DeviceLostError, "nothing more can run on it");
+  free(kept);
+  EXPECT_RT_ERROR(empty_cache(0), DeviceLostError, "lost the device earlier");
+  stream_destroy(s);
+  try {
+    stream_synchronize(default_stream(0));
+    ADD_FAILURE() << "the device is lost for good";
+  } catch (const DeviceLostError& e) {
+    EXPECT_EQ(e.code(), ErrorCode::DeviceLost);
+    EXPECT_STREQ(error_code_name(e.code()), "device lost");
+  }
 }
 
 TEST(DriverSelection, AutoKeepsWhyEachDriverWasSkipped) {

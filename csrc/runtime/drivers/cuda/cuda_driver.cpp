@@ -20,7 +20,7 @@
 #include <utility>
 #include <vector>
 
-#include "runtime/driver.h"
+#include "runtime/driver_export.h"
 #include "runtime/error.h"
 
 namespace accel::rt {
@@ -47,11 +47,8 @@ bool sticky(cudaError_t e) {
   (void)cudaGetLastError();  // clear a non-sticky error so later calls start clean
   std::string what =
       std::string(call) + " failed: " + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ")";
-  if (sticky(e)) {
-    what +=
-        "; this error is sticky: the CUDA context, and with it every accel device on the "
-        "cuda driver, is unusable until the process restarts";
-  }
+  // The runtime keeps the device lost from here on and refuses every later call.
+  if (sticky(e)) throw DeviceLostError(what, __FILE__, __LINE__);
   switch (e) {
     case cudaErrorMemoryAllocation: throw OutOfMemoryError(what, __FILE__, __LINE__);
     case cudaErrorInvalidValue: throw InvalidValueError(what, __FILE__, __LINE__);
@@ -374,6 +371,17 @@ class CudaDriver final : public Driver {
     return from_cuda(m);
   }
 
+  PointerAttributes pointer_attributes(const void* ptr) override {
+    cudaPointerAttributes a{};
+    check(cudaPointerGetAttributes(&a, ptr), "cudaPointerGetAttributes");
+    switch (a.type) {
+      case cudaMemoryTypeDevice: return {.type = MemoryType::Device, .device = a.device};
+      case cudaMemoryTypeManaged: return {.type = MemoryType::Managed, .device = a.device};
+      case cudaMemoryTypeHost: return {.type = MemoryType::Host};
+      default: return {};
+    }
+  }
+
  private:
   // Runs on CUDA's host-callback thread: no CUDA call is allowed here, and none is made.
   static void CUDART_CB run_host_payload(void* data) {
@@ -411,29 +419,28 @@ class CudaDriver final : public Driver {
 }  // namespace
 }  // namespace accel::rt
 
-extern "C" __attribute__((visibility("default"))) accel::rt::Driver* accel_driver_create(
-    int abi_version, char* error, std::size_t error_len) {
-  if (!accel::rt::driver_abi_matches(abi_version, error, error_len)) return nullptr;
+extern "C" __attribute__((visibility("default"))) int accel_driver_open(uint32_t abi_version,
+                                                                        accel_driver_table* table,
+                                                                        size_t table_size,
+                                                                        char* error,
+                                                                        size_t error_len) {
+  if (!accel::rt::driver_abi_matches(abi_version, error, error_len)) return 1;
   int devices = 0;
   const cudaError_t e = cudaGetDeviceCount(&devices);
   if (e != cudaSuccess) {
     std::snprintf(error, error_len, "cudaGetDeviceCount failed: %s (%s)", cudaGetErrorName(e),
                   cudaGetErrorString(e));
-    return nullptr;
+    return 1;
   }
   if (devices == 0) {
     std::snprintf(error, error_len, "no CUDA device is present");
-    return nullptr;
+    return 1;
   }
   try {
-    return new accel::rt::CudaDriver(devices);
+    return accel::rt::export_driver(std::make_unique<accel::rt::CudaDriver>(devices), table,
+                                    table_size, error, error_len);
   } catch (const std::exception& ex) {
     std::snprintf(error, error_len, "%s", ex.what());
-    return nullptr;
+    return 1;
   }
-}
-
-extern "C" __attribute__((visibility("default"))) void accel_driver_destroy(
-    accel::rt::Driver* driver) {
-  delete driver;
 }
