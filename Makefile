@@ -5,7 +5,10 @@
 #   make test      set up, then run every test suite (C++ GoogleTest via ctest, then pytest)
 #   make test-compile
 #                  set up, then torch.compile's suite alone (make test runs it once)
-#   make test-cuda set up, then every suite on the cuda driver (skips, saying why, without one)
+#   make test-cuda set up, then every suite and the OpInfo sweep on the cuda driver (skips,
+#                  saying why, without one)
+#   make bench-cuda
+#                  accel on the cuda driver against native torch CUDA (skips without a GPU)
 #   make install   set up and build only
 #   make sanitize  build the runtime tests with ASan+UBSan and with TSan and run them
 #   make bench     set up, then run the benchmarks (tables on stdout, JSON in benchmarks/results)
@@ -40,7 +43,7 @@ REQUIREMENTS := requirements-dev.txt
 DEPS_STAMP := $(VENV)/.deps-$(shell sha1sum $(REQUIREMENTS) | cut -c1-12)
 
 .PHONY: demo test install sanitize bench opinfo opinfo-sweep pytorch-suites system-deps deps test-cpp \
-        test-python test-compile test-cuda build-cpp clean
+        test-python test-compile test-cuda bench-cuda build-cpp clean
 
 demo: install
 	$(PY) examples/transformer_lm.py
@@ -107,8 +110,13 @@ test-cuda: install build-cpp
 	@why=$$(ACCEL_DRIVER=cuda $(PY) -c "import torch_accel as t; print('' if t.is_available() else t.init_error())"); \
 	if [ -n "$$why" ]; then echo "make test-cuda: skipped: $$why"; exit 0; fi; \
 	ACCEL_DRIVER=cuda $(BUILD_DIR)/test/cpp/runtime_tests --gtest_brief=1 \
-	  --gtest_filter=-EnvConfig.*:InitFailure.*:Plugin.*:DriverSelection.*; \
-	ACCEL_DRIVER=cuda $(PY) -m pytest -q -p no:cacheprovider test
+	  --gtest_filter=-EnvConfig.*:InitFailure.*:Plugin.*:DriverSelection.*:Capabilities.*:DeviceLost.* && \
+	ACCEL_DRIVER=cuda $(PY) -m pytest -q -p no:cacheprovider test && \
+	ACCEL_DRIVER=cuda $(MAKE) --no-print-directory opinfo-sweep
+
+# accel on the cuda driver against native torch CUDA on the same GPU (skips without one).
+bench-cuda: install
+	ACCEL_DRIVER=cuda $(PY) benchmarks/cuda_vs_native.py
 
 sanitize: system-deps deps
 	for san in address thread; do \

@@ -12,16 +12,23 @@ from pathlib import Path
 import torch
 
 
+def synchronize(device: str) -> None:
+    """Waits for ``device``: "accel", "cuda", "both", or anything else (the CPU: nothing)."""
+    if device in ("accel", "both"):
+        torch.accel.synchronize()
+    if device in ("cuda", "both"):
+        torch.cuda.synchronize()
+
+
 def best_of(fn: Callable[[], object], repeats: int, device: str = "accel") -> float:
-    """The shortest of ``repeats`` timed calls of ``fn``, with accel synchronized around each."""
+    """The shortest of ``repeats`` timed calls of ``fn``, with ``device`` synchronized around
+    each (see synchronize)."""
     times = []
     for _ in range(repeats):
-        if device == "accel":
-            torch.accel.synchronize()
+        synchronize(device)
         start = time.perf_counter()
         fn()
-        if device == "accel":
-            torch.accel.synchronize()
+        synchronize(device)
         times.append(time.perf_counter() - start)
     return min(times)
 

@@ -597,10 +597,9 @@ def render_docs(regs: list[Registration], missing: list[tuple[str, str]]) -> str
         "for `host`, CUDA for `cuda`) is underlying unless the yaml says otherwise (`default`",
         "in the notes); views are computed from metadata and alias accel memory; composite",
         "operators decompose into these. Operators listed nowhere take the CPU fallback. The",
-        "`cuda` column is the tier declared for the cuda driver, which is written but whose",
-        "underlying executor (ATen CUDA kernels on accel memory) is not: on cuda today every",
-        "underlying operator runs the CPU fallback, copying through the host, and no native",
-        "kernel has run on a GPU.",
+        "`cuda` column is the tier on the cuda driver, whose executor runs ATen's CUDA kernels",
+        "on accel memory in accel stream order (`csrc/aten/executor.h`): written and built, but",
+        "it has not run on a GPU yet.",
         "The `level_zero` driver does not exist yet; its column shows the tier declared.",
         "",
         f"Registered operators: {len(regs)} ({counts['native']} native, {counts['underlying']} "

@@ -125,6 +125,39 @@ def test_a_lost_device_raises_accelerator_error_and_stays_lost(run_python, tmp_p
     assert lines[3] == "released"
 
 
+def test_a_driver_without_an_executor_runs_operators_through_the_host(run_python):
+    # The limited test driver's memory is not host-accessible and it has no executor for ATen
+    # kernels: operators take the CPU fallback, and copies and fills between accel tensors go
+    # through the host, each visibly (warned once, counted), with the CPU's values.
+    drivers = ROOT / "build" / "test" / "cpp" / "drivers"
+    if not (drivers / "libaccel_driver_limited.so").exists():
+        pytest.skip("the C++ test drivers are not built (make test-cpp builds them)")
+    code = (
+        "import torch, torch_accel\n"
+        "x = torch.arange(12.0).reshape(3, 4)\n"
+        "a = x.to('accel')\n"
+        "y = (a + 1).t().contiguous() * 2\n"
+        "z = torch.empty(8, device='accel')[::2].fill_(3.0)\n"
+        "print(torch.equal(y.cpu(), ((x + 1).t() * 2)), z.cpu().tolist())\n"
+        "print(sorted(torch.accel.fallback_stats()))\n"
+        "torch_accel._C._set_fallback_mode('error')\n"
+        "try:\n"
+        "    a.t().contiguous()\n"
+        "except NotImplementedError as e:\n"
+        "    print('refused:', e)\n"
+    )
+    env = {"ACCEL_DRIVER": "limited", "ACCEL_DRIVER_PATH": str(drivers)}
+    r = run_python(code, **env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    lines = r.stdout.strip().splitlines()
+    assert lines[0] == "True [3.0, 3.0, 3.0, 3.0]"
+    names = eval(lines[1])  # noqa: S307 - a list of strings printed above
+    assert {"aten::add.Tensor", "aten::copy_", "aten::fill_", "aten::mul.Tensor"} <= set(names)
+    assert lines[2].startswith("refused: aten::copy_ has no accel kernel on the limited driver")
+    assert "ACCEL_FALLBACK=error forbids copying through the host" in lines[2]
+    assert "aten::copy_ has no accel kernel and runs on the CPU fallback" in r.stderr
+
+
 def test_device_buffer_round_trip_on_two_streams_with_timing():
     n = 100_000
     data = [np.arange(n, dtype=np.float32) * (i + 1) for i in range(2)]

@@ -1,16 +1,17 @@
-// scaled_dot_product_attention on accel picks its backend as on the CPU.
+// scaled_dot_product_attention on accel picks its backend as the device underneath does.
 //
 // PyTorch asks a per-device dispatch stub which fused kernel suits the inputs; a device that
 // registers nothing always gets the math path (matmul, softmax, matmul). On the host driver
 // the CPU's choice applies: its flash attention kernel runs underlying on accel memory
 // (_scaled_dot_product_flash_attention_for_cpu and its backward, see the yaml), and
-// torch.nn.attention.sdpa_kernel selects backends as usual.
+// torch.nn.attention.sdpa_kernel selects backends as usual. On the cuda driver the choice is
+// CUDA's (flash, memory-efficient, cuDNN), whose kernels run underlying as well.
 #include <ATen/core/Tensor.h>
 #include <ATen/native/transformers/attention.h>
 #include <ATen/native/transformers/sdp_utils_cpp.h>
 #include <ATen/ops/_fused_sdp_choice.h>
 
-#include "aten/host_task.h"
+#include "aten/executor.h"
 #include "device/common.h"
 
 namespace accel::aten {
@@ -19,9 +20,9 @@ namespace {
 int64_t fused_sdp_choice(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
                          const std::optional<at::Tensor>& attn_mask, double dropout_p,
                          bool is_causal, std::optional<double> scale, bool enable_gqa) {
-  // Only the host driver runs the CPU kernels on device memory.
-  if (!host_accessible()) return static_cast<int64_t>(sdp::SDPBackend::math);
-  // The _fused_sdp_choice operator on accel tensors runs the CPU's rule (see the yaml).
+  // Without an executor the fused kernels cannot run on accel memory.
+  if (executor() == Executor::None) return static_cast<int64_t>(sdp::SDPBackend::math);
+  // The _fused_sdp_choice operator on accel tensors runs the underlying device's rule (yaml).
   return at::_fused_sdp_choice(query, key, value, attn_mask, dropout_p, is_causal, scale,
                                enable_gqa);
 }

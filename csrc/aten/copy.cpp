@@ -19,6 +19,8 @@
 #include <torch/library.h>
 
 #include "AccelNativeFunctions.h"
+#include "aten/executor.h"
+#include "aten/fallback.h"
 #include "aten/host_task.h"
 #include "device/common.h"
 
@@ -74,6 +76,41 @@ void synchronize(rt::Stream stream) {
   device::call([&] { rt::stream_synchronize(stream); }, "copy_");
 }
 
+// Without an executor (a driver with no kernels for ATen): the bytes `t` spans go to the host,
+// viewed there with t's layout; put_back uploads them again.
+class HostImage {
+ public:
+  HostImage(const at::Tensor& t, rt::Stream stream) : t_(t), stream_(stream) {
+    int64_t lo = t.storage_offset(), hi = t.storage_offset();
+    for (int64_t d = 0; d < t.dim(); ++d) {
+      const int64_t reach = (t.size(d) - 1) * t.stride(d);
+      (reach < 0 ? lo : hi) += reach;
+    }
+    const int64_t item = static_cast<int64_t>(t.itemsize());
+    start_ = static_cast<size_t>(lo * item);
+    buffer_ = at::empty({(hi - lo + 1) * item}, at::TensorOptions().dtype(at::kByte));
+    memcpy_on(stream, buffer_.data_ptr(), static_cast<const char*>(t.storage().data()) + start_,
+              buffer_.numel(), rt::CopyKind::DeviceToHost, "copy_");
+    synchronize(stream);
+    view_ =
+        buffer_.view(t.scalar_type()).as_strided(t.sizes(), t.strides(), t.storage_offset() - lo);
+    if (t.is_conj()) view_._set_conj(true);
+    if (t.is_neg()) view_._set_neg(true);
+  }
+  const at::Tensor& view() const { return view_; }
+  void put_back() {
+    memcpy_on(stream_, static_cast<char*>(t_.storage().mutable_data()) + start_, buffer_.data_ptr(),
+              buffer_.numel(), rt::CopyKind::HostToDevice, "copy_");
+    synchronize(stream_);
+  }
+
+ private:
+  at::Tensor t_;
+  rt::Stream stream_;
+  size_t start_ = 0;
+  at::Tensor buffer_, view_;
+};
+
 // dst and src on accel devices (possibly different ones). Runs on dst's current stream.
 void copy_within_accel(const at::Tensor& dst, const at::Tensor& src) {
   const c10::DeviceIndex dst_dev = dst.device().index();
@@ -95,10 +132,21 @@ void copy_within_accel(const at::Tensor& dst, const at::Tensor& src) {
   if (same_bytes(dst, src)) {
     memcpy_on(stream, dst.data_ptr(), src.const_data_ptr(), nbytes_of(dst),
               rt::CopyKind::DeviceToDevice, "copy_");
+  } else if (executor() == Executor::None) {
+    host_round_trip("aten::copy_", dst_dev);
+    const HostImage from(src, stream);
+    HostImage to(dst, stream);
+    to.view().copy_(from.view());
+    to.put_back();
   } else {
-    launch(dst_dev, "copy_", [d = Layout::of(dst), s = Layout::of(src, /*write=*/false)] {
-      d.cpu_view().copy_(s.cpu_view());
-    });
+    // A source on another GPU is viewed on its own device (CUDA's copy then goes peer to peer).
+    launch_kernel(dst_dev, "copy_",
+                  [d = Layout::of(dst), s = Layout::of(src, /*write=*/false),
+                   other = src_dev != dst_dev ? kernel_device(src_dev)
+                                              : c10::Device(c10::kCPU)](KernelStorages& views) {
+                    const bool apart = other != views.device() && !other.is_cpu();
+                    d.view(views).copy_(apart ? s.view_on(other) : s.view(views));
+                  });
   }
   if (src_dev != dst_dev) {
     device::call([&] {
@@ -217,8 +265,17 @@ at::Tensor& fill_Scalar(at::Tensor& self, const c10::Scalar& value) {
   // Overlapping elements (an expanded tensor) all get the same value: accepted, as on CUDA.
   if (self.numel() == 0) return self;
   c10::DeviceGuard guard(self.device());
-  launch(self.device().index(), "fill_",
-         [l = Layout::of(self), value] { l.cpu_view().fill_(value); });
+  if (executor() == Executor::None) {
+    const c10::DeviceIndex device = self.device().index();
+    host_round_trip("aten::fill_", device);
+    HostImage image(self, device::call([&] { return rt::current_stream(device); }));
+    image.view().fill_(value);
+    image.put_back();
+    return self;
+  }
+  launch_kernel(
+      self.device().index(), "fill_",
+      [l = Layout::of(self), value](KernelStorages& views) { l.view(views).fill_(value); });
   return self;
 }
 

@@ -336,4 +336,15 @@ TORCH_LIBRARY_IMPL(_, QuantizedPrivateUse1, m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&quantized_fallback>());
 }
 
+void host_round_trip(const std::string& name, c10::DeviceIndex device) {
+  const FallbackMode mode = fallback_mode();
+  TORCH_CHECK_NOT_IMPLEMENTED(mode != FallbackMode::Error, name, " has no accel kernel on the ",
+                              rt::driver_name(),
+                              " driver, and ACCEL_FALLBACK=error forbids copying through the "
+                              "host. Set ACCEL_FALLBACK=warn (the default) or silent to allow it.");
+  refuse_capture(device, name.c_str(),
+                 "it has no accel kernel on this driver and copies through the host");
+  count_and_warn(name, mode);
+}
+
 }  // namespace accel::aten

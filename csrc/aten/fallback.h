@@ -23,6 +23,11 @@ void set_fallback_mode(FallbackMode mode);
 bool parse_fallback_mode(const std::string& text, FallbackMode* mode);
 const char* fallback_mode_name(FallbackMode mode);
 
+// For work that goes through the host for want of a kernel (a driver without an executor):
+// refuses under ACCEL_FALLBACK=error or during capture, else counts the call and warns once, as
+// the CPU fallback does for `name`.
+void host_round_trip(const std::string& name, c10::DeviceIndex device);
+
 // Calls that went through the CPU fallback, per operator ("aten::add.Tensor").
 std::vector<std::pair<std::string, int64_t>> fallback_stats();
 void reset_fallback_stats();

@@ -89,7 +89,7 @@ class Converter {
     const c10::Storage& s = t.storage();
     memory_.add(s);
     guard(s);
-    if (!t.is_nested()) return Layout::of(t).cpu_view(&storages_);
+    if (!t.is_nested()) return Layout::of(t).view(storages_);
     const auto* nt = at::native::get_nested_tensor_impl(t);
     c10::Storage cpu = storages_.get(s.mutable_data(), s.nbytes());
     return nested_over(
@@ -144,9 +144,9 @@ class Converter {
 
  private:
   c10::DeviceIndex device_;
-  CpuStorages storages_;
-  AccelMemory memory_;  // the arguments' memory
-  AccelMemory copied_;  // the accel copies of new results' CPU memory, by CPU address
+  KernelStorages storages_;  // CPU views (host_call runs on the host driver only)
+  AccelMemory memory_;       // the arguments' memory
+  AccelMemory copied_;       // the accel copies of new results' CPU memory, by CPU address
   std::vector<const void*> guarded_;
   std::vector<std::unique_ptr<rt::HostAccessGuard>> access_;
 };

@@ -6,22 +6,33 @@
 namespace accel::aten {
 namespace {
 
-c10::Storage cpu_storage(void* base, size_t nbytes) {
+c10::Storage kernel_storage(void* base, size_t nbytes, c10::Device device) {
   // Not owned: the accel allocator owns the memory. A resize moves the storage to memory of
-  // the CPU allocator, never freeing `base`.
-  return c10::Storage(c10::Storage::use_byte_size_t(), nbytes, c10::DataPtr(base, c10::kCPU),
-                      c10::GetCPUAllocator(), /*resizable=*/true);
+  // the device's own allocator, never freeing `base`.
+  return c10::Storage(c10::Storage::use_byte_size_t(), nbytes, c10::DataPtr(base, device),
+                      c10::GetAllocator(device.type()), /*resizable=*/true);
+}
+
+at::Tensor make_view(const Layout& l, c10::Storage s, c10::Device device) {
+  auto impl = c10::make_intrusive<c10::TensorImpl>(
+      std::move(s), c10::DispatchKeySet(c10::computeDispatchKey(l.dtype, c10::kStrided, device)),
+      c10::scalarTypeToTypeMeta(l.dtype));
+  impl->set_sizes_and_strides(l.sizes, l.strides, l.offset);
+  at::Tensor t(std::move(impl));
+  if (l.conj) t._set_conj(true);
+  if (l.neg) t._set_neg(true);
+  return t;
 }
 
 }  // namespace
 
-c10::Storage CpuStorages::get(void* base, size_t nbytes) {
+c10::Storage KernelStorages::get(void* base, size_t nbytes) {
   // Empty storages (no memory: several may have the same null base) alias nothing.
-  if (base == nullptr || nbytes == 0) return cpu_storage(base, nbytes);
+  if (base == nullptr || nbytes == 0) return kernel_storage(base, nbytes, device_);
   for (const auto& [b, s] : storages_) {
     if (b == base) return s;
   }
-  storages_.emplace_back(base, cpu_storage(base, nbytes));
+  storages_.emplace_back(base, kernel_storage(base, nbytes, device_));
   return storages_.back().second;
 }
 
@@ -40,16 +51,14 @@ Layout Layout::of(const at::Tensor& t, bool write) {
   return l;
 }
 
-at::Tensor Layout::cpu_view(CpuStorages* storages) const {
+at::Tensor Layout::view(KernelStorages& storages) const {
   if (dtype == c10::ScalarType::Undefined) return at::Tensor();
-  c10::Storage s = storages != nullptr ? storages->get(base, nbytes) : cpu_storage(base, nbytes);
-  auto impl = c10::make_intrusive<c10::TensorImpl>(
-      std::move(s), c10::DispatchKeySet(c10::DispatchKey::CPU), c10::scalarTypeToTypeMeta(dtype));
-  impl->set_sizes_and_strides(sizes, strides, offset);
-  at::Tensor t(std::move(impl));
-  if (conj) t._set_conj(true);
-  if (neg) t._set_neg(true);
-  return t;
+  return make_view(*this, storages.get(base, nbytes), storages.device());
+}
+
+at::Tensor Layout::view_on(c10::Device device) const {
+  if (dtype == c10::ScalarType::Undefined) return at::Tensor();
+  return make_view(*this, kernel_storage(base, nbytes, device), device);
 }
 
 bool Layout::changed_in(const at::Tensor& v) const {

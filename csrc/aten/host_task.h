@@ -17,15 +17,20 @@
 
 namespace accel::aten {
 
-// The CPU storages of one kernel call: views of one accel storage get one CPU storage, so the
-// kernel's overlap checks (an out= tensor that overlaps an input) see what aliases what. The
-// storages are resizable: a kernel that resizes an out= tensor beyond its storage moves it to
-// new CPU memory, which the caller detects (Layout::moved) and copies back.
-class CpuStorages {
+// The storages of one kernel call's views of accel memory, on the device whose ATen kernels
+// run there (the CPU for the host driver, CUDA for the cuda driver: see executor.h). Views of one
+// accel storage get one storage, so the kernel's overlap checks (an out= tensor that overlaps an
+// input) see what aliases what. The storages are resizable: a kernel that resizes an out= tensor
+// beyond its storage moves it to new memory of that device, which the caller detects
+// (Layout::changed_in) and copies back.
+class KernelStorages {
  public:
+  explicit KernelStorages(c10::Device device = c10::Device(c10::kCPU)) : device_(device) {}
+  c10::Device device() const { return device_; }
   c10::Storage get(void* base, size_t nbytes);
 
  private:
+  c10::Device device_;
   c10::SmallVector<std::pair<void*, c10::Storage>, 4> storages_;
 };
 
@@ -39,13 +44,17 @@ struct Layout {
   bool conj = false;
   bool neg = false;
 
-  // An undefined tensor has dtype Undefined, and its cpu_view() is undefined too. `write`:
-  // the work writes the tensor, so a copy-on-write storage gets its own memory first; a tensor
-  // that is only read keeps sharing it (a lazy clone stays lazy, as on the CPU).
+  // An undefined tensor has dtype Undefined, and its views are undefined too. `write`: the
+  // work writes the tensor, so a copy-on-write storage gets its own memory first; a tensor that
+  // is only read keeps sharing it (a lazy clone stays lazy, as on the CPU).
   static Layout of(const at::Tensor& t, bool write = true);
-  // A CPU tensor over this memory (valid on the host only where device memory is host memory).
-  // Views made with the same `storages` share the CPU storage of their accel storage.
-  at::Tensor cpu_view(CpuStorages* storages = nullptr) const;
+  // A tensor of `storages`' device over this memory; views made with the same `storages` share
+  // the storage of their accel storage.
+  at::Tensor view(KernelStorages& storages) const;
+  // A tensor of `device` over this memory, alone.
+  at::Tensor view_on(c10::Device device) const;
+  // A CPU tensor over this memory (only where device memory is host memory: the host driver).
+  at::Tensor cpu_view() const { return view_on(c10::Device(c10::kCPU)); }
   // Whether the CPU view `v` of this layout no longer describes it: resized or moved.
   bool changed_in(const at::Tensor& v) const;
 };

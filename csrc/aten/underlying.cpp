@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "aten/dispatch_util.h"
+#include "aten/executor.h"
 #include "aten/fallback.h"
 #include "aten/host_task.h"
 #include "aten/meta_cache.h"
@@ -121,7 +122,25 @@ void adopt_layout(const at::Tensor& t, const TensorMeta& m) {
   t.unsafeGetTensorImpl()->set_sizes_and_strides(m.sizes, m.strides);
 }
 
-// An accel copy of a CPU result (its layout where it is dense: channels-last stays so).
+// Copies the bytes of `src`, a result of the executor's kernel laid out as `dst`, into the accel
+// tensor `dst`: from the host (waiting), or device to device in stream order (cuda).
+void write_result(const at::Tensor& dst, const at::Tensor& src, const char* what) {
+  const size_t bytes = static_cast<size_t>(src.numel()) * src.itemsize();
+  if (bytes == 0) return;
+  device::call(
+      [&] {
+        if (src.is_cpu()) {
+          rt::memcpy(dst.data_ptr(), src.data_ptr(), bytes, rt::CopyKind::HostToDevice);
+        } else {  // memory of the same GPU (pointer attributes say so): no host round trip
+          rt::memcpy_async(dst.data_ptr(), src.data_ptr(), bytes, rt::CopyKind::DeviceToDevice,
+                           rt::current_stream(dst.device().index()));
+        }
+      },
+      what);
+}
+
+// An accel copy of a result of the executor's kernel (its layout where it is dense:
+// channels-last stays so).
 at::Tensor to_accel(const at::Tensor& r, const char* what) {
   if (!r.defined()) return r;
   TORCH_CHECK_NOT_IMPLEMENTED(r.layout() == c10::Layout::Strided && !r.is_quantized(), what,
@@ -130,12 +149,7 @@ at::Tensor to_accel(const at::Tensor& r, const char* what) {
                               "and strided)");
   at::Tensor dense = r.is_non_overlapping_and_dense() ? r : r.contiguous();
   at::Tensor out = allocate(TensorMeta::of(dense));
-  const size_t bytes = static_cast<size_t>(dense.numel()) * dense.itemsize();
-  if (bytes > 0) {
-    device::call(
-        [&] { rt::memcpy(out.data_ptr(), dense.data_ptr(), bytes, rt::CopyKind::HostToDevice); },
-        what);
-  }
+  write_result(out, dense, what);
   return out;
 }
 
@@ -162,9 +176,11 @@ class UnderlyingKernel final : public c10::OperatorKernel {
       case Tier::Underlying: break;
     }
     if (c.widen != nullptr && widened_call(c, op, stack)) return;
-    if (c.cuda_like != nullptr && host_accessible() && c.cuda_like(op, stack)) return;
-    if (g_force_fallback.load(std::memory_order_relaxed) || !host_accessible() ||
-        !dtype_allowed(c, op, *stack)) {
+    // cuda_like and dtypes describe what the CPU's kernels refuse: the host executor's concern.
+    const Executor ex = executor();
+    if (c.cuda_like != nullptr && ex == Executor::Host && c.cuda_like(op, stack)) return;
+    if (g_force_fallback.load(std::memory_order_relaxed) || ex == Executor::None ||
+        (ex == Executor::Host && !dtype_allowed(c, op, *stack))) {
       cpu_fallback(fallback_op, stack);
       return;
     }
@@ -403,11 +419,13 @@ class UnderlyingKernel final : public c10::OperatorKernel {
     }
     work.serial = small_work(buf, info_.serial_numel);
     std::optional<rt::Task> direct;
-    if (capturing(device) && stream_capturing(device)) direct = replay_elementwise(work);
+    if (executor() == Executor::Host && capturing(device) && stream_capturing(device)) {
+      direct = replay_elementwise(work);
+    }
     if (direct) {
       launch(device, config_->name, std::move(*direct));  // replays without ATen
     } else {
-      launch(device, config_->name, std::move(work));
+      launch_kernel(device, config_->name, std::move(work));
     }
 
     torch::jit::drop(*stack, n);
@@ -485,13 +503,17 @@ class UnderlyingKernel final : public c10::OperatorKernel {
                                               const CachedResult* expected = nullptr) {
     const size_t n = op.schema().arguments().size();
     const size_t begin = stack->size() - n;
-    if (synchronize) {
+    // The host's CPU kernel reads the memory now: the stream drains first. CUDA's kernel runs in
+    // the accel stream's order (one that needs its result shape synchronizes that stream).
+    const bool host = executor() == Executor::Host;
+    if (synchronize && host) {
       refuse_capture(device, config_->name,
                      "it runs on the calling thread once the stream has drained (its result "
                      "shape depends on the data, or it returns a value to the host)");
       device::call([&] { rt::stream_synchronize(rt::current_stream(device)); }, config_->name);
     }
-    CpuStorages storages;
+    KernelScope scope(device);
+    KernelStorages storages(kernel_device(device));
     std::vector<std::unique_ptr<rt::HostAccessGuard>> access;
     c10::SmallVector<const void*, 8> accessed;
     std::vector<at::Tensor> written_views(n);  // the CPU views of written accel tensors
@@ -499,11 +521,11 @@ class UnderlyingKernel final : public c10::OperatorKernel {
     bool write = false;  // whether the argument being viewed is written
     const auto view = [&](const at::Tensor& t) {
       const Layout l = Layout::of(t, write);
-      if (std::find(accessed.begin(), accessed.end(), l.base) == accessed.end()) {
+      if (host && std::find(accessed.begin(), accessed.end(), l.base) == accessed.end()) {
         accessed.push_back(l.base);
         access.push_back(std::make_unique<rt::HostAccessGuard>(l.base, l.nbytes));
       }
-      at::Tensor v = l.cpu_view(&storages);
+      at::Tensor v = l.view(storages);
       // Operators that only inspect their arguments may look at requires_grad too (the
       // attention backend choice does).
       if (config_->metadata_only && t.requires_grad()) v.set_requires_grad(true);
@@ -533,7 +555,7 @@ class UnderlyingKernel final : public c10::OperatorKernel {
         }
         cpu.emplace_back(std::move(ts));
       } else if (v.isDevice() && v.toDevice().type() == kAccel) {
-        cpu.emplace_back(c10::Device(c10::kCPU));
+        cpu.emplace_back(kernel_device(v.toDevice().index()));
       } else {
         cpu.push_back(v);
       }
@@ -553,7 +575,7 @@ class UnderlyingKernel final : public c10::OperatorKernel {
       at::AutoDispatchBelowADInplaceOrView below_autograd;
       c10::WarningUtils::WarningHandlerGuard see(&warnings);
       std::optional<SerialScope> serial;
-      if (small_call(*stack, begin, expected, info_.serial_numel)) serial.emplace();
+      if (host && small_call(*stack, begin, expected, info_.serial_numel)) serial.emplace();
       (cpu_op_ ? *cpu_op_ : op).callBoxed(&cpu);
     }
 
@@ -577,7 +599,11 @@ class UnderlyingKernel final : public c10::OperatorKernel {
           const at::Tensor dense = v.is_non_overlapping_and_dense() ? v : v.contiguous();
           t.unsafeGetTensorImpl()->set_storage_offset(0);
           adopt_layout(t, TensorMeta::of(dense));
-          t.copy_(dense);
+          if (dense.is_cpu()) {
+            t.copy_(dense);
+          } else {
+            write_result(t, dense, config_->name);
+          }
         }
       }
       seen->written[i] = TensorMeta::of(t);

@@ -13,6 +13,7 @@
 #include <string>
 #include <type_traits>
 
+#include "aten/executor.h"
 #include "aten/meta_cache.h"
 
 namespace accel::aten {
@@ -49,9 +50,9 @@ int64_t numel_of(const Layout& l) {
   return n;
 }
 
-void copy_result(const Layout& into, const at::Tensor& result, CpuStorages& storages) {
+void copy_result(const Layout& into, const at::Tensor& result, KernelStorages& storages) {
   if (into.dtype != c10::ScalarType::Undefined && result.defined()) {
-    into.cpu_view(&storages).copy_(result);
+    into.view(storages).copy_(result);
   }
 }
 
@@ -146,7 +147,7 @@ void Arg::stash(const c10::IValue& v, bool write) {
       }
     }
   } else if (v.isDevice() && v.toDevice().type() == kAccel) {
-    value = c10::Device(c10::kCPU);
+    value = kernel_device(v.toDevice().index());
   } else {
     value = v;
   }
@@ -160,19 +161,19 @@ void Arg::reset() {
   optional_list.clear();
 }
 
-c10::IValue Arg::materialize(CpuStorages& storages) const {
+c10::IValue Arg::materialize(KernelStorages& storages) const {
   switch (kind) {
-    case Kind::Tensor: return tensor.cpu_view(&storages);
+    case Kind::Tensor: return tensor.view(storages);
     case Kind::TensorList: {
       std::vector<at::Tensor> views;
       views.reserve(list.size());
-      for (const Layout& l : list) views.push_back(l.cpu_view(&storages));
+      for (const Layout& l : list) views.push_back(l.view(storages));
       return views;
     }
     case Kind::OptionalTensorList: {
       c10::List<std::optional<at::Tensor>> views;
       for (const auto& l : optional_list) {
-        views.push_back(l ? std::optional<at::Tensor>(l->cpu_view(&storages)) : std::nullopt);
+        views.push_back(l ? std::optional<at::Tensor>(l->view(storages)) : std::nullopt);
       }
       return views;
     }
@@ -283,9 +284,13 @@ bool small_call(const torch::jit::Stack& stack, size_t begin, const CachedResult
   return most < serial_below;
 }
 
-void Work::operator()() const {
+void Work::operator()(KernelStorages& storages) const {
+  if (!storages.device().is_cpu()) {  // on the caller: errors raise at the call
+    run(storages);
+    return;
+  }
   try {
-    run();
+    run(storages);
   } catch (const c10::Error& e) {
     // A failure found by the kernel (an index out of range, say) surfaces at the next
     // synchronizing call, as on CUDA: name the operator, and leave out the C++ backtrace.
@@ -293,18 +298,17 @@ void Work::operator()() const {
   }
 }
 
-void Work::run() const {
+void Work::run(KernelStorages& storages) const {
   at::AutoDispatchBelowADInplaceOrView below_autograd;
   std::optional<SerialScope> no_parallel;
-  if (serial) no_parallel.emplace();
-  CpuStorages storages;
+  if (serial && storages.device().is_cpu()) no_parallel.emplace();
   torch::jit::Stack stack;
   stack.reserve(buf->count);
   for (const Arg& a : buf->args()) stack.push_back(a.materialize(storages));
   if (into != nullptr) {
     std::vector<at::Tensor> results;
     results.reserve(buf->copy_into.size());
-    for (const Layout& l : buf->copy_into) results.push_back(l.cpu_view(&storages));
+    for (const Layout& l : buf->copy_into) results.push_back(l.view(storages));
     into(stack, results);
     return;
   }
@@ -330,7 +334,7 @@ void Work::run() const {
     TORCH_CHECK(view.sizes() == c10::IntArrayRef(layout->sizes), "the kernel resized an output to ",
                 view.sizes(), " where ", c10::IntArrayRef(layout->sizes),
                 " was predicted (a bug of accel: please report it)");
-    layout->cpu_view().copy_(view);
+    layout->view_on(storages.device()).copy_(view);
   }
   // The kernel's warnings, less the one about resizing a result the caller allocated (the user
   // called the functional form, where the CPU passes no out= tensor).

@@ -1,6 +1,6 @@
-// The work of one underlying operator call on the stream (the host driver's executor): its
-// arguments, stashed by value on the calling thread, and the task that runs the CPU kernel on
-// CPU views of the accel memory.
+// The work of one underlying operator call: its arguments, stashed by value on the calling
+// thread, and what runs the kernel of the executor's device (executor.h) on views of the accel
+// memory: a task on the stream (host driver) or the caller itself (cuda).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -26,15 +26,15 @@ struct Arg {
   std::vector<Layout> list;
   std::vector<std::optional<Layout>> optional_list;
 
-  // Fills this (cleared) slot with the task's copy of `v`: accel tensors by layout, CPU
+  // Fills this (cleared) slot with the work's copy of `v`: accel tensors by layout, CPU
   // tensors cloned (the caller may change them as soon as the call returns, as with CUDA),
-  // accel device arguments turned into the CPU device (factories build on the CPU).
+  // accel device arguments turned into the executor's device (factories build there).
   // `write`: the call writes `v` (see Layout::of).
   void stash(const c10::IValue& v, bool write);
   // Back to an empty slot, keeping the lists' capacity (slots are reused by later calls).
   void reset();
-  // The argument of the CPU call.
-  c10::IValue materialize(CpuStorages& storages) const;
+  // The argument of the kernel's call (views on `storages`' device).
+  c10::IValue materialize(KernelStorages& storages) const;
 };
 
 // The arguments of one call, filled on the calling thread and read by the task.
@@ -68,10 +68,12 @@ struct Work {
   // than the work, and its threads spin afterwards, taking a core from the calling thread.
   bool serial = false;
 
-  void operator()() const;
+  // Runs the kernel on views made with `storages`. On the host (a task) a kernel's error is
+  // reported at the next synchronizing call, naming the operator.
+  void operator()(KernelStorages& storages) const;
 
  private:
-  void run() const;
+  void run(KernelStorages& storages) const;
 };
 
 // Below how many elements in every tensor a call of the operator `name` ("aten::add.Tensor")

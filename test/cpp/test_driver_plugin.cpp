@@ -3,7 +3,8 @@
 //  - testdrv (default): the host driver under another name; it also reports a buffer of its own
 //    (accel_test_foreign_buffer) as device memory the runtime did not allocate.
 //  - refuse (ACCEL_TEST_REFUSE): refuses to start.
-//  - limited (ACCEL_TEST_LIMITED): no graphs, timing events or native handles.
+//  - limited (ACCEL_TEST_LIMITED): no graphs, timing events, native handles or host-accessible
+//    memory (so no executor for ATen kernels).
 //  - fragile (ACCEL_TEST_FRAGILE): a failed host task loses the device, as a faulting CUDA
 //    kernel poisons its context (and so does ACCEL_TEST_LOSE_DEVICE=<file> once it exists).
 //  - badtable (ACCEL_TEST_BAD_TABLE): fills a table the runtime must refuse, the fault chosen
@@ -76,6 +77,7 @@ extern "C" __attribute__((visibility("default"))) int accel_driver_open(uint32_t
   options.name = "testdrv";  // the host driver's defaults otherwise: the conformance run
 #ifdef ACCEL_TEST_LIMITED
   options.name = "limited";
+  options.capabilities.host_accessible_memory = false;  // no executor: operators fall back
   options.capabilities.graphs = false;
   options.capabilities.timing_events = false;
   options.capabilities.native_handles = false;

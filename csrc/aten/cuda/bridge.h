@@ -1,0 +1,27 @@
+/* The C interface of libaccel_aten_cuda.so: what torch_accel needs from PyTorch's CUDA side to
+ * run ATen CUDA kernels on accel memory (csrc/aten/executor.h). Loaded with dlopen only when
+ * the cuda driver runs, so the package never needs CUDA otherwise. */
+#ifndef ACCEL_ATEN_CUDA_BRIDGE_H_
+#define ACCEL_ATEN_CUDA_BRIDGE_H_
+
+#include <stddef.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define ACCEL_CUDA_BRIDGE_VERSION 1
+
+/* ACCEL_CUDA_BRIDGE_VERSION of the library. */
+typedef int (*accel_cuda_bridge_version_fn)(void);
+/* Makes CUDA device `device` current and the cudaStream_t `stream` its current stream for
+ * PyTorch on the calling thread. Returns what accel_cuda_exit restores, or NULL after writing why
+ * into `error`. */
+typedef void* (*accel_cuda_enter_fn)(int device, void* stream, char* error, size_t error_len);
+typedef void (*accel_cuda_exit_fn)(void* state);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* ACCEL_ATEN_CUDA_BRIDGE_H_ */
