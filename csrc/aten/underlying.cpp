@@ -179,8 +179,11 @@ class UnderlyingKernel final : public c10::OperatorKernel {
     // cuda_like and dtypes describe what the CPU's kernels refuse: the host executor's concern.
     const Executor ex = executor();
     if (c.cuda_like != nullptr && ex == Executor::Host && c.cuda_like(op, stack)) return;
+    // Random operators on cuda draw from accel's generators, which CUDA's kernels do not take
+    // (philox generators for accel on cuda are not written yet): the CPU fallback draws them.
     if (g_force_fallback.load(std::memory_order_relaxed) || ex == Executor::None ||
-        (ex == Executor::Host && !dtype_allowed(c, op, *stack))) {
+        (ex == Executor::Host && !dtype_allowed(c, op, *stack)) ||
+        (ex == Executor::Cuda && info_.has_generator)) {
       cpu_fallback(fallback_op, stack);
       return;
     }
@@ -402,7 +405,8 @@ class UnderlyingKernel final : public c10::OperatorKernel {
       }
     }
     if (!fresh.empty()) {
-      if (config_->into != nullptr) {
+      // `into` functions call the CPU's kernels: the host executor's alone.
+      if (config_->into != nullptr && executor() == Executor::Host) {
         work.into = config_->into;  // computes straight into the new tensors
         buf.copy_into.assign(fresh.begin(), fresh.end());
       } else if (out_op_ && !cpu_op_) {
