@@ -16,6 +16,7 @@
 #include <ATen/ops/empty_strided.h>
 #include <ATen/ops/resize.h>
 #include <c10/core/DeviceGuard.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/library.h>
 
 #include "AccelNativeFunctions.h"
@@ -208,8 +209,42 @@ void copy_accel_to_host(const at::Tensor& dst, const at::Tensor& src, bool non_b
 
 }  // namespace
 
+// Between accel memory and a CUDA tensor of the same GPU (cuda driver): one device-to-device
+// copy on the accel stream, after the work queued on PyTorch's current CUDA stream and before the
+// work queued there later; the CUDA tensor's memory is marked as used by the accel stream.
+void copy_with_torch_cuda(const at::Tensor& dst, const at::Tensor& src) {
+  const bool into_accel = is_accel(dst);
+  const at::Tensor& accel = into_accel ? dst : src;
+  const at::Tensor& cuda = into_accel ? src : dst;
+  const c10::DeviceIndex device = accel.device().index();
+  TORCH_CHECK(executor() == Executor::Cuda, "copy_: accel tensors on the ", rt::driver_name(),
+              " driver cannot be copied to or from ", cuda.device(),
+              " tensors directly; copy through the CPU (.cpu())");
+  TORCH_CHECK(cuda.device().index() == device, "copy_: ", accel.device(), " and ", cuda.device(),
+              " are different GPUs; copy to accel:", static_cast<int>(cuda.device().index()),
+              " first");
+  c10::DeviceGuard guard(accel.device());
+  accel_stream_waits_for_torch_cuda(device);
+  {
+    KernelScope scope(device);  // PyTorch's current CUDA stream is the accel stream here
+    const at::Tensor view = Layout::of(accel, into_accel).view_on(kernel_device(device));
+    if (into_accel) {
+      view.copy_(src);
+    } else {
+      dst.copy_(view);
+    }
+    const c10::Device gpu(c10::kCUDA, device);
+    cuda.record_stream(c10::impl::getDeviceGuardImpl(c10::kCUDA)->getStream(gpu));
+  }
+  torch_cuda_waits_for_accel_stream(device);
+}
+
 at::Tensor& copy_(at::Tensor& self, const at::Tensor& src, bool non_blocking) {
   TORCH_CHECK(self.defined() && src.defined(), "copy_: undefined tensor");
+  if ((is_accel(self) && src.is_cuda()) || (self.is_cuda() && is_accel(src))) {
+    copy_with_torch_cuda(self, src);
+    return self;
+  }
   TORCH_CHECK(is_accel(self) || self.device().is_cpu(), "copy_: accel cannot copy into a ",
               self.device(), " tensor");
   TORCH_CHECK(is_accel(src) || src.device().is_cpu(), "copy_: accel cannot copy from a ",

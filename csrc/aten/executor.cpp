@@ -25,6 +25,8 @@ struct Choice {
   std::string why;  // no executor: why
   accel_cuda_enter_fn enter = nullptr;
   accel_cuda_exit_fn exit = nullptr;
+  accel_cuda_current_stream_fn current_stream = nullptr;
+  accel_cuda_wait_fn wait = nullptr;
 };
 
 // The cuda executor: libaccel_aten_cuda.so next to this library.
@@ -41,8 +43,11 @@ void load_cuda_bridge(Choice& c) {
       reinterpret_cast<accel_cuda_bridge_version_fn>(::dlsym(h, "accel_cuda_bridge_version"));
   c.enter = reinterpret_cast<accel_cuda_enter_fn>(::dlsym(h, "accel_cuda_enter"));
   c.exit = reinterpret_cast<accel_cuda_exit_fn>(::dlsym(h, "accel_cuda_exit"));
+  c.current_stream =
+      reinterpret_cast<accel_cuda_current_stream_fn>(::dlsym(h, "accel_cuda_current_stream"));
+  c.wait = reinterpret_cast<accel_cuda_wait_fn>(::dlsym(h, "accel_cuda_wait"));
   if (version == nullptr || c.enter == nullptr || c.exit == nullptr ||
-      version() != ACCEL_CUDA_BRIDGE_VERSION) {
+      c.current_stream == nullptr || c.wait == nullptr || version() != ACCEL_CUDA_BRIDGE_VERSION) {
     c.why = path + " is not the bridge of this build";
     return;
   }
@@ -82,12 +87,43 @@ c10::Device kernel_device(c10::DeviceIndex index) {
   return c10::Device(c10::kCUDA, index < 0 ? device::current_device() : index);
 }
 
+namespace {
+
+void* accel_stream_handle(c10::DeviceIndex device) {
+  return device::call([&] { return rt::stream_native_handle(rt::current_stream(device)); });
+}
+
+// `accel_waits`: the accel stream waits for PyTorch's current CUDA stream, else the reverse.
+void order_with_torch_cuda(c10::DeviceIndex device, bool accel_waits) {
+  const Choice& c = choice();
+  TORCH_CHECK(c.executor == Executor::Cuda, "accel: not on the cuda driver");
+  char error[512] = {0};
+  void* torch_stream = nullptr;
+  TORCH_CHECK(c.current_stream(device, &torch_stream, error, sizeof(error)) == 0,
+              "accel: PyTorch's current CUDA stream of device ", static_cast<int>(device), ": ",
+              error);
+  void* accel = accel_stream_handle(device);
+  const int status = accel_waits ? c.wait(device, accel, torch_stream, error, sizeof(error))
+                                 : c.wait(device, torch_stream, accel, error, sizeof(error));
+  TORCH_CHECK(status == 0, "accel: cannot order accel device ", static_cast<int>(device),
+              "'s stream with PyTorch's CUDA stream: ", error);
+}
+
+}  // namespace
+
+void accel_stream_waits_for_torch_cuda(c10::DeviceIndex device) {
+  order_with_torch_cuda(device, true);
+}
+
+void torch_cuda_waits_for_accel_stream(c10::DeviceIndex device) {
+  order_with_torch_cuda(device, false);
+}
+
 KernelScope::KernelScope(c10::DeviceIndex device) {
   const Choice& c = choice();
   if (c.executor != Executor::Cuda) return;
-  void* stream = device::call([&] { return rt::stream_native_handle(rt::current_stream(device)); });
   char error[512] = {0};
-  state_ = c.enter(device, stream, error, sizeof(error));
+  state_ = c.enter(device, accel_stream_handle(device), error, sizeof(error));
   TORCH_CHECK(state_ != nullptr, "accel: cannot make accel device ", static_cast<int>(device),
               "'s stream current for CUDA kernels: ", error);
 }

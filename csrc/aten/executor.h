@@ -48,6 +48,11 @@ class KernelScope {
   void* state_ = nullptr;
 };
 
+// The cuda executor: orders the current stream of accel device `device` with PyTorch's current
+// CUDA stream of the same GPU (for copies between accel and CUDA tensors).
+void accel_stream_waits_for_torch_cuda(c10::DeviceIndex device);
+void torch_cuda_waits_for_accel_stream(c10::DeviceIndex device);
+
 // Runs f(storages) in stream order on the current stream of accel device `device`, with the views
 // f makes (Layout::view(storages)) on the executor's device: a task on the stream (host), or at
 // once on the caller inside a KernelScope (cuda), where errors raise at the call.

@@ -3,6 +3,7 @@
 // torch's c10_cuda; built where the CUDA toolkit and a CUDA build of torch are found.
 #include "aten/cuda/bridge.h"
 
+#include <c10/core/Event.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAStream.h>
 
@@ -47,4 +48,35 @@ extern "C" __attribute__((visibility("default"))) void accel_cuda_exit(void* sta
     // Restoring cannot fail for a device and stream that were current a moment ago.
   }
   delete saved;
+}
+
+extern "C" __attribute__((visibility("default"))) int accel_cuda_current_stream(int device,
+                                                                                void** stream,
+                                                                                char* error,
+                                                                                size_t error_len) {
+  try {
+    *stream = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device)).stream();
+    return 0;
+  } catch (const std::exception& e) {
+    std::snprintf(error, error_len, "%s", e.what());
+    return 1;
+  }
+}
+
+extern "C" __attribute__((visibility("default"))) int accel_cuda_wait(int device, void* waiting,
+                                                                      void* waited_for, char* error,
+                                                                      size_t error_len) {
+  if (waiting == waited_for) return 0;
+  try {
+    const auto index = static_cast<c10::DeviceIndex>(device);
+    c10::Event ready(c10::DeviceType::CUDA);
+    ready.record(
+        c10::cuda::getStreamFromExternal(static_cast<cudaStream_t>(waited_for), index).unwrap());
+    ready.block(
+        c10::cuda::getStreamFromExternal(static_cast<cudaStream_t>(waiting), index).unwrap());
+    return 0;
+  } catch (const std::exception& e) {
+    std::snprintf(error, error_len, "%s", e.what());
+    return 1;
+  }
 }

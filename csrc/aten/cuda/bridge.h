@@ -19,6 +19,14 @@ typedef int (*accel_cuda_bridge_version_fn)(void);
  * into `error`. */
 typedef void* (*accel_cuda_enter_fn)(int device, void* stream, char* error, size_t error_len);
 typedef void (*accel_cuda_exit_fn)(void* state);
+/* PyTorch's current CUDA stream of `device` into *stream. Returns 0, or nonzero after writing
+ * why into `error`. */
+typedef int (*accel_cuda_current_stream_fn)(int device, void** stream, char* error,
+                                            size_t error_len);
+/* Work submitted to the cudaStream_t `waiting` from now on waits for the work queued so far on
+ * `waited_for` (both streams of CUDA device `device`). Returns 0, or nonzero with `error`. */
+typedef int (*accel_cuda_wait_fn)(int device, void* waiting, void* waited_for, char* error,
+                                  size_t error_len);
 
 #ifdef __cplusplus
 }
