@@ -3,8 +3,12 @@
 #include <c10/util/Exception.h>
 #include <dlfcn.h>
 
+#include <mutex>
+#include <unordered_map>
+
 #include "aten/cuda/bridge.h"
 #include "device/common.h"
+#include "device/graph.h"
 
 namespace accel::aten {
 namespace {
@@ -27,6 +31,9 @@ struct Choice {
   accel_cuda_exit_fn exit = nullptr;
   accel_cuda_current_stream_fn current_stream = nullptr;
   accel_cuda_wait_fn wait = nullptr;
+  accel_cuda_pool_begin_fn pool_begin = nullptr;
+  accel_cuda_pool_end_fn pool_end = nullptr;
+  accel_cuda_pool_release_fn pool_release = nullptr;
 };
 
 // The cuda executor: libaccel_aten_cuda.so next to this library.
@@ -46,8 +53,14 @@ void load_cuda_bridge(Choice& c) {
   c.current_stream =
       reinterpret_cast<accel_cuda_current_stream_fn>(::dlsym(h, "accel_cuda_current_stream"));
   c.wait = reinterpret_cast<accel_cuda_wait_fn>(::dlsym(h, "accel_cuda_wait"));
+  c.pool_begin = reinterpret_cast<accel_cuda_pool_begin_fn>(::dlsym(h, "accel_cuda_pool_begin"));
+  c.pool_end = reinterpret_cast<accel_cuda_pool_end_fn>(::dlsym(h, "accel_cuda_pool_end"));
+  c.pool_release =
+      reinterpret_cast<accel_cuda_pool_release_fn>(::dlsym(h, "accel_cuda_pool_release"));
   if (version == nullptr || c.enter == nullptr || c.exit == nullptr ||
-      c.current_stream == nullptr || c.wait == nullptr || version() != ACCEL_CUDA_BRIDGE_VERSION) {
+      c.current_stream == nullptr || c.wait == nullptr || c.pool_begin == nullptr ||
+      c.pool_end == nullptr || c.pool_release == nullptr ||
+      version() != ACCEL_CUDA_BRIDGE_VERSION) {
     c.why = path + " is not the bridge of this build";
     return;
   }
@@ -118,6 +131,72 @@ void accel_stream_waits_for_torch_cuda(c10::DeviceIndex device) {
 void torch_cuda_waits_for_accel_stream(c10::DeviceIndex device) {
   order_with_torch_cuda(device, false);
 }
+
+namespace {
+
+// Graph captures on cuda: PyTorch's CUDA allocations during the capture (kernels' temporaries)
+// go to a private pool of its allocator, kept until the graph is reset or destroyed, as
+// torch.cuda.graph keeps its own (device/graph.h CaptureHooks).
+struct CapturePool {
+  int device = 0;
+  unsigned long long id[2] = {0, 0};
+};
+std::mutex g_pools_mutex;
+std::unordered_map<uint64_t, CapturePool>& capture_pools() {
+  static auto* pools = new std::unordered_map<uint64_t, CapturePool>;  // never destroyed
+  return *pools;
+}
+
+void check_bridge(int status, const char* what, const char* error) {
+  TORCH_CHECK(status == 0, "accel: ", what, ": ", error);
+}
+
+void pool_begin(rt::Graph graph, rt::Stream stream) {
+  if (executor() != Executor::Cuda) return;
+  CapturePool pool;
+  pool.device = stream.device();
+  char error[512] = {0};
+  void* handle = device::call([&] { return rt::stream_native_handle(stream); });
+  check_bridge(choice().pool_begin(pool.device, handle, pool.id, error, sizeof(error)),
+               "routing CUDA allocations of the capture to a private pool", error);
+  std::lock_guard<std::mutex> lock(g_pools_mutex);
+  capture_pools()[graph.bits()] = pool;
+}
+
+void pool_end(rt::Graph graph) {
+  if (executor() != Executor::Cuda) return;
+  CapturePool pool;
+  {
+    std::lock_guard<std::mutex> lock(g_pools_mutex);
+    auto it = capture_pools().find(graph.bits());
+    if (it == capture_pools().end()) return;
+    pool = it->second;
+  }
+  char error[512] = {0};
+  check_bridge(choice().pool_end(pool.device, pool.id, error, sizeof(error)),
+               "ending the capture's CUDA pool", error);
+}
+
+void pool_release(rt::Graph graph) {
+  if (executor() != Executor::Cuda) return;
+  CapturePool pool;
+  {
+    std::lock_guard<std::mutex> lock(g_pools_mutex);
+    auto it = capture_pools().find(graph.bits());
+    if (it == capture_pools().end()) return;
+    pool = it->second;
+    capture_pools().erase(it);
+  }
+  char error[512] = {0};
+  (void)choice().pool_release(pool.device, pool.id, error, sizeof(error));  // best effort
+}
+
+[[maybe_unused]] const bool g_hooks_set = [] {
+  device::set_capture_hooks({&pool_begin, &pool_end, &pool_release});
+  return true;
+}();
+
+}  // namespace
 
 KernelScope::KernelScope(c10::DeviceIndex device) {
   const Choice& c = choice();

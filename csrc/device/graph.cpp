@@ -7,16 +7,42 @@
 
 namespace accel::device {
 
+namespace {
+CaptureHooks g_hooks;  // set once, when the layer above loads
+}  // namespace
+
+void set_capture_hooks(CaptureHooks hooks) {
+  g_hooks = hooks;
+}
+
 void graph_capture_begin(rt::Graph graph, rt::Stream stream, rt::PoolId pool,
                          rt::CaptureMode mode) {
   rt::graph_capture_begin(graph, stream, pool, mode);
   // Random operators of the capture draw per replay (graph_rng.h).
   graph_rng_capture_begin(graph, rt::stream_capture_id(stream));
+  if (g_hooks.begin != nullptr) {
+    try {
+      g_hooks.begin(graph, stream);
+    } catch (...) {
+      graph_rng_capture_end(graph);
+      try {
+        rt::graph_capture_end(graph);  // discards what was begun
+      } catch (...) {  // NOLINT(bugprone-empty-catch): the hook's error is the one to report
+      }
+      throw;
+    }
+  }
 }
 
 void graph_capture_end(rt::Graph graph) {
   graph_rng_capture_end(graph);
-  rt::graph_capture_end(graph);
+  try {
+    rt::graph_capture_end(graph);
+  } catch (...) {
+    if (g_hooks.end != nullptr) g_hooks.end(graph);
+    throw;
+  }
+  if (g_hooks.end != nullptr) g_hooks.end(graph);
 }
 
 void graph_replay(rt::Graph graph, rt::Stream stream) {
@@ -28,11 +54,13 @@ void graph_replay(rt::Graph graph, rt::Stream stream) {
 void graph_reset(rt::Graph graph) {
   rt::graph_reset(graph);
   graph_rng_forget(graph);
+  if (g_hooks.release != nullptr) g_hooks.release(graph);
 }
 
 void graph_destroy(rt::Graph graph) {
   rt::graph_destroy(graph);
   graph_rng_forget(graph);
+  if (g_hooks.release != nullptr) g_hooks.release(graph);
 }
 
 AccelGraph::AccelGraph(bool keep_graph)

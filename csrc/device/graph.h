@@ -12,6 +12,18 @@
 
 namespace accel::device {
 
+// What the layer above does around captures made through these calls: the cuda executor sends
+// PyTorch's CUDA allocations of the capture (kernels' temporaries) to a private pool of the CUDA
+// allocator, kept until the graph is reset or destroyed (csrc/aten/executor.cpp). `begin` runs
+// once the capture has begun, `end` once it ended (also when it failed), `release` when the
+// graph's memory may go.
+struct CaptureHooks {
+  void (*begin)(rt::Graph graph, rt::Stream stream) = nullptr;
+  void (*end)(rt::Graph graph) = nullptr;
+  void (*release)(rt::Graph graph) = nullptr;
+};
+void set_capture_hooks(CaptureHooks hooks);
+
 // The runtime graph calls with random-operator support; `graph_replay` instantiates first.
 // They throw the runtime's errors (rt::Error); AccelGraph translates them.
 void graph_capture_begin(rt::Graph graph, rt::Stream stream, rt::PoolId pool, rt::CaptureMode mode);

@@ -3,7 +3,9 @@
 // torch's c10_cuda; built where the CUDA toolkit and a CUDA build of torch are found.
 #include "aten/cuda/bridge.h"
 
+#include <ATen/cuda/MemPool.h>
 #include <c10/core/Event.h>
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAStream.h>
 
@@ -79,4 +81,62 @@ extern "C" __attribute__((visibility("default"))) int accel_cuda_wait(int device
     std::snprintf(error, error_len, "%s", e.what());
     return 1;
   }
+}
+
+namespace {
+
+c10::MempoolId_t pool_id(const unsigned long long pool[2]) {
+  return {static_cast<c10::CaptureId_t>(pool[0]), static_cast<c10::CaptureId_t>(pool[1])};
+}
+
+// Runs f(), turning an exception into a nonzero status and its message.
+template <class F>
+int guarded(char* error, size_t error_len, F&& f) {
+  try {
+    f();
+    return 0;
+  } catch (const std::exception& e) {
+    std::snprintf(error, error_len, "%s", e.what());
+    return 1;
+  }
+}
+
+}  // namespace
+
+extern "C" __attribute__((visibility("default"))) int accel_cuda_pool_begin(
+    int device, void* stream, unsigned long long pool[2], char* error, size_t error_len) {
+  return guarded(error, error_len, [&] {
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    unsigned long long capture = 0;
+    C10_CUDA_CHECK(cudaStreamGetCaptureInfo(static_cast<cudaStream_t>(stream), &status, &capture));
+    TORCH_CHECK(status == cudaStreamCaptureStatusActive,
+                "accel_cuda_pool_begin: the stream is not capturing");
+    // A pool id of PyTorch's own numbering for graph-private pools: no clash with its graphs.
+    const c10::MempoolId_t id = at::cuda::MemPool::graph_pool_handle(/*is_user_created=*/false);
+    c10::cuda::CUDACachingAllocator::beginAllocateToPool(
+        static_cast<c10::DeviceIndex>(device), id, [capture](cudaStream_t s) {
+          cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+          unsigned long long id_of_s = 0;
+          return cudaStreamGetCaptureInfo(s, &st, &id_of_s) == cudaSuccess &&
+                 st == cudaStreamCaptureStatusActive && id_of_s == capture;
+        });
+    pool[0] = static_cast<unsigned long long>(id.first);
+    pool[1] = static_cast<unsigned long long>(id.second);
+  });
+}
+
+extern "C" __attribute__((visibility("default"))) int accel_cuda_pool_end(
+    int device, const unsigned long long pool[2], char* error, size_t error_len) {
+  return guarded(error, error_len, [&] {
+    c10::cuda::CUDACachingAllocator::endAllocateToPool(static_cast<c10::DeviceIndex>(device),
+                                                       pool_id(pool));
+  });
+}
+
+extern "C" __attribute__((visibility("default"))) int accel_cuda_pool_release(
+    int device, const unsigned long long pool[2], char* error, size_t error_len) {
+  return guarded(error, error_len, [&] {
+    c10::cuda::CUDACachingAllocator::releasePool(static_cast<c10::DeviceIndex>(device),
+                                                 pool_id(pool));
+  });
 }

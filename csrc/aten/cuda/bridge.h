@@ -28,6 +28,19 @@ typedef int (*accel_cuda_current_stream_fn)(int device, void** stream, char* err
 typedef int (*accel_cuda_wait_fn)(int device, void* waiting, void* waited_for, char* error,
                                   size_t error_len);
 
+/* From now until accel_cuda_pool_end, PyTorch's CUDA allocations for work on streams that take
+ * part in the capture `stream` of CUDA device `device` is recording go to a new private pool of
+ * PyTorch's CUDA allocator (what torch.cuda.graph does for its own captures), whose id is
+ * written into pool[2]. Returns 0, or nonzero with `error`. */
+typedef int (*accel_cuda_pool_begin_fn)(int device, void* stream, unsigned long long pool[2],
+                                        char* error, size_t error_len);
+/* Ends the pool's allocation (the capture ended). */
+typedef int (*accel_cuda_pool_end_fn)(int device, const unsigned long long pool[2], char* error,
+                                      size_t error_len);
+/* The pool's memory may go once its blocks are free (the graph was reset or destroyed). */
+typedef int (*accel_cuda_pool_release_fn)(int device, const unsigned long long pool[2], char* error,
+                                          size_t error_len);
+
 #ifdef __cplusplus
 }
 #endif
