@@ -115,13 +115,20 @@ def test_work_runs_in_accel_stream_order_without_host_waits():
     torch.testing.assert_close(b.cpu(), (expected * 2).cpu())
 
 
-def test_random_operators_take_the_cpu_fallback_and_follow_accel_seeds():
+def test_random_operators_follow_cuda_philox_seeds():
+    # On cuda, accel generators hand CUDA's kernels their (seed, offset) as Philox state: a seed
+    # gives torch.cuda's numbers, and the offset advances as CUDA's does.
+    torch.cuda.manual_seed(7)
+    expected = [torch.randn(100, device="cuda"), torch.rand(50, device="cuda")]
     torch.accel.manual_seed(7)
-    first = torch.randn(100, device="accel").cpu()
-    torch.accel.manual_seed(7)
-    second = torch.randn(100, device="accel").cpu()
-    torch.testing.assert_close(first, second)
-    assert any("normal" in name for name in torch.accel.fallback_stats())
+    got = [torch.randn(100, device="accel"), torch.rand(50, device="accel")]
+    for g, e in zip(got, expected, strict=True):
+        torch.testing.assert_close(g.cpu(), e.cpu())
+    assert (
+        torch.accel.default_generators[0].get_offset()
+        == torch.cuda.default_generators[0].get_offset()
+    )
+    assert_no_fallback()
 
 
 def test_graph_capture_replays_cuda_kernels():

@@ -128,6 +128,32 @@ void substitute_generators(const c10::OperatorHandle& op, torch::jit::Stack* sta
   }
 }
 
+std::vector<std::unique_ptr<device::CudaDraw>> substitute_cuda_generators(
+    const c10::OperatorHandle& op, torch::jit::Stack* stack, c10::DeviceIndex device) {
+  const auto& args = op.schema().arguments();
+  const size_t begin = stack->size() - args.size();
+  std::vector<std::unique_ptr<device::CudaDraw>> draws;
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (!is_generator_argument(args[i])) continue;
+    c10::IValue& v = (*stack)[begin + i];
+    at::Generator accel;
+    if (v.isGenerator()) {
+      accel = v.toGenerator();
+      TORCH_CHECK(device::is_accel_generator(accel),
+                  "Expected a 'accel' device type for generator but found '",
+                  c10::DeviceTypeName(accel.device().type(), /*lower_case=*/true),
+                  "' (when running ", op_name(op), ")");
+    } else if (v.isNone()) {
+      accel = device::default_generator(device);
+    } else {
+      continue;
+    }
+    draws.push_back(std::make_unique<device::CudaDraw>(accel, device));
+    v = c10::IValue(draws.back()->cuda_generator());
+  }
+  return draws;
+}
+
 bool returns_view(const c10::FunctionSchema& schema) {
   for (const c10::Argument& r : schema.returns()) {
     if (r.alias_info() != nullptr && !r.alias_info()->isWrite()) return true;

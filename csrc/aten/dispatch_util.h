@@ -8,6 +8,11 @@
 #include <string>
 #include <string_view>
 
+#include <memory>
+#include <vector>
+
+#include "device/generator.h"
+
 namespace accel::aten {
 
 // "aten::add.Tensor"
@@ -27,6 +32,12 @@ bool is_generator_argument(const c10::Argument& a);
 // generators drawn from the accel generators of `device`, so CPU kernels can use them.
 void substitute_generators(const c10::OperatorHandle& op, torch::jit::Stack* stack,
                            c10::DeviceIndex device);
+
+// The same for CUDA's kernels (the cuda executor): CUDA generators with the accel generators'
+// Philox state, which the accel generators take back when the returned draws are destroyed
+// (after the call).
+std::vector<std::unique_ptr<device::CudaDraw>> substitute_cuda_generators(
+    const c10::OperatorHandle& op, torch::jit::Stack* stack, c10::DeviceIndex device);
 
 // True if some result is a view of an argument (aliases it without writing).
 bool returns_view(const c10::FunctionSchema& schema);

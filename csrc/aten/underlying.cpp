@@ -179,11 +179,8 @@ class UnderlyingKernel final : public c10::OperatorKernel {
     // cuda_like and dtypes describe what the CPU's kernels refuse: the host executor's concern.
     const Executor ex = executor();
     if (c.cuda_like != nullptr && ex == Executor::Host && c.cuda_like(op, stack)) return;
-    // Random operators on cuda draw from accel's generators, which CUDA's kernels do not take
-    // (philox generators for accel on cuda are not written yet): the CPU fallback draws them.
     if (g_force_fallback.load(std::memory_order_relaxed) || ex == Executor::None ||
-        (ex == Executor::Host && !dtype_allowed(c, op, *stack)) ||
-        (ex == Executor::Cuda && info_.has_generator)) {
+        (ex == Executor::Host && !dtype_allowed(c, op, *stack))) {
       cpu_fallback(fallback_op, stack);
       return;
     }
@@ -191,7 +188,17 @@ class UnderlyingKernel final : public c10::OperatorKernel {
     const c10::DeviceIndex device = call_device(op, *stack, c.name);
     c10::DeviceGuard guard(c10::Device(kAccel, device));
     if (info_.has_index_list) upload_cpu_indices(op, stack, device);
-    if (info_.has_generator) substitute_generators(op, stack, device);
+    // Random operators: CPU generators from the accel ones (host), or CUDA generators with their
+    // Philox state, handed back after the launch (cuda; not capturable yet).
+    std::vector<std::unique_ptr<device::CudaDraw>> draws;
+    if (info_.has_generator && ex == Executor::Cuda) {
+      refuse_capture(device, c.name,
+                     "random operators on the cuda driver cannot be captured yet (accel's "
+                     "generators are not registered with CUDA graphs)");
+      draws = substitute_cuda_generators(op, stack, device);
+    } else if (info_.has_generator) {
+      substitute_generators(op, stack, device);
+    }
     if (c.metadata_only) {
       run_on_caller(op, stack, device, /*synchronize=*/false);
     } else if (c.sync || !info_.tensor_returns_only || !enqueue(op, stack, device)) {

@@ -2,6 +2,7 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/core/MT19937RNGEngine.h>
+#include <ATen/detail/CUDAHooksInterface.h>
 #include <ATen/ops/empty.h>
 #include <c10/core/GeneratorImpl.h>
 
@@ -155,6 +156,29 @@ at::Generator next_cpu_generator(const at::Generator& gen) {
   std::lock_guard<std::mutex> lock(impl->mutex_);
   cpu.get<at::CPUGeneratorImpl>()->set_engine(impl->next_engine());
   return cpu;
+}
+
+CudaDraw::CudaDraw(const at::Generator& gen, c10::DeviceIndex cuda_device) : accel_(gen) {
+  TORCH_CHECK(is_accel_generator(gen), "expected an accel generator, got one for ", gen.device());
+  auto* impl = static_cast<AccelGeneratorImpl*>(accel_.unsafeGetGeneratorImpl());
+  impl->mutex_.lock();  // until the kernel took its offsets
+  try {
+    cuda_ = at::detail::getCUDAHooks().getNewGenerator(cuda_device);
+    cuda_.set_current_seed(impl->current_seed());
+    cuda_.set_offset((impl->get_offset() + 3) / 4 * 4);
+  } catch (...) {
+    impl->mutex_.unlock();
+    throw;
+  }
+}
+
+CudaDraw::~CudaDraw() {
+  auto* impl = static_cast<AccelGeneratorImpl*>(accel_.unsafeGetGeneratorImpl());
+  try {
+    impl->set_offset(cuda_.get_offset());
+  } catch (...) {  // NOLINT(bugprone-empty-catch): the offset stays; a destructor must not throw
+  }
+  impl->mutex_.unlock();
 }
 
 }  // namespace accel::device

@@ -23,6 +23,24 @@ at::Generator new_generator(c10::DeviceIndex index);
 bool is_accel_generator(const at::Generator& gen);
 // A CPU generator for the next random operator drawing from `gen` (which advances).
 at::Generator next_cpu_generator(const at::Generator& gen);
+// For a random operator that CUDA's kernel runs (the cuda executor): while alive, holds accel
+// generator `gen` and a CUDA generator of `cuda_device` whose Philox seed and offset are gen's
+// (its offset rounded up to Philox's multiple of 4); on destruction gen takes the offset the
+// kernel advanced to. So on the cuda driver accel generators follow CUDA's Philox semantics: a
+// seed gives torch.cuda's numbers.
+class CudaDraw {
+ public:
+  CudaDraw(const at::Generator& gen, c10::DeviceIndex cuda_device);
+  ~CudaDraw();
+  CudaDraw(const CudaDraw&) = delete;
+  CudaDraw& operator=(const CudaDraw&) = delete;
+  const at::Generator& cuda_generator() const { return cuda_; }
+
+ private:
+  at::Generator accel_;
+  at::Generator cuda_;
+};
+
 // The (seed, offset) of accel generator `gen`, whose offset then advances by n (graph replays).
 std::pair<uint64_t, uint64_t> take_offsets(const at::Generator& gen, uint64_t n);
 // Gives CPU generator `cpu` the state of draw `offset` of `seed` (what next_cpu_generator makes).
