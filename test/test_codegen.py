@@ -102,6 +102,31 @@ def test_one_entry_registers_functional_inplace_and_out(tmp_path: Path) -> None:
     assert "| `empty_strided` | native | native | native | kernel `empty_strided` |" in docs
 
 
+def test_a_native_operator_may_take_another_tier_on_another_driver(tmp_path: Path) -> None:
+    # The fused LSTM cell: accel's own kernel on the host, CUDA's kernel underlying on cuda.
+    result = generate(
+        tmp_path,
+        "- {op: _thnn_fused_lstm_cell, tier: native, kernel: _thnn_fused_lstm_cell, "
+        "drivers: {cuda: underlying}}\n",
+    )
+    assert result.returncode == 0, result.stderr
+    cpp = (tmp_path / "out" / "RegisterAccel.cpp").read_text()
+    assert (
+        'm.impl("_thnn_fused_lstm_cell", make_kernel(kConfigs[0], c10::KernelFunction::'
+        "makeFromUnboxedFunction(TORCH_FN(accel::aten::_thnn_fused_lstm_cell))));" in cpp
+    )
+    assert '"aten::_thnn_fused_lstm_cell", Tier::Native, Tier::Underlying, Tier::Native,' in cpp
+    assert "TORCH_FN(accel::aten::_thnn_fused_lstm_cell));" not in cpp  # not registered twice
+    docs = (tmp_path / "ops.md").read_text()
+    assert "| `_thnn_fused_lstm_cell` | native | underlying | native |" in docs
+    bad = generate(
+        tmp_path,
+        "- {op: empty_strided, tier: native, kernel: empty_strided, drivers: {cuda: native}}\n",
+    )
+    assert bad.returncode == 1
+    assert "driver 'cuda': tier must be underlying, cpu_fallback or error" in bad.stderr
+
+
 def test_the_project_yaml_generates_and_documents_every_tier(tmp_path: Path) -> None:
     result = generate(tmp_path, (ROOT / "yaml" / "accel_functions.yaml").read_text())
     assert result.returncode == 0, result.stderr

@@ -155,12 +155,14 @@ at::Tensor to_accel(const at::Tensor& r, const char* what) {
 
 class UnderlyingKernel final : public c10::OperatorKernel {
  public:
-  explicit UnderlyingKernel(const OpConfig* config)
+  UnderlyingKernel(const OpConfig* config, c10::KernelFunction native)
       : config_(config),
+        native_(std::move(native)),
         foreach_(std::string(config->name).rfind("aten::_foreach_", 0) == 0),
         float_shapes_(std::string(config->name).rfind("aten::arange", 0) == 0) {}
 
-  void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
+  void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
+                  torch::jit::Stack* stack) {
     const OpConfig& c = *config_;
     resolve_ops(op);
     // The CPU fallback runs the cpu_op where there is one (the CPU has no kernel for
@@ -169,10 +171,14 @@ class UnderlyingKernel final : public c10::OperatorKernel {
     switch (driver_tier(c)) {
       case Tier::Error:
         TORCH_CHECK_NOT_IMPLEMENTED(false, c.name, " is not supported on accel: ", c.reason);
-      case Tier::CpuFallback:
-      case Tier::Native:  // a native operator has its own kernel; never registered here
+      case Tier::Native:  // native on this driver, another tier on others
+        if (native_.isValid()) {
+          native_.callBoxed(op, keys, stack);
+          return;
+        }
         cpu_fallback(fallback_op, stack);
         return;
+      case Tier::CpuFallback: cpu_fallback(fallback_op, stack); return;
       case Tier::Underlying: break;
     }
     if (c.widen != nullptr && widened_call(c, op, stack)) return;
@@ -655,6 +661,7 @@ class UnderlyingKernel final : public c10::OperatorKernel {
   }
 
   const OpConfig* config_;
+  const c10::KernelFunction native_;  // where the operator is native (see make_kernel)
   const bool foreach_;
   const bool float_shapes_;  // floating-point arguments decide result shapes (arange)
   SchemaInfo info_;          // set by resolve_ops
@@ -669,8 +676,9 @@ class UnderlyingKernel final : public c10::OperatorKernel {
 
 }  // namespace
 
-torch::CppFunction make_kernel(const OpConfig& config) {
-  return torch::CppFunction::makeFromBoxedFunctor(std::make_unique<UnderlyingKernel>(&config));
+torch::CppFunction make_kernel(const OpConfig& config, c10::KernelFunction native) {
+  return torch::CppFunction::makeFromBoxedFunctor(
+      std::make_unique<UnderlyingKernel>(&config, std::move(native)));
 }
 
 void set_force_fallback(bool force) {

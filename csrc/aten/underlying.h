@@ -23,8 +23,8 @@ enum class Tier : uint8_t { Native, Underlying, CpuFallback, Error };
 
 // One generated entry per registered operator (see codegen/gen_accel.py).
 struct OpConfig {
-  const char* name;         // "aten::add.Tensor"
-  Tier host;                // the tier per driver
+  const char* name;  // "aten::add.Tensor"
+  Tier host;         // the tier per driver
   Tier cuda;
   Tier level_zero;
   const char* cpu_op;       // underlying: the operator to run on the CPU ("" = this one)
@@ -49,15 +49,16 @@ struct OpConfig {
   // Handles the calls CUDA's kernel takes and the CPU's refuses (nansum of complex tensors),
   // returning true; false: the call runs as usual (nullptr: none).
   bool (*cuda_like)(const c10::OperatorHandle& op, torch::jit::Stack* stack);
-  const char* reason;       // error tier: why the operator is refused
+  const char* reason;  // error tier: why the operator is refused
 };
 
 // Runs the call with the dtypes OpConfig::widen names converted (false: nothing to widen).
-bool widened_call(const OpConfig& config, const c10::OperatorHandle& op,
-                  torch::jit::Stack* stack);
+bool widened_call(const OpConfig& config, const c10::OperatorHandle& op, torch::jit::Stack* stack);
 
 // The boxed kernel registered for an operator of the underlying, cpu_fallback or error tier.
-torch::CppFunction make_kernel(const OpConfig& config);
+// `native`: the accel kernel of an operator native on some drivers (their tier Native), which
+// runs there.
+torch::CppFunction make_kernel(const OpConfig& config, c10::KernelFunction native = {});
 
 // For benchmarks: route every underlying operator through the CPU fallback instead.
 void set_force_fallback(bool force);
