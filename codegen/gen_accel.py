@@ -296,7 +296,7 @@ def unregistered(nf: NativeFunctions, registered: set[str]) -> list[tuple[str, s
         if not dense:
             continue  # kernels for sparse/quantized/nested tensors only: accel has none of those
         if name.startswith("_nested"):
-            why = "runs on accel memory through the nested-tensor path (csrc/aten/host_call.cpp)"
+            why = "runs on accel memory through the nested-tensor path (csrc/aten/direct_call.cpp)"
         elif name.startswith(NOT_DENSE_PREFIXES):
             why = "makes tensors accel cannot hold (sparse, quantized, mkldnn): refused"
         else:

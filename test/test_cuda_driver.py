@@ -131,6 +131,20 @@ def test_random_operators_follow_cuda_philox_seeds():
     assert_no_fallback()
 
 
+def test_nested_tensors_and_other_libraries_operators_run_cuda_kernels():
+    parts = [torch.randn(3, 8), torch.randn(5, 8)]
+    nested = {d: torch.nested.nested_tensor([p.to(d) for p in parts]) for d in ("accel", "cuda")}
+    out = {d: torch.nn.functional.relu(n * 2) for d, n in nested.items()}
+    for a, c in zip(out["accel"].unbind(), out["cuda"].unbind(), strict=True):
+        torch.testing.assert_close(a.cpu(), c.cpu())
+    torchvision = pytest.importorskip("torchvision")
+    boxes = torch.tensor([[0.0, 0, 10, 10], [1, 1, 11, 11], [20, 20, 30, 30]])
+    scores = torch.tensor([0.9, 0.8, 0.7])
+    keep = {d: torchvision.ops.nms(boxes.to(d), scores.to(d), 0.5).cpu() for d in ("accel", "cuda")}
+    assert keep["accel"].tolist() == keep["cuda"].tolist() == [0, 2]
+    assert_no_fallback()
+
+
 def test_graph_capture_replays_cuda_kernels():
     x = torch.zeros(1000, device="accel")
     graph = torch.accel.AccelGraph()

@@ -19,9 +19,10 @@
 #include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
 
+#include "aten/direct_call.h"
 #include "aten/dispatch_util.h"
+#include "aten/executor.h"
 #include "aten/fallback.h"
-#include "aten/host_call.h"
 #include "aten/host_task.h"
 #include "aten/underlying.h"
 #include "device/common.h"
@@ -211,18 +212,25 @@ void copying_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack,
 void accel_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const std::string name = op_name(op);
   if (name.rfind("aten::_nested", 0) == 0) {
-    // Operators that make or inspect nested tensors from dense ones (host_call.cpp).
-    host_call(op, stack);
+    // Operators that make or inspect nested tensors from dense ones (direct_call.cpp).
+    direct_call(op, stack);
     return;
   }
-  if (name.rfind("aten::", 0) != 0 && host_accessible() && !force_fallback() &&
-      op.hasKernelForDispatchKey(c10::DispatchKey::CPU)) {
-    // Another library's operator with a CPU kernel (torchvision::nms): it runs on accel memory
-    // without copies, as the underlying tier runs ATen's. Not a fallback.
+  const Executor ex = executor();
+  if (name.rfind("aten::", 0) != 0 && ex != Executor::None && !force_fallback() &&
+      op.hasKernelForDispatchKey(ex == Executor::Host ? c10::DispatchKey::CPU
+                                                      : c10::DispatchKey::CUDA)) {
+    // Another library's operator with a kernel for the executor's device (torchvision::nms): it
+    // runs on accel memory without copies, as the underlying tier runs ATen's. Not a fallback.
     const c10::DeviceIndex dev = call_device(op, *stack, name);
     c10::DeviceGuard guard(c10::Device(kAccel, dev));
-    substitute_generators(op, stack, dev);
-    host_call(op, stack);
+    std::vector<std::unique_ptr<device::CudaDraw>> draws;  // cuda: handed back after the call
+    if (ex == Executor::Cuda) {
+      draws = substitute_cuda_generators(op, stack, dev);
+    } else {
+      substitute_generators(op, stack, dev);
+    }
+    direct_call(op, stack);
     return;
   }
   const std::string why = denied(name);

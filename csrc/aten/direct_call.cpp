@@ -1,21 +1,22 @@
-// CPU kernels run on accel memory on the calling thread (the host driver's device memory is host
-// memory): no copy of the inputs, new results copied to accel, results over an argument's
-// memory aliasing it. The underlying tier runs most operators this way asynchronously, as stream
-// tasks, from their result metadata; this path is for calls whose results cannot be known in
-// advance:
+// Kernels of the executor's device (executor.h: the CPU's on the host driver, CUDA's on cuda) run
+// on accel memory on the calling thread: no copy of the inputs, new results copied to accel,
+// results over an argument's memory aliasing it. The underlying tier runs most operators from
+// their result metadata, in stream order; this path is for calls whose results cannot be known
+// in advance:
 //
 // - Operators of other libraries with a CPU kernel (torchvision::nms, roi_align, custom ops):
-//   they have no accel registration, so the fallback brings them here instead of copying.
+//   they have no accel registration, so the fallback brings them here instead of copying (on
+//   cuda, where they have a CUDA kernel).
 // - Nested tensors (torch.nested with the strided layout, and nn.Transformer's fast path,
 //   which PyTorch takes for PrivateUse1 in eval mode).
 //
 // A nested accel tensor is ATen's NestedTensorImpl over an accel buffer, with its metadata
 // (sizes, strides, offsets) in CPU tensors as on every device. Operators on it dispatch to the
-// NestedTensorPrivateUse1 key; ATen has kernels for NestedTensorCPU and NestedTensorCUDA only. On
-// a driver whose device memory is host memory, the kernel below runs the CPU kernel on CPU
-// nested tensors over the same memory (no copy of the inputs), after the stream has drained:
-// nested kernels read their metadata and often the data on the host, so they run on the caller.
-// New results are copied to accel; results over an argument's memory (views) alias it.
+// NestedTensorPrivateUse1 key; ATen has kernels for NestedTensorCPU and NestedTensorCUDA only. The
+// kernel below runs the executor device's kernel on nested tensors of that device over the same
+// memory (no copy of the inputs): on the host after the stream has drained (nested kernels read
+// their metadata and often the data on the host, so they run on the caller), on cuda in accel
+// stream order. New results are copied to accel; results over an argument's memory alias it.
 //
 // The same path runs the dense-input operators that make nested tensors (_nested_tensor_from_mask
 // and the other aten::_nested* operators, through the fallback).
@@ -31,8 +32,9 @@
 #include <optional>
 #include <vector>
 
+#include "aten/direct_call.h"
 #include "aten/dispatch_util.h"
-#include "aten/host_call.h"
+#include "aten/executor.h"
 #include "aten/host_task.h"
 #include "device/common.h"
 
@@ -81,9 +83,10 @@ at::Tensor nested_over(const at::Tensor& buffer, const at::native::NestedTensorI
 
 class Converter {
  public:
-  explicit Converter(c10::DeviceIndex device) : device_(device) {}
+  explicit Converter(c10::DeviceIndex device)
+      : device_(device), storages_(kernel_device(device)), host_(executor() == Executor::Host) {}
 
-  // The CPU tensor over the memory of an accel argument (dense or nested).
+  // The tensor of the executor's device over the memory of an accel argument (dense or nested).
   at::Tensor to_cpu(const at::Tensor& t) {
     if (!is_accel(t)) return t;
     const c10::Storage& s = t.storage();
@@ -92,14 +95,15 @@ class Converter {
     if (!t.is_nested()) return Layout::of(t).view(storages_);
     const auto* nt = at::native::get_nested_tensor_impl(t);
     c10::Storage cpu = storages_.get(s.mutable_data(), s.nbytes());
-    return nested_over(
-        whole_buffer(std::move(cpu), c10::DispatchKeySet(c10::DispatchKey::CPU), t.dtype()), *nt);
+    const c10::DispatchKey key =
+        c10::computeDispatchKey(t.scalar_type(), c10::kStrided, storages_.device());
+    return nested_over(whole_buffer(std::move(cpu), c10::DispatchKeySet(key), t.dtype()), *nt);
   }
 
-  // The accel tensor for a CPU result: an alias where it lies in an argument's memory, else a
-  // copy on the call's device.
+  // The accel tensor for a result of the kernel: an alias where it lies in an argument's memory,
+  // else a copy on the call's device.
   at::Tensor to_accel(const at::Tensor& r, const char* what) {
-    if (!r.defined() || !r.device().is_cpu()) return r;
+    if (!r.defined() || r.device().type() != storages_.device().type()) return r;
     TORCH_CHECK_NOT_IMPLEMENTED(r.layout() == c10::Layout::Strided && !r.is_quantized(), what,
                                 " returns a ", r.layout(), " tensor, which accel does not support");
     const c10::Storage storage = accel_storage(r.storage(), what);
@@ -125,8 +129,8 @@ class Converter {
     const size_t bytes = s.nbytes();
     const at::Tensor raw = at::empty({static_cast<int64_t>(bytes)},
                                      at::TensorOptions().dtype(at::kByte).device(kAccel, device_));
-    if (bytes > 0) {
-      device::call([&] { rt::memcpy(raw.data_ptr(), s.data(), bytes, rt::CopyKind::HostToDevice); },
+    if (bytes > 0) {  // from the host, or device to device (cuda: pointer attributes tell)
+      device::call([&] { rt::memcpy(raw.data_ptr(), s.data(), bytes, rt::CopyKind::Default); },
                    what);
     }
     copied_.storages.emplace_back(s.data(), raw.storage());  // results sharing it share the copy
@@ -134,7 +138,7 @@ class Converter {
   }
 
   void guard(const c10::Storage& s) {
-    if (s.data() == nullptr || s.nbytes() == 0) return;
+    if (!host_ || s.data() == nullptr || s.nbytes() == 0) return;
     for (const auto& g : guarded_) {
       if (g == s.data()) return;
     }
@@ -144,7 +148,8 @@ class Converter {
 
  private:
   c10::DeviceIndex device_;
-  KernelStorages storages_;  // CPU views (host_call runs on the host driver only)
+  KernelStorages storages_;  // views on the executor's device
+  bool host_;                // the host executor: views are read under host-access guards
   AccelMemory memory_;       // the arguments' memory
   AccelMemory copied_;       // the accel copies of new results' CPU memory, by CPU address
   std::vector<const void*> guarded_;
@@ -166,19 +171,24 @@ c10::DeviceIndex nested_call_device(const torch::jit::Stack& stack, size_t begin
 
 }  // namespace
 
-void host_call(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+void direct_call(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const std::string name = op_name(op);
-  require_host_accessible(name.c_str());
+  TORCH_CHECK_NOT_IMPLEMENTED(executor() != Executor::None, name, ": the ", rt::driver_name(),
+                              " driver has no kernels for it (", executor_unavailable_reason(),
+                              ")");
   const c10::FunctionSchema& schema = op.schema();
   const size_t n = schema.arguments().size();
   const size_t begin = stack->size() - n;
   const c10::DeviceIndex device = nested_call_device(*stack, begin);
   c10::DeviceGuard device_guard(c10::Device(kAccel, device));
-  // The kernel reads the data on this thread: wait for the work queued on it.
-  refuse_capture(device, name.c_str(),
-                 "it runs its CPU kernel on the calling thread once the stream has drained");
-  device::call([&] { rt::stream_synchronize(rt::current_stream(device)); }, name.c_str());
-
+  // The CPU's kernel reads the data on this thread: wait for the work queued on it. CUDA's runs
+  // in accel stream order.
+  if (executor() == Executor::Host) {
+    refuse_capture(device, name.c_str(),
+                   "it runs its CPU kernel on the calling thread once the stream has drained");
+    device::call([&] { rt::stream_synchronize(rt::current_stream(device)); }, name.c_str());
+  }
+  KernelScope scope(device);
   Converter convert(device);
   bool cpu_target = false;  // an explicit CPU device argument: the results stay on the CPU
   torch::jit::Stack cpu;
@@ -193,7 +203,8 @@ void host_call(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
       cpu.emplace_back(std::move(ts));
     } else if (v.isDevice()) {
       cpu_target = cpu_target || v.toDevice().is_cpu();
-      cpu.emplace_back(v.toDevice().type() == kAccel ? c10::Device(c10::kCPU) : v.toDevice());
+      cpu.emplace_back(v.toDevice().type() == kAccel ? kernel_device(v.toDevice().index())
+                                                     : v.toDevice());
     } else {
       cpu.push_back(v);
     }
@@ -235,7 +246,7 @@ void host_call(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 }
 
 TORCH_LIBRARY_IMPL(_, NestedTensorPrivateUse1, m) {
-  m.fallback(torch::CppFunction::makeFromBoxedFunction<&host_call>());
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&direct_call>());
 }
 
 }  // namespace accel::aten
