@@ -522,12 +522,15 @@ class UnderlyingKernel final : public c10::OperatorKernel {
     const size_t begin = stack->size() - n;
     // The host's CPU kernel reads the memory now: the stream drains first. CUDA's kernel runs in
     // the accel stream's order (one that needs its result shape synchronizes that stream).
+    // Either way such a call waits for its data on the host: never during a capture.
     const bool host = executor() == Executor::Host;
-    if (synchronize && host) {
+    if (synchronize) {
       refuse_capture(device, config_->name,
                      "it runs on the calling thread once the stream has drained (its result "
                      "shape depends on the data, or it returns a value to the host)");
-      device::call([&] { rt::stream_synchronize(rt::current_stream(device)); }, config_->name);
+      if (host) {
+        device::call([&] { rt::stream_synchronize(rt::current_stream(device)); }, config_->name);
+      }
     }
     KernelScope scope(device);
     KernelStorages storages(kernel_device(device));
