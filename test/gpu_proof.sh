@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# Everything CUDA the project has, proven on a GPU machine in few calls of the device tool
+# (docs/drivers.md says what runs on cuda and how). Stages, in the order given (default:
+# build smoke bench):
+#   build   pip install -e . against the machine's torch, then the C++ tests (GoogleTest from
+#           .gtest when the machine has none: cp -r /usr/src/googletest .gtest here, and list
+#           .gtest in .git/info/exclude and in the call's carry)
+#   smoke   the driver's selection, the runtime's C++ suite on cuda, test/test_cuda_driver.py
+#           (accel against native CUDA), the quickstart
+#   suites  every pytest suite with ACCEL_DRIVER=cuda, then the OpInfo sweep
+#   bench   benchmarks/cuda_vs_native.py (accel against native CUDA on the same GPU)
+# Logs and JSON go to $OUT (what the device tool brings back) or build/gpu_proof; each stage
+# prints ok or the tail of its log. Exits nonzero if any step failed.
+#
+#   bash test/gpu_proof.sh build smoke bench      # one call: about 5 minutes
+#   bash test/gpu_proof.sh build suites           # a second call (build is incremental if warm)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${OUT:-build/gpu_proof}
+mkdir -p "$out"
+py=${PYTHON:-python3}
+export PYTHONUNBUFFERED=1 ACCEL_DRIVER=cuda
+status=0
+
+step() {
+  local name=$1
+  shift
+  local start=$SECONDS
+  if "$@" >"$out/$name.log" 2>&1; then
+    echo "== $name: ok ($((SECONDS - start)) s)"
+  else
+    echo "== $name: FAILED ($((SECONDS - start)) s), last lines of $name.log:"
+    tail -25 "$out/$name.log"
+    status=1
+  fi
+}
+
+for stage in ${*:-build smoke bench}; do
+  case $stage in
+    build)
+      nvidia-smi -L | tee "$out/gpu.txt"
+      gtest=()
+      [ -f .gtest/CMakeLists.txt ] && gtest=(-DACCEL_GTEST_SOURCE_DIR="$PWD/.gtest")
+      step build bash -c "$py -m pip install -q --no-build-isolation --no-deps -e . &&
+        cmake -S . -B build ${gtest[*]} && cmake --build build -j $(nproc)"
+      ;;
+    smoke)
+      step driver "$py" -c "import torch, torch_accel as t
+print(t.driver_selection()); print(t.driver(), t.driver_capabilities())
+print(torch.accel.get_device_properties(0))
+assert t.driver() == 'cuda', t.init_error()"
+      if [ -x build/test/cpp/runtime_tests ]; then
+        step runtime_tests build/test/cpp/runtime_tests --gtest_brief=1 \
+          --gtest_filter=-EnvConfig.*:InitFailure.*:Plugin.*:DriverSelection.*:Capabilities.*:DeviceLost.*
+      else
+        echo "== runtime_tests: not built (no GoogleTest: see the header of this script)"
+      fi
+      step test_cuda_driver "$py" -m pytest -q -p no:cacheprovider -rs test/test_cuda_driver.py
+      step quickstart "$py" examples/transformer_lm.py
+      ;;
+    suites)
+      step suites "$py" -m pytest -q -p no:cacheprovider -rs test --ignore=test/test_compile.py
+      step opinfo env OPINFO_FULL=1 "$py" -m pytest -q -p no:cacheprovider test/test_opinfo.py
+      ;;
+    bench)
+      step bench "$py" benchmarks/cuda_vs_native.py --json "$out/cuda_vs_native.json"
+      cat "$out/bench.log"
+      ;;
+    *)
+      echo "unknown stage '$stage' (build, smoke, suites, bench)"
+      status=1
+      ;;
+  esac
+done
+exit $status
