@@ -2,8 +2,10 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <algorithm>
 #include <optional>
 
+#include "aten/meta_cache.h"
 #include "device/common.h"
 #include "device/generator.h"
 #include "device/graph_rng.h"
@@ -159,6 +161,61 @@ bool returns_view(const c10::FunctionSchema& schema) {
     if (r.alias_info() != nullptr && !r.alias_info()->isWrite()) return true;
   }
   return false;
+}
+
+void upload_cpu_indices(const c10::OperatorHandle& op, torch::jit::Stack* stack,
+                        c10::DeviceIndex device) {
+  const auto on_cpu = [](const c10::IValue& e) {
+    return e.isTensor() && e.toTensor().defined() && e.toTensor().device().is_cpu();
+  };
+  const auto& args = op.schema().arguments();
+  const size_t begin = stack->size() - args.size();
+  for (size_t i = begin; i < stack->size(); ++i) {
+    c10::IValue& v = (*stack)[i];
+    if (v.isTensor() && on_cpu(v) && args[i - begin].name() == "index") {  // index_fill
+      v = v.toTensor().to(c10::Device(kAccel, device));
+      continue;
+    }
+    if (!is_optional_tensor_list(v)) continue;
+    const c10::ArrayRef<c10::IValue> elems = v.toListRef();
+    if (std::none_of(elems.begin(), elems.end(), on_cpu)) continue;
+    c10::List<std::optional<at::Tensor>> uploaded;
+    for (const c10::IValue& e : elems) {
+      if (on_cpu(e)) {
+        uploaded.push_back(e.toTensor().to(c10::Device(kAccel, device)));
+      } else {
+        uploaded.push_back(e.isNone() ? std::nullopt : std::optional<at::Tensor>(e.toTensor()));
+      }
+    }
+    v = std::move(uploaded);
+  }
+}
+
+bool returns_only_tensors(const c10::FunctionSchema& schema) {
+  for (const c10::Argument& r : schema.returns()) {
+    const auto kind = r.type()->kind();
+    if (kind == c10::TypeKind::TensorType) continue;
+    if (kind == c10::TypeKind::ListType &&
+        r.type()->containedType(0)->kind() == c10::TypeKind::TensorType) {
+      continue;
+    }
+    return false;
+  }
+  return true;
+}
+
+std::optional<size_t> aliased_argument(const c10::FunctionSchema& schema,
+                                       const c10::Argument& result) {
+  const c10::AliasInfo* alias = result.alias_info();
+  if (alias == nullptr || !alias->isWrite()) return std::nullopt;
+  for (size_t i = 0; i < schema.arguments().size(); ++i) {
+    const c10::AliasInfo* a = schema.arguments()[i].alias_info();
+    if (a == nullptr) continue;
+    for (const auto& set : alias->beforeSets()) {
+      if (a->beforeSets().count(set) != 0) return i;
+    }
+  }
+  return std::nullopt;
 }
 
 }  // namespace accel::aten

@@ -9,6 +9,7 @@
 #include <string_view>
 
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "device/generator.h"
@@ -38,6 +39,18 @@ void substitute_generators(const c10::OperatorHandle& op, torch::jit::Stack* sta
 // (after the call).
 std::vector<std::unique_ptr<device::CudaDraw>> substitute_cuda_generators(
     const c10::OperatorHandle& op, torch::jit::Stack* stack, c10::DeviceIndex device);
+
+// CPU indices (the Tensor?[] of index, index_put_; index_fill's index) go to accel `device`
+// first, as CUDA's indexing moves them: the call then runs in stream order like any other.
+void upload_cpu_indices(const c10::OperatorHandle& op, torch::jit::Stack* stack,
+                        c10::DeviceIndex device);
+
+// Whether every result is a tensor or a list of tensors.
+bool returns_only_tensors(const c10::FunctionSchema& schema);
+
+// The argument a write-aliasing result refers to.
+std::optional<size_t> aliased_argument(const c10::FunctionSchema& schema,
+                                       const c10::Argument& result);
 
 // True if some result is a view of an argument (aliases it without writing).
 bool returns_view(const c10::FunctionSchema& schema);

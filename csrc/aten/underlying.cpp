@@ -21,6 +21,7 @@
 #include "aten/host_task.h"
 #include "aten/meta_cache.h"
 #include "aten/replay_kernels.h"
+#include "aten/results.h"
 #include "aten/underlying_task.h"
 #include "device/allocator.h"
 #include "device/common.h"
@@ -43,114 +44,6 @@ Tier driver_tier(const OpConfig& c) {
 
 bool is_accel(const at::Tensor& t) {
   return t.defined() && t.device().type() == kAccel;
-}
-
-// CPU indices (the Tensor?[] of index, index_put_) go to the device first, as CUDA's indexing
-// moves them: the call then runs in stream order like any other.
-void upload_cpu_indices(const c10::OperatorHandle& op, torch::jit::Stack* stack,
-                        c10::DeviceIndex device) {
-  const auto on_cpu = [](const c10::IValue& e) {
-    return e.isTensor() && e.toTensor().defined() && e.toTensor().device().is_cpu();
-  };
-  const auto& args = op.schema().arguments();
-  const size_t begin = stack->size() - args.size();
-  for (size_t i = begin; i < stack->size(); ++i) {
-    c10::IValue& v = (*stack)[i];
-    if (v.isTensor() && on_cpu(v) && args[i - begin].name() == "index") {  // index_fill
-      v = v.toTensor().to(c10::Device(kAccel, device));
-      continue;
-    }
-    if (!is_optional_tensor_list(v)) continue;
-    const c10::ArrayRef<c10::IValue> elems = v.toListRef();
-    if (std::none_of(elems.begin(), elems.end(), on_cpu)) continue;
-    c10::List<std::optional<at::Tensor>> uploaded;
-    for (const c10::IValue& e : elems) {
-      if (on_cpu(e)) {
-        uploaded.push_back(e.toTensor().to(c10::Device(kAccel, device)));
-      } else {
-        uploaded.push_back(e.isNone() ? std::nullopt : std::optional<at::Tensor>(e.toTensor()));
-      }
-    }
-    v = std::move(uploaded);
-  }
-}
-
-bool returns_only_tensors(const c10::FunctionSchema& schema) {
-  for (const c10::Argument& r : schema.returns()) {
-    const auto kind = r.type()->kind();
-    if (kind == c10::TypeKind::TensorType) continue;
-    if (kind == c10::TypeKind::ListType &&
-        r.type()->containedType(0)->kind() == c10::TypeKind::TensorType) {
-      continue;
-    }
-    return false;
-  }
-  return true;
-}
-
-// The argument a write-aliasing result refers to.
-std::optional<size_t> aliased_argument(const c10::FunctionSchema& schema,
-                                       const c10::Argument& result) {
-  const c10::AliasInfo* alias = result.alias_info();
-  if (alias == nullptr || !alias->isWrite()) return std::nullopt;
-  for (size_t i = 0; i < schema.arguments().size(); ++i) {
-    const c10::AliasInfo* a = schema.arguments()[i].alias_info();
-    if (a == nullptr) continue;
-    for (const auto& set : alias->beforeSets()) {
-      if (a->beforeSets().count(set) != 0) return i;
-    }
-  }
-  return std::nullopt;
-}
-
-// A new accel tensor on the current device (the caller's guard selects it).
-at::Tensor allocate(const TensorMeta& m) {
-  if (m.dtype == c10::ScalarType::Undefined) return at::Tensor();
-  at::Tensor t = at::detail::empty_strided_generic(
-      m.sizes, m.strides, device::device_allocator(),
-      c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), m.dtype);
-  if (m.conj) t._set_conj(true);
-  if (m.neg) t._set_neg(true);
-  return t;
-}
-
-// Gives the accel tensor `t` the sizes and strides `m` describes (an out= tensor the kernel
-// resizes), growing its storage if needed.
-void adopt_layout(const at::Tensor& t, const TensorMeta& m) {
-  if (m.describes(t)) return;
-  t.resize_(m.sizes);
-  t.unsafeGetTensorImpl()->set_sizes_and_strides(m.sizes, m.strides);
-}
-
-// Copies the bytes of `src`, a result of the executor's kernel laid out as `dst`, into the accel
-// tensor `dst`: from the host (waiting), or device to device in stream order (cuda).
-void write_result(const at::Tensor& dst, const at::Tensor& src, const char* what) {
-  const size_t bytes = static_cast<size_t>(src.numel()) * src.itemsize();
-  if (bytes == 0) return;
-  device::call(
-      [&] {
-        if (src.is_cpu()) {
-          rt::memcpy(dst.data_ptr(), src.data_ptr(), bytes, rt::CopyKind::HostToDevice);
-        } else {  // memory of the same GPU (pointer attributes say so): no host round trip
-          rt::memcpy_async(dst.data_ptr(), src.data_ptr(), bytes, rt::CopyKind::DeviceToDevice,
-                           rt::current_stream(dst.device().index()));
-        }
-      },
-      what);
-}
-
-// An accel copy of a result of the executor's kernel (its layout where it is dense:
-// channels-last stays so).
-at::Tensor to_accel(const at::Tensor& r, const char* what) {
-  if (!r.defined()) return r;
-  TORCH_CHECK_NOT_IMPLEMENTED(r.layout() == c10::Layout::Strided && !r.is_quantized(), what,
-                              " returns a ", r.layout(), r.is_quantized() ? " quantized" : "",
-                              " tensor, which accel does not support (accel tensors are dense "
-                              "and strided)");
-  at::Tensor dense = r.is_non_overlapping_and_dense() ? r : r.contiguous();
-  at::Tensor out = allocate(TensorMeta::of(dense));
-  write_result(out, dense, what);
-  return out;
 }
 
 class UnderlyingKernel final : public c10::OperatorKernel {
