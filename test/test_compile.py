@@ -259,6 +259,35 @@ _LAYER_NORM = textwrap.dedent(
 
 
 @_DEFAULT_RUN_ONLY
+def test_a_driver_whose_memory_the_host_cannot_touch_refuses_compiled_kernels(run_python) -> None:
+    # Generated C++ kernels read accel memory on the host: the limited test driver's memory is
+    # not host memory, so compiling refuses, and a launcher (what a cached kernel reaches
+    # without compiling) refuses before it runs anything.
+    drivers = Path(__file__).resolve().parent.parent / "build" / "test" / "cpp" / "drivers"
+    if not (drivers / "libaccel_driver_limited.so").exists():
+        pytest.skip("the C++ test drivers are not built (make test-cpp builds them)")
+    code = (
+        "import torch, torch_accel\n"
+        "x = torch.ones(3, device='accel')\n"
+        "try:\n"
+        "    torch.compile(lambda t: t * 2 + 1)(x)\n"
+        "except Exception as e:\n"
+        "    print('compile:', type(e).__name__, str(e).splitlines()[0])\n"
+        "launcher = torch_accel._C._InductorLauncher(1, 'p', 'kernel_0')\n"
+        "try:\n"
+        "    launcher(x)\n"
+        "except NotImplementedError as e:\n"
+        "    print('launch:', e)\n"
+    )
+    r = run_python(code, ACCEL_DRIVER="limited", ACCEL_DRIVER_PATH=str(drivers))
+    assert r.returncode == 0, r.stderr[-2000:]
+    compile_line, launch_line = r.stdout.strip().splitlines()
+    assert "torch.compile on accel generates C++ kernels that run on the host" in compile_line
+    assert "the limited driver's device memory is not host memory" in compile_line
+    assert launch_line.startswith("launch: kernel_0: kernels torch.compile generated for accel")
+    assert "the limited driver's device memory is not host memory" in launch_line
+
+
 def test_native_layer_norm_stays_whole_on_accel_from_the_first_compile(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("ACCEL_")}
     env["TORCHINDUCTOR_CACHE_DIR"] = str(tmp_path / "cache")  # the first compile of its cache

@@ -46,6 +46,21 @@ class KernelLauncher {
       throw py::type_error(name_ + ": expected " + std::to_string(kinds_.size()) +
                            " arguments, got " + std::to_string(args.size()));
     }
+    // The kernel is host code reading accel memory: only where that is host memory (a kernel
+    // from the FX-graph cache reaches here without compiling, so the check is here too).
+    static const bool host_memory =
+        device::call([] { return rt::device_memory_host_accessible(); });
+    if (!host_memory) {
+      PyErr_SetString(PyExc_NotImplementedError,
+                      (name_ +
+                       ": kernels torch.compile generated for accel run on the host, and "
+                       "the " +
+                       std::string(rt::driver_name()) +
+                       " driver's device memory is not host memory; run eagerly, or with "
+                       "ACCEL_DRIVER=host")
+                          .c_str());
+      throw py::error_already_set();
+    }
     std::vector<uint64_t> words(kinds_.size());
     int device = -1;
     for (size_t i = 0; i < kinds_.size(); ++i) {

@@ -83,6 +83,20 @@ def _group_buffers(group: Any) -> set[str]:
 
 
 class AccelCppScheduling(CppScheduling):
+    def __init__(self, scheduler: Any) -> None:
+        # Generated C++ kernels run on the host, on accel memory: only where the host can touch
+        # it (the host driver). The cuda driver needs Triton kernels, which are not written yet.
+        import torch_accel
+
+        if not torch_accel.driver_capabilities()["host_accessible_memory"]:
+            raise NotImplementedError(
+                f"torch.compile on accel generates C++ kernels that run on the host, and the "
+                f"{torch_accel.driver()} driver's device memory is not host memory (Triton "
+                "kernels for it are not written yet): run this model eagerly, or with "
+                "ACCEL_DRIVER=host"
+            )
+        super().__init__(scheduler)
+
     def define_kernel(self, src_code: str, nodes: Any, kernel_args: Any = None) -> str:
         # The wrapper makes this kernel an accel stream kernel (wrapper.py); CPU kernels of the
         # same graph (a CPU optimizer state, say) stay Python bindings.
