@@ -100,6 +100,20 @@ def test_accel_memory_comes_from_accel_allocator_not_torch_cuda():
     del t
 
 
+def test_accel_takes_back_memory_torch_cuda_only_caches():
+    # Two caches share the GPU: when accel's allocation fails, PyTorch's CUDA allocator gives
+    # its unused memory back and accel retries.
+    torch.cuda.empty_cache()
+    free, _ = torch.cuda.mem_get_info()
+    held = torch.empty(int(free * 0.8), dtype=torch.uint8, device="cuda")
+    del held  # cached by PyTorch's allocator, not freed
+    assert torch.cuda.memory_reserved() >= int(free * 0.8)
+    big = torch.empty(int(free * 0.7), dtype=torch.uint8, device="accel")
+    assert torch.cuda.memory_reserved() < int(free * 0.8)
+    del big
+    torch.accel.empty_cache()
+
+
 def test_work_runs_in_accel_stream_order_without_host_waits():
     a = torch.ones(1 << 20, device="accel")
     for _ in range(50):

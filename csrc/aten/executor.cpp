@@ -34,6 +34,7 @@ struct Choice {
   accel_cuda_pool_begin_fn pool_begin = nullptr;
   accel_cuda_pool_end_fn pool_end = nullptr;
   accel_cuda_pool_release_fn pool_release = nullptr;
+  accel_cuda_empty_cache_fn empty_cache = nullptr;
 };
 
 // The cuda executor: libaccel_aten_cuda.so next to this library.
@@ -57,14 +58,24 @@ void load_cuda_bridge(Choice& c) {
   c.pool_end = reinterpret_cast<accel_cuda_pool_end_fn>(::dlsym(h, "accel_cuda_pool_end"));
   c.pool_release =
       reinterpret_cast<accel_cuda_pool_release_fn>(::dlsym(h, "accel_cuda_pool_release"));
+  c.empty_cache = reinterpret_cast<accel_cuda_empty_cache_fn>(::dlsym(h, "accel_cuda_empty_cache"));
   if (version == nullptr || c.enter == nullptr || c.exit == nullptr ||
       c.current_stream == nullptr || c.wait == nullptr || c.pool_begin == nullptr ||
-      c.pool_end == nullptr || c.pool_release == nullptr ||
+      c.pool_end == nullptr || c.pool_release == nullptr || c.empty_cache == nullptr ||
       version() != ACCEL_CUDA_BRIDGE_VERSION) {
     c.why = path + " is not the bridge of this build";
     return;
   }
   c.executor = Executor::Cuda;
+  // Two caches share the GPU: PyTorch's CUDA allocator keeps the kernels' temporaries. When
+  // accel's allocation fails, it gives its unused memory back and accel retries.
+  const accel_cuda_empty_cache_fn empty_cache = c.empty_cache;
+  device::call([&] {
+    rt::attach_memory_pressure_hook([empty_cache](int device, std::size_t) {
+      char error[256] = {0};
+      return empty_cache(device, error, sizeof(error)) == 1;
+    });
+  });
 }
 
 const Choice& choice() {

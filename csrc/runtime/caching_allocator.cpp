@@ -263,6 +263,17 @@ void* CachingAllocator::malloc(std::size_t size, StreamObj& stream) {
       release_cached_segments();
       b = try_allocate(pool_for(pool_id, small), stream, rounded);
     }
+    if (b == nullptr) {
+      // Memory held elsewhere on the device (another library's cache): the hooks may free it.
+      lock.unlock();
+      const bool freed = relieve_memory_pressure(device_, size);
+      lock.lock();
+      if (freed) {
+        process_events();
+        release_cached_segments();
+        b = try_allocate(pool_for(pool_id, small), stream, rounded);
+      }
+    }
   }
   if (b == nullptr && pool_id.is_default()) {
     // Pools made with use_on_oom lend their free blocks as a last resort.

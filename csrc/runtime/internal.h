@@ -285,6 +285,10 @@ class Runtime {
 std::unique_ptr<Driver> open_driver_table(void* open_symbol, const std::string& library,
                                           std::string& why);
 
+// Runs the memory pressure hooks for a failed allocation on `device` (memory.cpp); true if one
+// freed memory.
+bool relieve_memory_pressure(int device, std::size_t requested);
+
 // The calling thread's current device (0 until set), validated lazily.
 int tls_device();
 void set_tls_device(int device);

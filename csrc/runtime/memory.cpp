@@ -36,6 +36,16 @@ OomObservers& oom_observers() {
   return *o;
 }
 
+struct PressureHooks {
+  std::mutex m;
+  std::vector<MemoryPressureHook> list;
+};
+
+PressureHooks& pressure_hooks() {
+  static PressureHooks* h = new PressureHooks();  // used up to process exit
+  return *h;
+}
+
 // Allocates on `s`; on failure tells the observers, then rethrows.
 void* observed_malloc(Runtime& rt, std::size_t size, StreamObj& s) {
   try {
@@ -135,6 +145,26 @@ void* malloc(std::size_t size, Stream stream) {
 void* malloc(std::size_t size) {
   Runtime& rt = Runtime::get();
   return observed_malloc(rt, size, rt.current_stream_obj(detail::tls_device()));
+}
+
+namespace detail {
+bool relieve_memory_pressure(int device, std::size_t requested) {
+  std::vector<MemoryPressureHook> hooks;
+  {
+    std::lock_guard<std::mutex> lock(pressure_hooks().m);
+    hooks = pressure_hooks().list;
+  }
+  bool freed = false;
+  for (const MemoryPressureHook& h : hooks) freed = h(device, requested) || freed;
+  return freed;
+}
+}  // namespace detail
+
+void attach_memory_pressure_hook(MemoryPressureHook hook) {
+  ACCEL_RT_CHECK(static_cast<bool>(hook), InvalidValueError,
+                 "attach_memory_pressure_hook: the hook is empty");
+  std::lock_guard<std::mutex> lock(pressure_hooks().m);
+  pressure_hooks().list.push_back(std::move(hook));
 }
 
 void attach_oom_observer(OomObserver observer) {

@@ -104,6 +104,12 @@ ACCEL_RT_API double get_memory_fraction(int device = -1);
 using OomObserver =
     std::function<void(int device, std::size_t requested, std::size_t allocated, std::size_t free)>;
 ACCEL_RT_API void attach_oom_observer(OomObserver observer);
+// Called, without the allocator's lock, when a device allocation fails even after the runtime
+// released its own cached memory: a hook may free memory held elsewhere on that device (another
+// library's cache, such as PyTorch's CUDA allocator on the same GPU) and returns true if it did;
+// the allocation is then retried once before OutOfMemoryError. Not called during captures.
+using MemoryPressureHook = std::function<bool(int device, std::size_t requested)>;
+ACCEL_RT_API void attach_memory_pressure_hook(MemoryPressureHook hook);
 
 // Memory pools (torch.cuda.MemPool): a private pool of a device's caching allocator, kept apart
 // from the default pool, that the allocations of chosen threads go to. A pool lives while it

@@ -2,6 +2,7 @@
 // record_stream, statistics, out-of-memory, history, pinned host memory.
 #include <atomic>
 #include <cstdint>
+#include <mutex>
 
 #include "test_util.h"
 
@@ -177,6 +178,37 @@ TEST_F(Allocator, RecordStreamOnADestroyedStreamNeedsNoWait) {
   free(p);
   EXPECT_EQ(malloc(4096, stream_), p);
   free(p);
+}
+
+TEST_F(Allocator, MemoryPressureHooksGiveBackMemoryHeldElsewhereBeforeOutOfMemory) {
+  // Another library's cache on the device (here a block the hook owns) is given back when an
+  // allocation would otherwise fail; the allocation then succeeds and no OOM is counted.
+  static std::atomic<void*> held{nullptr};
+  static std::atomic<int> calls{0};
+  static std::once_flag attached;  // hooks stay attached: later OOM tests find it empty
+  std::call_once(attached, [] {
+    attach_memory_pressure_hook([](int device, std::size_t requested) {
+      void* p = held.exchange(nullptr);
+      if (p == nullptr) return false;
+      ++calls;
+      EXPECT_EQ(device, kDev);
+      EXPECT_EQ(requested, 2 * GiB);
+      free(p);
+      return true;
+    });
+  });
+  held = malloc(3 * GiB, stream_);
+  const int64_t ooms = stats().num_ooms;
+  void* b = malloc(2 * GiB, stream_);
+  EXPECT_NE(b, nullptr);
+  EXPECT_EQ(calls.load(), 1);
+  EXPECT_EQ(held.load(), nullptr);
+  EXPECT_EQ(stats().num_ooms, ooms);
+  // Nothing more to give back: past the capacity it is an OutOfMemoryError as before.
+  EXPECT_RT_ERROR(malloc(3 * GiB, stream_), OutOfMemoryError, "out of memory on device 1");
+  EXPECT_EQ(calls.load(), 1);
+  free(b);
+  EXPECT_RT_ERROR(attach_memory_pressure_hook({}), InvalidValueError, "the hook is empty");
 }
 
 TEST_F(Allocator, OutOfMemoryIsATypedErrorWithTheNumbers) {

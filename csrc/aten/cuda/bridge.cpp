@@ -140,3 +140,23 @@ extern "C" __attribute__((visibility("default"))) int accel_cuda_pool_release(
                                                  pool_id(pool));
   });
 }
+
+extern "C" __attribute__((visibility("default"))) int accel_cuda_empty_cache(int device,
+                                                                             char* error,
+                                                                             size_t error_len) {
+  try {
+    namespace alloc = c10::cuda::CUDACachingAllocator;
+    const auto index = static_cast<c10::DeviceIndex>(device);
+    const auto reserved = [&] {
+      return alloc::getDeviceStats(index)
+          .reserved_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)]
+          .current;
+    };
+    const int64_t before = reserved();
+    alloc::emptyCache();
+    return reserved() < before ? 1 : 0;
+  } catch (const std::exception& e) {
+    std::snprintf(error, error_len, "%s", e.what());
+    return -1;
+  }
+}

@@ -41,6 +41,10 @@ typedef int (*accel_cuda_pool_end_fn)(int device, const unsigned long long pool[
 typedef int (*accel_cuda_pool_release_fn)(int device, const unsigned long long pool[2], char* error,
                                           size_t error_len);
 
+/* Gives PyTorch's CUDA allocator's cached, unused memory back to CUDA; returns 1 if the memory
+ * it reserves on `device` went down, 0 if not, -1 on failure (then `error`). */
+typedef int (*accel_cuda_empty_cache_fn)(int device, char* error, size_t error_len);
+
 #ifdef __cplusplus
 }
 #endif
