@@ -112,7 +112,8 @@ test-cuda: install build-cpp
 	ACCEL_DRIVER=cuda $(BUILD_DIR)/test/cpp/runtime_tests --gtest_brief=1 \
 	  --gtest_filter=-EnvConfig.*:InitFailure.*:Plugin.*:DriverSelection.*:Capabilities.*:DeviceLost.* && \
 	ACCEL_DRIVER=cuda $(PY) -m pytest -q -p no:cacheprovider test && \
-	ACCEL_DRIVER=cuda $(MAKE) --no-print-directory opinfo-sweep
+	ACCEL_DRIVER=cuda $(MAKE) --no-print-directory opinfo-sweep && \
+	ACCEL_DRIVER=cuda OPINFO_AGAINST=cuda $(MAKE) --no-print-directory opinfo-sweep
 
 # accel on the cuda driver against native torch CUDA on the same GPU (skips without one).
 bench-cuda: install

@@ -7,7 +7,8 @@
 #           .gtest in .git/info/exclude and in the call's carry)
 #   smoke   the driver's selection, the runtime's C++ suite on cuda, test/test_cuda_driver.py
 #           (accel against native CUDA), the quickstart
-#   suites  every pytest suite with ACCEL_DRIVER=cuda, then the OpInfo sweep
+#   suites  every pytest suite with ACCEL_DRIVER=cuda, then the OpInfo sweep against the CPU
+#           and against native CUDA (OPINFO_AGAINST=cuda)
 #   bench   benchmarks/cuda_vs_native.py (accel against native CUDA on the same GPU)
 # Logs and JSON go to $OUT (what the device tool brings back) or build/gpu_proof; each stage
 # prints ok or the tail of its log. Exits nonzero if any step failed.
@@ -61,6 +62,8 @@ assert t.driver() == 'cuda', t.init_error()"
     suites)
       step suites "$py" -m pytest -q -p no:cacheprovider -rs test --ignore=test/test_compile.py
       step opinfo env OPINFO_FULL=1 "$py" -m pytest -q -p no:cacheprovider test/test_opinfo.py
+      step opinfo_vs_cuda env OPINFO_FULL=1 OPINFO_AGAINST=cuda "$py" -m pytest -q \
+        -p no:cacheprovider test/test_opinfo.py
       ;;
     bench)
       step bench "$py" benchmarks/cuda_vs_native.py --json "$out/cuda_vs_native.json"

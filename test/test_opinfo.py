@@ -23,9 +23,10 @@ the suite; there a known failure that passes fails its test (xpass). OPINFO_FULL
 OpInfo (make opinfo: about 41000 samples, 1-3 minutes on 2 cores); there an xpass is reported
 without failing (OPINFO_STRICT=1: fails). OPINFO_OPS=a,b runs the named OpInfos only, and
 OPINFO_MAX_SAMPLES=n the first n samples of each op and mode only; OPINFO_REFERENCE=1 runs the
-OpInfos' reference_inputs instead of their sample_inputs. test_summary prints the
-counts and asserts that at least 98% of the samples match; the full sweep and OPINFO_OPS also
-write them, with every failure, to build/opinfo_summary.json.
+OpInfos' reference_inputs instead of their sample_inputs; OPINFO_AGAINST=cuda compares accel
+with native CUDA instead of the CPU (the cuda driver on a GPU: test/gpu_proof.sh). test_summary
+prints the counts and asserts that at least 98% of the samples match; the full sweep and
+OPINFO_OPS also write them, with every failure, to build/opinfo_summary.json.
 
 Known failures are in opinfo_known_failures.yaml, by OpInfo full name (name.variant) and mode,
 each with its reason; reasons of bugs in the backend start with "BUG:".
@@ -68,6 +69,13 @@ MODES = ("forward", "backward", "bf16", "bf16_backward")
 FALLBACK = os.environ.get("OPINFO_FALLBACK", "error")
 assert FALLBACK in ("error", "silent"), f"OPINFO_FALLBACK={FALLBACK!r}: use error or silent"
 ACCEL = torch.device("accel")
+# The device accel's results are compared with: the CPU, or native CUDA on the same GPU.
+AGAINST = os.environ.get("OPINFO_AGAINST", "cpu")
+assert AGAINST in ("cpu", "cuda"), f"OPINFO_AGAINST={AGAINST!r}: use cpu or cuda"
+if AGAINST == "cuda" and __name__ != "__main__" and not torch.cuda.is_available():
+    pytest.skip(
+        "OPINFO_AGAINST=cuda compares with native CUDA: no GPU here", allow_module_level=True
+    )
 # A sample that runs longer than this is taken for a hang: the worker is killed.
 HANG_SECONDS = 120.0 if (FULL or ONLY) else 30.0
 
@@ -172,38 +180,39 @@ class UnsupportedSample(Exception):
     """A sample this sweep does not move to accel (a sparse or quantized tensor)."""
 
 
-def tensor_to_accel(t: torch.Tensor) -> torch.Tensor:
-    """The tensor on accel with the same values, sizes, strides and storage offset."""
+def tensor_to_accel(t: torch.Tensor, device: torch.device = ACCEL) -> torch.Tensor:
+    """The tensor on accel (or `device`) with the same values, sizes, strides and offset."""
     if t.layout != torch.strided or t.is_quantized:
         raise UnsupportedSample(f"{t.layout} tensor")
     src = t.detach()
     if (src.is_contiguous() and src.storage_offset() == 0) or src.numel() == 0:
-        out = src.to(ACCEL)
+        out = src.to(device)
     else:
         # Copies the part of the storage the tensor spans and views it the same way: keeps
         # overlapping (expanded) and non-dense tensors as they are.
         extent = src.storage_offset() + 1
         extent += sum((n - 1) * s for n, s in zip(src.shape, src.stride(), strict=True))
-        flat = src.as_strided((extent,), (1,), 0).to(ACCEL)
+        flat = src.as_strided((extent,), (1,), 0).to(device)
         out = flat.as_strided(src.shape, src.stride(), src.storage_offset())
     return out.requires_grad_(t.requires_grad)
 
 
-def to_accel(x: Any) -> Any:
-    """A sample's argument on accel: tensors moved, CPU device arguments turned into accel."""
+def to_accel(x: Any, device: torch.device = ACCEL) -> Any:
+    """A sample's argument on accel (or `device`): tensors moved, CPU device arguments turned
+    into that device."""
     if isinstance(x, torch.Tensor):
-        return tensor_to_accel(x)
+        return tensor_to_accel(x, device)
     if isinstance(x, torch.device):
-        return ACCEL if x.type == "cpu" else x
+        return device if x.type == "cpu" else x
     if isinstance(x, str) and x == "cpu":
-        return "accel"
+        return device.type
     if isinstance(x, list):
-        return [to_accel(v) for v in x]
+        return [to_accel(v, device) for v in x]
     if isinstance(x, tuple):
-        values = [to_accel(v) for v in x]
+        values = [to_accel(v, device) for v in x]
         return type(x)(*values) if hasattr(x, "_fields") else type(x)(values)
     if isinstance(x, dict):
-        return {k: to_accel(v) for k, v in x.items()}
+        return {k: to_accel(v, device) for k, v in x.items()}
     return x
 
 
@@ -219,7 +228,7 @@ def compare(
     if isinstance(expected, torch.Tensor):
         if not isinstance(actual, torch.Tensor):
             raise sweep.Mismatch(f"{path}: {_brief(actual)}, CPU {_brief(expected)}")
-        if devices and expected.device.type == "cpu" and actual.device.type != "accel":
+        if devices and expected.device.type == AGAINST and actual.device.type != "accel":
             raise sweep.Mismatch(f"{path}: on {actual.device}, expected accel")
         if (actual.dtype, actual.shape, actual.layout) != (
             expected.dtype,
@@ -230,7 +239,7 @@ def compare(
         if values:
             try:
                 torch.testing.assert_close(
-                    actual.detach().cpu(), expected.detach(), equal_nan=True, check_device=False
+                    actual.detach().cpu(), expected.detach().cpu(), equal_nan=True
                 )
             except AssertionError as e:
                 raise sweep.Mismatch(f"{path}: {e}") from None
@@ -299,8 +308,8 @@ def _forward(op: Any, s: Sample, random: bool) -> Any:
 
 def _backward(op: Any, s: Sample, process: Callable[[Any], Any], grads: list[Any] | None) -> Any:
     """(grad_outputs, gradients of the sample's requires_grad tensors), or None when nothing is
-    differentiable. grads: the CPU's grad_outputs, None on the CPU (seeded normal values in the
-    shapes of the outputs)."""
+    differentiable. grads: the reference's grad_outputs, None for the reference (seeded normal
+    values in the shapes of the outputs)."""
     out = process(op(s.input, *s.args, **s.kwargs))
     outputs = [
         t
@@ -312,7 +321,7 @@ def _backward(op: Any, s: Sample, process: Callable[[Any], Any], grads: list[Any
         return None
     if grads is None:
         gen = torch.Generator().manual_seed(0)
-        grads = [torch.randn(o.shape, generator=gen, dtype=o.dtype) for o in outputs]
+        grads = [torch.randn(o.shape, generator=gen, dtype=o.dtype).to(o.device) for o in outputs]
     else:
         grads = [g.to(o.device) for g, o in zip(grads, outputs, strict=True)]
     return grads, torch.autograd.grad(outputs, leaves, grads, allow_unused=True)
@@ -389,16 +398,21 @@ def _run_sample(
     if not any(_on_accel(x) for x in dev.flat()):
         result.skipped += 1  # nothing for accel to do (logspace(1, 3) runs on the CPU)
         return
+    ref = cpu  # what accel is compared with: the CPU, or the same sample on native CUDA
+    if AGAINST == "cuda":
+        cuda = torch.device("cuda")
+        args = tuple(a if i in keep else to_accel(a, cuda) for i, a in enumerate(cpu.args))
+        ref = Sample(to_accel(cpu.input, cuda), args, to_accel(cpu.kwargs, cuda))
     process = sample.output_process_fn_grad
     # The CPU reference. It may change the sample (in-place ops): compared after the op too.
     try:
         if backward:
-            expected = _backward(op, cpu, process, None)
+            expected = _backward(op, ref, process, None)
             if expected is None:
                 result.skipped += 1
                 return
         else:
-            expected = _forward(op, cpu, random)
+            expected = _forward(op, ref, random)
     except Exception:  # noqa: BLE001 (the CPU refuses this sample: not ours to test)
         result.skipped += 1
         return
@@ -411,7 +425,7 @@ def _run_sample(
             actual, expected = actual[1], expected[1]
             # A leaf view of a base that requires grad (made under no_grad by some reference
             # samples) gets no gradient on the CPU; its accel copy is a plain leaf that does.
-            odd = [t._base is not None and t._base.requires_grad for t in cpu.grad_leaves()]
+            odd = [t._base is not None and t._base.requires_grad for t in ref.grad_leaves()]
             actual = [a for a, o in zip(actual, odd, strict=True) if not o]
             expected = [e for e, o in zip(expected, odd, strict=True) if not o]
         else:
@@ -420,7 +434,7 @@ def _run_sample(
         fallback.update(torch.accel.fallback_stats())
         compare(actual, expected, values)
         if not backward:
-            tensors = [t for t in cpu.flat() if isinstance(t, torch.Tensor)]
+            tensors = [t for t in ref.flat() if isinstance(t, torch.Tensor)]
             after = [t for t in dev.flat() if isinstance(t, torch.Tensor)]
             compare(after, tensors, values, "the sample's tensors after the op", False)
     except Exception as e:  # noqa: BLE001 (the CPU ran it: a failure of accel)
@@ -438,9 +452,9 @@ def check_op(op: Any, max_samples: int, progress: sweep.Progress) -> OpReport:
         (torch.float32, "forward", "backward"),
         (torch.bfloat16, "bf16", "bf16_backward"),
     ):
-        if dtype in op.supported_dtypes("cpu"):
+        if dtype in op.supported_dtypes(AGAINST):
             modes.append(forward)
-            if op.supports_autograd and dtype in op.supported_backward_dtypes("cpu"):
+            if op.supports_autograd and dtype in op.supported_backward_dtypes(AGAINST):
                 modes.append(backward)
     for mode in modes:
         fwd = report.modes.get("forward")
