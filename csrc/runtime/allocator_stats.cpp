@@ -51,8 +51,8 @@ std::size_t CachingAllocator::reserve_limit() {
     hint += " The per-process memory fraction limits this process to " +
             format_bytes(reserve_limit_) + " of the device (set_per_process_memory_fraction).";
   }
-  if (rt_.driver->name() == "host") {
-    hint += " The host driver's device capacity is set by ACCEL_HOST_MEMORY.";
+  if (const std::string driver_hint = rt_.driver->oom_hint(); !driver_hint.empty()) {
+    hint += " " + driver_hint;
   }
   ACCEL_RT_THROW(OutOfMemoryError, "accel: out of memory on device ", device_,
                  ": tried to allocate ", format_bytes(size), " (", size,

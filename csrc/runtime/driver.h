@@ -54,6 +54,9 @@ class ACCEL_RT_API Driver {
   // CUDA: cudaMemGetInfo.                L0: zesMemoryGetState, or total minus the driver's count.
   virtual MemoryInfo mem_get_info(int device) = 0;
   virtual DriverCapabilities capabilities() const { return {}; }
+  // A sentence the runtime adds to out-of-memory errors: how to give the device more memory
+  // (the host driver names ACCEL_HOST_MEMORY). Empty: nothing to add.
+  virtual std::string oom_hint() const { return {}; }
 
   // --- raw memory -----------------------------------------------------------------------
   // CUDA: cudaMalloc / cudaFree.         L0: zeMemAllocDevice / zeMemFree.

@@ -183,6 +183,9 @@ typedef struct accel_driver_table {
   /* What the driver knows of memory the runtime did not allocate (another library's device
    * memory, registered host memory). Absent: every such pointer is ordinary host memory. */
   int (*pointer_attributes)(accel_driver* self, const void* ptr, accel_drv_pointer_attributes* out);
+  /* A sentence for out-of-memory errors: how to give the device more memory (valid until the
+   * thread's next call). Absent: nothing to add. */
+  const char* (*oom_hint)(accel_driver* self);
 } accel_driver_table;
 
 /* The one symbol a driver library exports:

@@ -16,6 +16,8 @@ struct Exported {
   std::string name;
 };
 
+thread_local std::string t_oom_hint;
+
 Driver& drv(accel_driver* self) {
   return *reinterpret_cast<Exported*>(self)->driver;
 }
@@ -224,6 +226,14 @@ void fill_entries(accel_driver_table& t) {
       *previous =
           static_cast<int>(drv(s).thread_capture_mode_exchange(static_cast<CaptureMode>(mode)));
     });
+  };
+  t.oom_hint = [](accel_driver* s) -> const char* {
+    try {
+      t_oom_hint = drv(s).oom_hint();
+    } catch (...) {
+      t_oom_hint.clear();
+    }
+    return t_oom_hint.c_str();
   };
   t.pointer_attributes = [](accel_driver* s, const void* ptr, accel_drv_pointer_attributes* out) {
     return guarded([&] {

@@ -237,6 +237,10 @@ class TableDriver final : public Driver {
     });
     return static_cast<CaptureMode>(previous);
   }
+  std::string oom_hint() const override {
+    const char* h = t_.oom_hint != nullptr ? t_.oom_hint(t_.self) : nullptr;
+    return h != nullptr ? std::string(h) : std::string();
+  }
   PointerAttributes pointer_attributes(const void* ptr) override {
     if (t_.pointer_attributes == nullptr) return {};
     accel_drv_pointer_attributes a{};

@@ -8,9 +8,11 @@
 //  - fragile (ACCEL_TEST_FRAGILE): a failed host task loses the device, as a faulting CUDA
 //    kernel poisons its context (and so does ACCEL_TEST_LOSE_DEVICE=<file> once it exists).
 //  - badtable (ACCEL_TEST_BAD_TABLE): fills a table the runtime must refuse, the fault chosen
-//    by ACCEL_TEST_BAD_TABLE=abi|entry|name.
+//    by ACCEL_TEST_BAD_TABLE=abi|entry|name, or (=short) the shorter table of a library built
+//    before the last entry was appended, which the runtime takes.
 //  - oldabi (ACCEL_TEST_OLD_ABI): a library from before the C table (exports only
 //    accel_driver_create).
+#include <cstddef>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -108,6 +110,12 @@ extern "C" __attribute__((visibility("default"))) int accel_driver_open(uint32_t
   if (fault != nullptr && std::strcmp(fault, "name") == 0) t.name = nullptr;
 #endif
   t.struct_size = static_cast<uint32_t>(table_size < sizeof(t) ? table_size : sizeof(t));
+#ifdef ACCEL_TEST_BAD_TABLE
+  // A library built before oom_hint was appended: its table ends before it.
+  if (fault != nullptr && std::strcmp(fault, "short") == 0) {
+    t.struct_size = static_cast<uint32_t>(offsetof(accel_driver_table, oom_hint));
+  }
+#endif
   std::memcpy(static_cast<void*>(table), &t, t.struct_size);
   return 0;
 #endif

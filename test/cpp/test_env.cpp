@@ -119,6 +119,25 @@ TEST(Capabilities, WhatTheDriverLeavesOutIsRefusedByName) {
   stream_destroy(s);
 }
 
+TEST(Plugin, AShorterTableFromAnOlderLibraryLacksOnlyTheNewerEntries) {
+  if (env("ACCEL_TEST_BAD_TABLE") != "short")
+    GTEST_SKIP() << "runs with ACCEL_TEST_BAD_TABLE=short";
+  EXPECT_STREQ(driver_name(), "testdrv");
+  std::vector<float> host = {4.f, 5.f};
+  float* dev = testing::upload(host);
+  EXPECT_EQ(testing::download(dev, 2), host);
+  free(dev);
+  // oom_hint lies past its table: absent, so out-of-memory errors carry no driver sentence.
+  try {
+    malloc(std::size_t{5} << 30);
+    ADD_FAILURE() << "expected OutOfMemoryError";
+  } catch (const OutOfMemoryError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("out of memory on device 0"), std::string::npos) << m;
+    EXPECT_EQ(m.find("ACCEL_HOST_MEMORY"), std::string::npos) << m;
+  }
+}
+
 TEST(DeviceLost, TheFirstLossIsStickyAndFreesStillWork) {
   if (env("ACCEL_DRIVER") != "fragile") GTEST_SKIP() << "runs with ACCEL_DRIVER=fragile";
   Stream s = stream_create();

@@ -151,6 +151,9 @@ class HostDriver final : public Driver {
   }
 
   DriverCapabilities capabilities() const override { return options_.capabilities; }
+  std::string oom_hint() const override {
+    return "The host driver's device capacity is set by ACCEL_HOST_MEMORY.";
+  }
 
   void* raw_alloc(int device, std::size_t size) override {
     check_capture_safe("raw_alloc");
