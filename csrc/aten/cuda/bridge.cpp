@@ -11,6 +11,7 @@
 
 #include <cstdio>
 #include <exception>
+#include <memory>
 
 namespace {
 
@@ -31,10 +32,15 @@ extern "C" __attribute__((visibility("default"))) void* accel_cuda_enter(int dev
   try {
     const auto index = static_cast<c10::DeviceIndex>(device);
     const c10::DeviceIndex before = c10::cuda::ExchangeDevice(index);
-    auto* saved = new Saved{before, c10::cuda::getCurrentCUDAStream(index)};
-    c10::cuda::setCurrentCUDAStream(
-        c10::cuda::getStreamFromExternal(static_cast<cudaStream_t>(stream), index));
-    return saved;
+    try {
+      auto saved = std::make_unique<Saved>(Saved{before, c10::cuda::getCurrentCUDAStream(index)});
+      c10::cuda::setCurrentCUDAStream(
+          c10::cuda::getStreamFromExternal(static_cast<cudaStream_t>(stream), index));
+      return saved.release();
+    } catch (...) {
+      c10::cuda::MaybeExchangeDevice(before);  // leave the thread as it was
+      throw;
+    }
   } catch (const std::exception& e) {
     std::snprintf(error, error_len, "%s", e.what());
     return nullptr;
