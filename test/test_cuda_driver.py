@@ -77,6 +77,23 @@ def test_operators_match_native_cuda(dtype):
     assert_no_fallback()
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_attention_takes_cudas_fused_kernels(dtype):
+    # CUDA's _fused_sdp_choice picks flash / memory-efficient / cuDNN kernels, forward and
+    # backward, which run underlying on accel memory.
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 64, 32, generator=g).to(dtype) for _ in range(3))
+    grads = {}
+    for device in ("cuda", "accel"):
+        qd, kd, vd = (t.to(device).requires_grad_() for t in (q, k, v))
+        out = torch.nn.functional.scaled_dot_product_attention(qd, kd, vd, is_causal=True)
+        out.sum().backward()
+        grads[device] = [out.detach().cpu(), *(t.grad.cpu() for t in (qd, kd, vd))]
+    for a, c in zip(grads["accel"], grads["cuda"], strict=True):
+        torch.testing.assert_close(a, c)
+    assert_no_fallback()
+
+
 def test_copies_to_and_from_cuda_are_device_to_device():
     x = torch.arange(24.0, device="cuda").reshape(4, 6)
     a = x.to("accel")
