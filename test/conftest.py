@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -72,3 +73,17 @@ def run_python():
         )
 
     return run
+
+
+@pytest.fixture
+def test_driver():
+    """The environment that selects one of the C++ test drivers (test/cpp/test_driver_plugin.cpp:
+    testdrv, limited, fragile, ...) for run_python; skips where make test-cpp has not built them."""
+    drivers = Path(__file__).resolve().parent.parent / "build" / "test" / "cpp" / "drivers"
+
+    def env(name: str) -> dict[str, str]:
+        if not (drivers / f"libaccel_driver_{name}.so").exists():
+            pytest.skip(f"the C++ test driver {name} is not built (make test-cpp builds it)")
+        return {"ACCEL_DRIVER": name, "ACCEL_DRIVER_PATH": str(drivers)}
+
+    return env

@@ -259,13 +259,12 @@ _LAYER_NORM = textwrap.dedent(
 
 
 @_DEFAULT_RUN_ONLY
-def test_a_driver_whose_memory_the_host_cannot_touch_refuses_compiled_kernels(run_python) -> None:
+def test_a_driver_whose_memory_the_host_cannot_touch_refuses_compiled_kernels(
+    run_python, test_driver
+) -> None:
     # Generated C++ kernels read accel memory on the host: the limited test driver's memory is
     # not host memory, so compiling refuses, and a launcher (what a cached kernel reaches
     # without compiling) refuses before it runs anything.
-    drivers = Path(__file__).resolve().parent.parent / "build" / "test" / "cpp" / "drivers"
-    if not (drivers / "libaccel_driver_limited.so").exists():
-        pytest.skip("the C++ test drivers are not built (make test-cpp builds them)")
     code = (
         "import torch, torch_accel\n"
         "x = torch.ones(3, device='accel')\n"
@@ -279,7 +278,7 @@ def test_a_driver_whose_memory_the_host_cannot_touch_refuses_compiled_kernels(ru
         "except NotImplementedError as e:\n"
         "    print('launch:', e)\n"
     )
-    r = run_python(code, ACCEL_DRIVER="limited", ACCEL_DRIVER_PATH=str(drivers))
+    r = run_python(code, **test_driver("limited"))
     assert r.returncode == 0, r.stderr[-2000:]
     compile_line, launch_line = r.stdout.strip().splitlines()
     assert "torch.compile on accel generates C++ kernels that run on the host" in compile_line

@@ -87,12 +87,9 @@ def test_driver_selection_says_why_each_driver_was_skipped(run_python):
     assert r.stdout.strip() == "[('host', 'selected')]"
 
 
-def test_a_lost_device_raises_accelerator_error_and_stays_lost(run_python, tmp_path):
+def test_a_lost_device_raises_accelerator_error_and_stays_lost(run_python, test_driver, tmp_path):
     # The fragile test driver (the host driver behind the C table) loses its device once the
     # trigger file exists, as a CUDA context dies at an illegal address.
-    drivers = ROOT / "build" / "test" / "cpp" / "drivers"
-    if not (drivers / "libaccel_driver_fragile.so").exists():
-        pytest.skip("the C++ test drivers are not built (make test-cpp builds them)")
     trigger = tmp_path / "lose"
     code = (
         "import pathlib, torch, torch_accel\n"
@@ -108,12 +105,7 @@ def test_a_lost_device_raises_accelerator_error_and_stays_lost(run_python, tmp_p
         "del x\n"
         "print('released')\n"
     )
-    r = run_python(
-        code,
-        ACCEL_DRIVER="fragile",
-        ACCEL_DRIVER_PATH=str(drivers),
-        ACCEL_TEST_LOSE_DEVICE=str(trigger),
-    )
+    r = run_python(code, **test_driver("fragile"), ACCEL_TEST_LOSE_DEVICE=str(trigger))
     assert r.returncode == 0, r.stderr[-2000:]
     lines = r.stdout.strip().splitlines()
     assert lines[0] == "[0.0, 2.0, 4.0, 6.0]"
@@ -125,13 +117,10 @@ def test_a_lost_device_raises_accelerator_error_and_stays_lost(run_python, tmp_p
     assert lines[3] == "released"
 
 
-def test_a_driver_without_an_executor_runs_operators_through_the_host(run_python):
+def test_a_driver_without_an_executor_runs_operators_through_the_host(run_python, test_driver):
     # The limited test driver's memory is not host-accessible and it has no executor for ATen
     # kernels: operators take the CPU fallback, and copies and fills between accel tensors go
     # through the host, each visibly (warned once, counted), with the CPU's values.
-    drivers = ROOT / "build" / "test" / "cpp" / "drivers"
-    if not (drivers / "libaccel_driver_limited.so").exists():
-        pytest.skip("the C++ test drivers are not built (make test-cpp builds them)")
     code = (
         "import torch, torch_accel\n"
         "x = torch.arange(12.0).reshape(3, 4)\n"
@@ -146,8 +135,7 @@ def test_a_driver_without_an_executor_runs_operators_through_the_host(run_python
         "except NotImplementedError as e:\n"
         "    print('refused:', e)\n"
     )
-    env = {"ACCEL_DRIVER": "limited", "ACCEL_DRIVER_PATH": str(drivers)}
-    r = run_python(code, **env)
+    r = run_python(code, **test_driver("limited"))
     assert r.returncode == 0, r.stderr[-2000:]
     lines = r.stdout.strip().splitlines()
     assert lines[0] == "True [3.0, 3.0, 3.0, 3.0]"

@@ -4,6 +4,7 @@
 #include <dlfcn.h>
 
 #include <mutex>
+#include <optional>
 #include <unordered_map>
 
 #include "aten/cuda/bridge.h"
@@ -174,32 +175,31 @@ void pool_begin(rt::Graph graph, rt::Stream stream) {
   capture_pools()[graph.bits()] = pool;
 }
 
+// The pool of `graph`'s capture (forgotten if `forget`), or nothing.
+std::optional<CapturePool> capture_pool(rt::Graph graph, bool forget) {
+  std::lock_guard<std::mutex> lock(g_pools_mutex);
+  auto it = capture_pools().find(graph.bits());
+  if (it == capture_pools().end()) return std::nullopt;
+  const CapturePool pool = it->second;
+  if (forget) capture_pools().erase(it);
+  return pool;
+}
+
 void pool_end(rt::Graph graph) {
   if (executor() != Executor::Cuda) return;
-  CapturePool pool;
-  {
-    std::lock_guard<std::mutex> lock(g_pools_mutex);
-    auto it = capture_pools().find(graph.bits());
-    if (it == capture_pools().end()) return;
-    pool = it->second;
-  }
+  const std::optional<CapturePool> pool = capture_pool(graph, false);
+  if (!pool) return;
   char error[512] = {0};
-  check_bridge(choice().pool_end(pool.device, pool.id, error, sizeof(error)),
+  check_bridge(choice().pool_end(pool->device, pool->id, error, sizeof(error)),
                "ending the capture's CUDA pool", error);
 }
 
 void pool_release(rt::Graph graph) {
   if (executor() != Executor::Cuda) return;
-  CapturePool pool;
-  {
-    std::lock_guard<std::mutex> lock(g_pools_mutex);
-    auto it = capture_pools().find(graph.bits());
-    if (it == capture_pools().end()) return;
-    pool = it->second;
-    capture_pools().erase(it);
-  }
+  const std::optional<CapturePool> pool = capture_pool(graph, true);
+  if (!pool) return;
   char error[512] = {0};
-  (void)choice().pool_release(pool.device, pool.id, error, sizeof(error));  // best effort
+  (void)choice().pool_release(pool->device, pool->id, error, sizeof(error));  // best effort
 }
 
 [[maybe_unused]] const bool g_hooks_set = [] {

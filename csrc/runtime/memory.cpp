@@ -26,23 +26,29 @@ void for_devices(int device, const char* call, F&& f) {
   }
 }
 
-struct OomObservers {
+// Callbacks attached by users of the runtime, kept up to process exit.
+template <class F>
+struct Callbacks {
   std::mutex m;
-  std::vector<OomObserver> list;
+  std::vector<F> list;
+
+  void add(F f) {
+    std::lock_guard<std::mutex> lock(m);
+    list.push_back(std::move(f));
+  }
+  std::vector<F> snapshot() {
+    std::lock_guard<std::mutex> lock(m);
+    return list;
+  }
 };
 
-OomObservers& oom_observers() {
-  static OomObservers* o = new OomObservers();  // used up to process exit
+Callbacks<OomObserver>& oom_observers() {
+  static auto* o = new Callbacks<OomObserver>();
   return *o;
 }
 
-struct PressureHooks {
-  std::mutex m;
-  std::vector<MemoryPressureHook> list;
-};
-
-PressureHooks& pressure_hooks() {
-  static PressureHooks* h = new PressureHooks();  // used up to process exit
+Callbacks<MemoryPressureHook>& pressure_hooks() {
+  static auto* h = new Callbacks<MemoryPressureHook>();
   return *h;
 }
 
@@ -51,11 +57,7 @@ void* observed_malloc(Runtime& rt, std::size_t size, StreamObj& s) {
   try {
     return rt.devices[s.device]->allocator->malloc(size, s);
   } catch (const OutOfMemoryError&) {
-    std::vector<OomObserver> observers;
-    {
-      std::lock_guard<std::mutex> lock(oom_observers().m);
-      observers = oom_observers().list;
-    }
+    const std::vector<OomObserver> observers = oom_observers().snapshot();
     if (!observers.empty()) {
       const auto allocated = static_cast<std::size_t>(
           rt.devices[s.device]->allocator->stats().allocated_bytes[kAggregate].current);
@@ -149,13 +151,10 @@ void* malloc(std::size_t size) {
 
 namespace detail {
 bool relieve_memory_pressure(int device, std::size_t requested) {
-  std::vector<MemoryPressureHook> hooks;
-  {
-    std::lock_guard<std::mutex> lock(pressure_hooks().m);
-    hooks = pressure_hooks().list;
-  }
   bool freed = false;
-  for (const MemoryPressureHook& h : hooks) freed = h(device, requested) || freed;
+  for (const MemoryPressureHook& h : pressure_hooks().snapshot()) {
+    freed = h(device, requested) || freed;
+  }
   return freed;
 }
 }  // namespace detail
@@ -163,15 +162,13 @@ bool relieve_memory_pressure(int device, std::size_t requested) {
 void attach_memory_pressure_hook(MemoryPressureHook hook) {
   ACCEL_RT_CHECK(static_cast<bool>(hook), InvalidValueError,
                  "attach_memory_pressure_hook: the hook is empty");
-  std::lock_guard<std::mutex> lock(pressure_hooks().m);
-  pressure_hooks().list.push_back(std::move(hook));
+  pressure_hooks().add(std::move(hook));
 }
 
 void attach_oom_observer(OomObserver observer) {
   ACCEL_RT_CHECK(static_cast<bool>(observer), InvalidValueError,
                  "attach_oom_observer: the observer is empty");
-  std::lock_guard<std::mutex> lock(oom_observers().m);
-  oom_observers().list.push_back(std::move(observer));
+  oom_observers().add(std::move(observer));
 }
 
 void set_memory_fraction(double fraction, int device) {
