@@ -45,6 +45,12 @@ def test_import_reports_version_and_devices():
         assert total == 4 << 30
 
 
+def test_the_executor_of_the_host_driver_runs_cpu_kernels():
+    if torch_accel.driver() != "host":
+        pytest.skip("the host driver's executor")
+    assert torch_accel.executor() == ("host", "")
+
+
 def test_the_cuda_driver_starts_or_says_why(run_python):
     # Where the build has the cuda driver: on a machine with a GPU it starts and reports CUDA's
     # devices; elsewhere (this CI machine) it loads and refuses with CUDA's own reason.
@@ -123,6 +129,7 @@ def test_a_driver_without_an_executor_runs_operators_through_the_host(run_python
     # through the host, each visibly (warned once, counted), with the CPU's values.
     code = (
         "import torch, torch_accel\n"
+        "print(torch_accel.executor())\n"
         "x = torch.arange(12.0).reshape(3, 4)\n"
         "a = x.to('accel')\n"
         "y = (a + 1).t().contiguous() * 2\n"
@@ -138,11 +145,12 @@ def test_a_driver_without_an_executor_runs_operators_through_the_host(run_python
     r = run_python(code, **test_driver("limited"))
     assert r.returncode == 0, r.stderr[-2000:]
     lines = r.stdout.strip().splitlines()
-    assert lines[0] == "True [3.0, 3.0, 3.0, 3.0]"
-    names = eval(lines[1])  # noqa: S307 - a list of strings printed above
+    assert lines[0] == "('none', 'the limited driver has no executor for ATen kernels yet')"
+    assert lines[1] == "True [3.0, 3.0, 3.0, 3.0]"
+    names = eval(lines[2])  # noqa: S307 - a list of strings printed above
     assert {"aten::add.Tensor", "aten::copy_", "aten::fill_", "aten::mul.Tensor"} <= set(names)
-    assert lines[2].startswith("refused: aten::copy_ has no accel kernel on the limited driver")
-    assert "ACCEL_FALLBACK=error forbids copying through the host" in lines[2]
+    assert lines[3].startswith("refused: aten::copy_ has no accel kernel on the limited driver")
+    assert "ACCEL_FALLBACK=error forbids copying through the host" in lines[3]
     assert "aten::copy_ has no accel kernel and runs on the CPU fallback" in r.stderr
 
 

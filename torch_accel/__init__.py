@@ -76,6 +76,7 @@ __all__ = [
     "device_count",
     "driver",
     "driver_capabilities",
+    "executor",
     "driver_selection",
     "get_device_properties",
     "init_error",
@@ -114,6 +115,13 @@ def driver_capabilities() -> dict[str, bool]:
     ``host_accessible_memory``, ``native_handles``. The runtime refuses what it cannot with an
     error naming the driver."""
     return _C.driver_capabilities()
+
+
+def executor() -> tuple[str, str]:
+    """Where operators' kernels run on accel memory, and why not when nowhere: ``("host", "")``
+    (the CPU's kernels, as stream tasks), ``("cuda", "")`` (CUDA's kernels on the accel stream),
+    or ``("none", reason)`` (operators then take the visible CPU fallback)."""
+    return _C.executor()
 
 
 def driver_selection() -> list[tuple[str, str]]:

@@ -5,6 +5,7 @@
 #include <torch/csrc/utils/device_lazy_init.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include "aten/executor.h"
 #include "aten/fallback.h"
 #include "aten/underlying.h"
 #include "device/common.h"
@@ -87,6 +88,13 @@ void init_torch_bindings(py::module_& m, PyObject* capture_error) {
     return d;
   });
   m.def("reset_fallback_stats", &aten::reset_fallback_stats);
+  m.def("executor", [] {
+    const aten::Executor e = aten::executor();
+    const char* name = e == aten::Executor::Host   ? "host"
+                       : e == aten::Executor::Cuda ? "cuda"
+                                                   : "none";
+    return py::make_tuple(name, aten::executor_unavailable_reason());
+  });
   m.def("_get_fallback_mode",
         [] { return std::string(aten::fallback_mode_name(aten::fallback_mode())); });
   m.def(
