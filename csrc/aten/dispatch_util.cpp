@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <optional>
 
+#include "aten/executor.h"
 #include "aten/meta_cache.h"
 #include "device/common.h"
 #include "device/generator.h"
@@ -101,58 +102,57 @@ bool is_generator_argument(const c10::Argument& a) {
          t->containedType(0)->kind() == c10::TypeKind::GeneratorType;
 }
 
-void substitute_generators(const c10::OperatorHandle& op, torch::jit::Stack* stack,
-                           c10::DeviceIndex device) {
+namespace {
+
+// Replaces each generator argument of the call by substitute(its accel generator): a given one
+// (checked to be accel's, in the words of CUDA's check_generator), or for an absent one the
+// default generator of `device` (random operators draw from it).
+template <class F>
+void replace_generators(const c10::OperatorHandle& op, torch::jit::Stack* stack,
+                        c10::DeviceIndex device, F&& substitute) {
   const auto& args = op.schema().arguments();
   const size_t begin = stack->size() - args.size();
-  // During a graph capture the generators' draws are numbered per replay (graph_rng.h).
-  const rt::Stream stream = device::call([&] { return rt::current_stream(device); });
-  const uint64_t capture = device::call([&] { return rt::stream_capture_id(stream); });
-  const auto cpu_generator = [&](const at::Generator& g) {
-    if (capture == 0) return device::next_cpu_generator(g);
-    return device::captured_cpu_generator(g, stream, capture, op_name(op).c_str());
-  };
   for (size_t i = 0; i < args.size(); ++i) {
     if (!is_generator_argument(args[i])) continue;
     c10::IValue& v = (*stack)[begin + i];
     if (v.isGenerator()) {
-      // CUDA's check_generator words it the same way.
       const at::Generator& g = v.toGenerator();
       TORCH_CHECK(device::is_accel_generator(g),
                   "Expected a 'accel' device type for generator "
                   "but found '",
                   c10::DeviceTypeName(g.device().type(), /*lower_case=*/true), "' (when running ",
                   op_name(op), ")");
-      v = c10::IValue(cpu_generator(g));
+      v = c10::IValue(substitute(g));
     } else if (v.isNone()) {
-      v = c10::IValue(cpu_generator(device::default_generator(device)));
+      v = c10::IValue(substitute(device::default_generator(device)));
     }
   }
 }
 
-std::vector<std::unique_ptr<device::CudaDraw>> substitute_cuda_generators(
+}  // namespace
+
+void substitute_generators(const c10::OperatorHandle& op, torch::jit::Stack* stack,
+                           c10::DeviceIndex device) {
+  // During a graph capture the generators' draws are numbered per replay (graph_rng.h).
+  const rt::Stream stream = device::call([&] { return rt::current_stream(device); });
+  const uint64_t capture = device::call([&] { return rt::stream_capture_id(stream); });
+  replace_generators(op, stack, device, [&](const at::Generator& g) {
+    if (capture == 0) return device::next_cpu_generator(g);
+    return device::captured_cpu_generator(g, stream, capture, op_name(op).c_str());
+  });
+}
+
+std::vector<std::unique_ptr<device::CudaDraw>> substitute_kernel_generators(
     const c10::OperatorHandle& op, torch::jit::Stack* stack, c10::DeviceIndex device) {
-  const auto& args = op.schema().arguments();
-  const size_t begin = stack->size() - args.size();
   std::vector<std::unique_ptr<device::CudaDraw>> draws;
-  for (size_t i = 0; i < args.size(); ++i) {
-    if (!is_generator_argument(args[i])) continue;
-    c10::IValue& v = (*stack)[begin + i];
-    at::Generator accel;
-    if (v.isGenerator()) {
-      accel = v.toGenerator();
-      TORCH_CHECK(device::is_accel_generator(accel),
-                  "Expected a 'accel' device type for generator but found '",
-                  c10::DeviceTypeName(accel.device().type(), /*lower_case=*/true),
-                  "' (when running ", op_name(op), ")");
-    } else if (v.isNone()) {
-      accel = device::default_generator(device);
-    } else {
-      continue;
-    }
-    draws.push_back(std::make_unique<device::CudaDraw>(accel, device));
-    v = c10::IValue(draws.back()->cuda_generator());
+  if (executor() != Executor::Cuda) {
+    substitute_generators(op, stack, device);
+    return draws;
   }
+  replace_generators(op, stack, device, [&](const at::Generator& g) {
+    draws.push_back(std::make_unique<device::CudaDraw>(g, device));
+    return draws.back()->cuda_generator();
+  });
   return draws;
 }
 

@@ -34,10 +34,11 @@ bool is_generator_argument(const c10::Argument& a);
 void substitute_generators(const c10::OperatorHandle& op, torch::jit::Stack* stack,
                            c10::DeviceIndex device);
 
-// The same for CUDA's kernels (the cuda executor): CUDA generators with the accel generators'
-// Philox state, which the accel generators take back when the returned draws are destroyed
-// (after the call).
-std::vector<std::unique_ptr<device::CudaDraw>> substitute_cuda_generators(
+// Generators for the executor's kernels (executor.h): the CPU generators of
+// substitute_generators (host), or CUDA generators holding the accel generators' Philox state
+// (cuda), which the accel generators take back when the returned draws are destroyed (after the
+// call; empty on the host).
+std::vector<std::unique_ptr<device::CudaDraw>> substitute_kernel_generators(
     const c10::OperatorHandle& op, torch::jit::Stack* stack, c10::DeviceIndex device);
 
 // CPU indices (the Tensor?[] of index, index_put_; index_fill's index) go to accel `device`

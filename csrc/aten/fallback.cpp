@@ -224,12 +224,7 @@ void accel_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     // runs on accel memory without copies, as the underlying tier runs ATen's. Not a fallback.
     const c10::DeviceIndex dev = call_device(op, *stack, name);
     c10::DeviceGuard guard(c10::Device(kAccel, dev));
-    std::vector<std::unique_ptr<device::CudaDraw>> draws;  // cuda: handed back after the call
-    if (ex == Executor::Cuda) {
-      draws = substitute_cuda_generators(op, stack, dev);
-    } else {
-      substitute_generators(op, stack, dev);
-    }
+    const auto draws = substitute_kernel_generators(op, stack, dev);  // cuda: after the call
     direct_call(op, stack);
     return;
   }

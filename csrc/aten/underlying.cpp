@@ -90,13 +90,13 @@ class UnderlyingKernel final : public c10::OperatorKernel {
     // Random operators: CPU generators from the accel ones (host), or CUDA generators with their
     // Philox state, handed back after the launch (cuda; not capturable yet).
     std::vector<std::unique_ptr<device::CudaDraw>> draws;
-    if (info_.has_generator && ex == Executor::Cuda) {
-      refuse_capture(device, c.name,
-                     "random operators on the cuda driver cannot be captured yet (accel's "
-                     "generators are not registered with CUDA graphs)");
-      draws = substitute_cuda_generators(op, stack, device);
-    } else if (info_.has_generator) {
-      substitute_generators(op, stack, device);
+    if (info_.has_generator) {
+      if (ex == Executor::Cuda) {
+        refuse_capture(device, c.name,
+                       "random operators on the cuda driver cannot be captured yet (accel's "
+                       "generators are not registered with CUDA graphs)");
+      }
+      draws = substitute_kernel_generators(op, stack, device);
     }
     if (c.metadata_only) {
       run_on_caller(op, stack, device, /*synchronize=*/false);
