@@ -207,8 +207,6 @@ void copy_accel_to_host(const at::Tensor& dst, const at::Tensor& src, bool non_b
   dst.copy_(host);
 }
 
-}  // namespace
-
 // Between accel memory and a CUDA tensor of the same GPU (cuda driver): one device-to-device
 // copy on the accel stream, after the work queued on PyTorch's current CUDA stream and before the
 // work queued there later; the CUDA tensor's memory is marked as used by the accel stream.
@@ -238,6 +236,8 @@ void copy_with_torch_cuda(const at::Tensor& dst, const at::Tensor& src) {
   }
   torch_cuda_waits_for_accel_stream(device);
 }
+
+}  // namespace
 
 at::Tensor& copy_(at::Tensor& self, const at::Tensor& src, bool non_blocking) {
   TORCH_CHECK(self.defined() && src.defined(), "copy_: undefined tensor");

@@ -252,6 +252,12 @@ void* CachingAllocator::malloc(std::size_t size, StreamObj& stream) {
     ++stats_.num_alloc_retries;
     release_cached_segments();
     b = try_allocate(pool_for(pool_id, small), stream, rounded);
+    // After memory was freed elsewhere: completed frees count, the cache goes back, retry.
+    const auto retry = [&] {
+      process_events();
+      release_cached_segments();
+      return try_allocate(pool_for(pool_id, small), stream, rounded);
+    };
     if (b == nullptr) {
       // Memory still held by work in flight (pending record_stream events, driver frees
       // waiting for streams): wait for the device without holding the lock, then retry.
@@ -259,20 +265,14 @@ void* CachingAllocator::malloc(std::size_t size, StreamObj& stream) {
       rt_.synchronize_streams(device_, false);
       lock.lock();
       ++stats_.num_sync_all_streams;
-      process_events();
-      release_cached_segments();
-      b = try_allocate(pool_for(pool_id, small), stream, rounded);
+      b = retry();
     }
     if (b == nullptr) {
       // Memory held elsewhere on the device (another library's cache): the hooks may free it.
       lock.unlock();
       const bool freed = relieve_memory_pressure(device_, size);
       lock.lock();
-      if (freed) {
-        process_events();
-        release_cached_segments();
-        b = try_allocate(pool_for(pool_id, small), stream, rounded);
-      }
+      if (freed) b = retry();
     }
   }
   if (b == nullptr && pool_id.is_default()) {

@@ -321,14 +321,10 @@ void host_record_stream(void* ptr, Stream stream) {
 PointerAttributes pointer_attributes(const void* ptr) {
   Runtime& rt = Runtime::get();
   ACCEL_RT_CHECK(ptr != nullptr, InvalidPointerError, "pointer_attributes: the pointer is null");
-  for (int d = 0; d < rt.num_devices; ++d) {
-    if (rt.devices[d]->allocator->owns(ptr)) {
-      return {.type = MemoryType::Device, .device = d, .runtime_allocated = true};
-    }
+  if (const int d = pointer_device(ptr); d >= 0) {
+    return {.type = MemoryType::Device, .device = d, .runtime_allocated = true};
   }
-  if (rt.host_allocator->contains(ptr, 1)) {
-    return {.type = MemoryType::Host, .runtime_allocated = true};
-  }
+  if (is_pinned(ptr)) return {.type = MemoryType::Host, .runtime_allocated = true};
   PointerAttributes a = rt.driver->pointer_attributes(ptr);
   a.runtime_allocated = false;
   if (a.type != MemoryType::Device && a.type != MemoryType::Managed) a.device = -1;
