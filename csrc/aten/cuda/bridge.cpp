@@ -15,6 +15,18 @@
 
 namespace {
 
+// Runs f(), turning an exception into a nonzero status and its message.
+template <class F>
+int guarded(char* error, size_t error_len, F&& f) {
+  try {
+    f();
+    return 0;
+  } catch (const std::exception& e) {
+    std::snprintf(error, error_len, "%s", e.what());
+    return 1;
+  }
+}
+
 struct Saved {
   c10::DeviceIndex device;       // the thread's CUDA device before
   c10::cuda::CUDAStream stream;  // the accel device's current CUDA stream before
@@ -62,49 +74,29 @@ extern "C" __attribute__((visibility("default"))) int accel_cuda_current_stream(
                                                                                 void** stream,
                                                                                 char* error,
                                                                                 size_t error_len) {
-  try {
+  return guarded(error, error_len, [&] {
     *stream = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device)).stream();
-    return 0;
-  } catch (const std::exception& e) {
-    std::snprintf(error, error_len, "%s", e.what());
-    return 1;
-  }
+  });
 }
 
 extern "C" __attribute__((visibility("default"))) int accel_cuda_wait(int device, void* waiting,
                                                                       void* waited_for, char* error,
                                                                       size_t error_len) {
   if (waiting == waited_for) return 0;
-  try {
+  return guarded(error, error_len, [&] {
     const auto index = static_cast<c10::DeviceIndex>(device);
     c10::Event ready(c10::DeviceType::CUDA);
     ready.record(
         c10::cuda::getStreamFromExternal(static_cast<cudaStream_t>(waited_for), index).unwrap());
     ready.block(
         c10::cuda::getStreamFromExternal(static_cast<cudaStream_t>(waiting), index).unwrap());
-    return 0;
-  } catch (const std::exception& e) {
-    std::snprintf(error, error_len, "%s", e.what());
-    return 1;
-  }
+  });
 }
 
 namespace {
 
 c10::MempoolId_t pool_id(const unsigned long long pool[2]) {
   return {static_cast<c10::CaptureId_t>(pool[0]), static_cast<c10::CaptureId_t>(pool[1])};
-}
-
-// Runs f(), turning an exception into a nonzero status and its message.
-template <class F>
-int guarded(char* error, size_t error_len, F&& f) {
-  try {
-    f();
-    return 0;
-  } catch (const std::exception& e) {
-    std::snprintf(error, error_len, "%s", e.what());
-    return 1;
-  }
 }
 
 }  // namespace
