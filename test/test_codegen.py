@@ -52,6 +52,11 @@ MALFORMED = [
     ("{op: nonzero, tier: underlying, sync: true, metadata_only: true}", "exclude each other"),
     ("{op: add.Tensor, tier: underlying, out_equivalent: true}", "'out_equivalent' is implied"),
     ("add.Tensor", "each entry must be a mapping"),
+    ("{op: accel::f, tier: underlying, schema: 'f(Tensor x) -> Tensor'}", "are native"),
+    ("{op: accel::g, tier: native, kernel: g}", "needs its 'schema'"),
+    ("{op: accel::h, tier: native, kernel: h, schema: 'k(Tensor x) -> Tensor'}", "defines 'k'"),
+    ("{op: accel::m, tier: native, kernel: m, schema: 'm(Tensor x) ->'}", "bad schema"),
+    ("{op: accel::n, tier: native, kernel: 'a b', schema: 'n(Tensor x) -> Tensor'}", "'kernel'"),
 ]
 
 
@@ -125,6 +130,22 @@ def test_a_native_operator_may_take_another_tier_on_another_driver(tmp_path: Pat
     )
     assert bad.returncode == 1
     assert "driver 'cuda': tier must be underlying, cpu_fallback or error" in bad.stderr
+
+
+def test_an_own_operator_is_defined_with_its_schema(tmp_path: Path) -> None:
+    result = generate(
+        tmp_path,
+        "- {op: accel::scale, tier: native, kernel: scale_kernel, cpu: true,\n"
+        "   schema: 'scale(Tensor x, float by=2.0) -> Tensor', doc: multiplies}\n",
+    )
+    assert result.returncode == 0, result.stderr
+    header = (tmp_path / "out" / "AccelNativeFunctions.h").read_text()
+    assert "at::Tensor scale_kernel(const at::Tensor & x, double by);" in header
+    cpp = (tmp_path / "out" / "RegisterAccel.cpp").read_text()
+    assert 'm.def("scale(Tensor x, float by=2.0) -> Tensor", {at::Tag::pt2_compliant_tag});' in cpp
+    for key in ("PrivateUse1", "CPU"):
+        assert f'TORCH_LIBRARY_IMPL(accel, {key}, m) {{\n  m.impl("scale"' in cpp
+    assert "| `accel::scale` |" in (tmp_path / "ops.md").read_text()
 
 
 def test_the_project_yaml_generates_and_documents_every_tier(tmp_path: Path) -> None:

@@ -134,3 +134,8 @@ def driver_selection() -> list[tuple[str, str]]:
 def get_device_properties(device: int | None = None) -> dict[str, object]:
     """Name, driver, total memory, compute units and capability of a device."""
     return _C.get_device_properties(device)
+
+
+# accel's own operators (torch.ops.accel.*): fake kernels and autograd (the C++ library, loaded
+# with _C, defines them).
+from torch_accel import ops  # noqa: E402

@@ -1,0 +1,14 @@
+"""accel's own operators, ``torch.ops.accel.*``, with Python wrappers.
+
+The schemas live in ``yaml/accel_functions.yaml`` (the C++ library defines the operators and their
+kernels); this package adds what PyTorch's Python side needs: fake kernels (for
+``torch.compile`` and meta tensors) and autograd formulas that call the backward operators.
+The operators run on accel tensors (and CPU tensors); under ``torch.autocast`` they run in the
+dtype of their activations, computing in float32 inside.
+"""
+
+from __future__ import annotations
+
+from torch_accel.ops._rope import qkv_rms_norm_rope, rms_norm_rope
+
+__all__ = ["qkv_rms_norm_rope", "rms_norm_rope"]
