@@ -6,7 +6,6 @@
 // d or seq*d values), so mixed dtypes (bfloat16 activations, float32 weights under autocast) work
 // without casting the activations.
 #include <ATen/ExpandUtils.h>
-#include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 
@@ -15,6 +14,7 @@
 
 #include "AccelNativeFunctions.h"
 #include "aten/host_task.h"
+#include "aten/parallel.h"
 #include "device/common.h"
 #include "kernels/host/norm_rope.h"
 
@@ -22,10 +22,6 @@ namespace accel::aten {
 namespace {
 
 namespace k = kernels::host;
-
-void torch_parallel(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& body) {
-  at::parallel_for(0, n, grain, body);
-}
 
 k::Dtype kernel_dtype(const char* op, const char* what, const at::Tensor& t) {
   switch (t.scalar_type()) {
@@ -53,12 +49,12 @@ void check_device(const char* op, const at::Tensor& first, const at::Tensor& t, 
 template <class F>
 void run(const at::Tensor& like, const char* op, F f) {
   if (like.is_cpu()) {
-    f(k::ParallelFor(torch_parallel));
+    f(intra_op_parallel());
     return;
   }
   TORCH_CHECK(like.device().type() == device::kAccel, op, ": expected accel or CPU tensors, got ",
               like.device());
-  launch(like.device().index(), op, [f = std::move(f)] { f(k::ParallelFor(torch_parallel)); });
+  launch(like.device().index(), op, [f = std::move(f)] { f(intra_op_parallel()); });
 }
 
 // `t` with its last dim contiguous (a copy where it is not).
@@ -236,17 +232,18 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> qkv_rms_norm_rope(
   at::Tensor q = at::empty(a.heads_first(num_q_heads), options);
   at::Tensor k = at::empty(a.heads_first(num_kv_heads), options);
   at::Tensor v = at::empty(a.heads_first(num_kv_heads), options);
-  auto rows = [&](const at::Tensor& t, int64_t h) {
+  auto heads_rows = [&](const at::Tensor& t, int64_t h) {
     return rows_of(t.view({a.n, h, a.seq, a.d}), /*heads_first=*/true);
   };
-  run(qkv, op,
-      [qp = a.q.p, kp = a.k.p, q_in = a.window(a.x3, 0), k_in = a.window(a.x3, num_q_heads),
-       v_in = a.window(a.x3, num_q_heads + num_kv_heads), q_out = rows(q, num_q_heads),
-       k_out = rows(k, num_kv_heads), v_out = rows(v, num_kv_heads)](const k::ParallelFor& par) {
-        k::norm_rope_forward(qp, q_in, q_out, par);
-        k::norm_rope_forward(kp, k_in, k_out, par);
-        k::copy_rows(kp, v_in, v_out, par);
-      });
+  const k::QkvRows rows{a.q.p,
+                        a.k.p,
+                        a.window(a.x3, 0),
+                        a.window(a.x3, num_q_heads),
+                        a.window(a.x3, num_q_heads + num_kv_heads),
+                        heads_rows(q, num_q_heads),
+                        heads_rows(k, num_kv_heads),
+                        heads_rows(v, num_kv_heads)};
+  run(qkv, op, [rows](const k::ParallelFor& par) { k::qkv_norm_rope_forward(rows, par); });
   return {q, k, v};
 }
 

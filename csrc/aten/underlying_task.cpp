@@ -1,5 +1,7 @@
 #include "aten/underlying_task.h"
 
+#include "aten/parallel.h"
+
 #include <ATen/Parallel.h>
 #include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -97,23 +99,8 @@ BufferPool& buffer_pool() {
 
 }  // namespace
 
-// ATen's CPU kernels parallelize with OpenMP (the copy PyTorch ships, already loaded and
-// global), and OpenMP's thread count is per thread. Without OpenMP in the process this does
-// nothing.
-namespace {
-struct Omp {
-  void (*set)(int);
-  int (*get)();
-};
-const Omp& omp() {
-  static const Omp o{reinterpret_cast<void (*)(int)>(dlsym(RTLD_DEFAULT, "omp_set_num_threads")),
-                     reinterpret_cast<int (*)()>(dlsym(RTLD_DEFAULT, "omp_get_max_threads"))};
-  return o;
-}
-}  // namespace
-
 SerialScope::SerialScope() {
-  const Omp& o = omp();
+  const OmpThreads& o = omp_threads();
   if (o.set == nullptr || o.get == nullptr) return;
   (void)at::get_num_threads();  // ATen's per-thread set-up first (torch.set_num_threads)
   saved_ = o.get();
@@ -121,7 +108,7 @@ SerialScope::SerialScope() {
 }
 
 SerialScope::~SerialScope() {
-  if (saved_ > 1) omp().set(saved_);
+  if (saved_ > 1) omp_threads().set(saved_);
 }
 
 void Arg::stash(const c10::IValue& v, bool write) {

@@ -24,6 +24,11 @@ struct Rows {
   int64_t stride_n = 0, stride_s = 0, stride_h = 0;
 };
 
+// The instruction sets the kernels are built for. Best: the best the CPU has (AVX2 with FMA and
+// F16C on x86-64 where present, else the target's baseline); tests ask for each.
+enum class Isa { Best, Baseline, Avx2 };
+bool isa_available(Isa isa);
+
 struct NormRope {
   int64_t n = 1, s = 1, h = 1, d = 0;  // batch, sequence, heads, head dim (even)
   Dtype dtype = Dtype::Float32;        // of the rows: inputs, outputs and gradients
@@ -35,6 +40,7 @@ struct NormRope {
   int64_t cos_stride_n = 0, cos_stride_s = 0;
   float eps = 1e-6f;
   bool interleaved = false;
+  Isa isa = Isa::Best;
 };
 
 // out = rotary(rmsnorm(x)); out may not overlap x unless it is x itself.
@@ -46,6 +52,14 @@ void norm_rope_forward(const NormRope& p, const Rows& x, const Rows& out,
 // that does not depend on the number of threads).
 void norm_rope_backward(const NormRope& p, const Rows& x, const Rows& grad, const Rows& grad_x,
                         float* grad_weight, const ParallelFor& parallel = serial_for);
+
+// q, k and v of a fused QKV projection: q and k rows normalized and rotated (q's and k's
+// parameters; same n, s, d and dtype), v's rows (k's shape) copied, in one pass over the input.
+struct QkvRows {
+  NormRope q, k;
+  Rows q_in, k_in, v_in, q_out, k_out, v_out;
+};
+void qkv_norm_rope_forward(const QkvRows& a, const ParallelFor& parallel = serial_for);
 
 // Copies rows of p's shape and dtype from src to dst (null src data: writes zeros).
 void copy_rows(const NormRope& p, const Rows& src, const Rows& dst,

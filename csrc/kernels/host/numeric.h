@@ -41,9 +41,10 @@ template <>
 inline BFloat16 from_float<BFloat16>(float v) {
   uint32_t u;
   std::memcpy(&u, &v, sizeof u);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return BFloat16{static_cast<uint16_t>((u >> 16) | 0x40)};
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return BFloat16{static_cast<uint16_t>(u >> 16)};
+  // Branch-free (vectorizable): a NaN stays a quiet NaN, the rest rounds to nearest even.
+  const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  const uint32_t nan = (u >> 16) | 0x40u;
+  return BFloat16{static_cast<uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? nan : rounded)};
 }
 
 // Calls f(T{}) with T the storage type of `dtype`.
