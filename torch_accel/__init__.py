@@ -138,4 +138,4 @@ def get_device_properties(device: int | None = None) -> dict[str, object]:
 
 # accel's own operators (torch.ops.accel.*): fake kernels and autograd (the C++ library, loaded
 # with _C, defines them).
-from torch_accel import ops  # noqa: E402
+from torch_accel import ops  # noqa: E402, F401
