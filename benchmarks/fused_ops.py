@@ -7,6 +7,9 @@ the same run (issue 12's goals).
                      v passed through, in attention's layout (goal: at least 2.5x), and with
                      backward
 
+  linear_act         gelu(x @ W^T + b) with the fused kernel (goal: at least 1.1x addmm then
+                     gelu at 4096x4096x4096) and with auto, bf16
+
 Shapes are Qwen3-like (head dim 128, 16 query and 8 key/value heads) at seq 2048, in bfloat16
 and float32. Prints a table of ratios and writes JSON (default
 benchmarks/results/fused_ops.json).
@@ -24,7 +27,7 @@ import torch
 from ratios import interleaved, report
 
 import torch_accel  # noqa: F401
-from torch_accel.ops import qkv_rms_norm_rope, rms_norm_rope
+from torch_accel.ops import linear_act, linear_kernel, qkv_rms_norm_rope, rms_norm_rope
 
 ROOT = Path(__file__).resolve().parent.parent
 ACCEL = torch.device("accel")
@@ -96,6 +99,22 @@ def qkv_case(dtype: torch.dtype, backward: bool) -> Callable[[], tuple[float, fl
     return case
 
 
+def linear_case(m: int, n: int, k: int, kernel: str) -> Callable[[], tuple[float, float]]:
+    def case() -> tuple[float, float]:
+        x = torch.randn(m, k, device=ACCEL, dtype=torch.bfloat16)
+        w = torch.randn(n, k, device=ACCEL, dtype=torch.bfloat16)
+        b = torch.randn(n, device=ACCEL, dtype=torch.bfloat16)
+
+        def fused() -> object:
+            with linear_kernel(kernel):
+                return linear_act(x, w, b, "gelu")
+
+        unfused = lambda: torch.nn.functional.gelu(torch.nn.functional.linear(x, w, b))  # noqa: E731
+        return interleaved(unfused, fused, 3)
+
+    return case
+
+
 def main() -> int:
     cases = []
     goals = {}
@@ -106,6 +125,11 @@ def main() -> int:
             goals["rms_norm_rope" + suffix] = 1.0 if backward else 2.0
             cases.append(("qkv_rms_norm_rope" + suffix, qkv_case(dtype, backward)))
             goals["qkv_rms_norm_rope" + suffix] = 1.0 if backward else 2.5
+    for m, n, k in ((4096, 4096, 4096), (256, 4096, 4096)):
+        for kernel in ("fused", "auto"):
+            name = f"linear_act gelu {m}x{n}x{k} bf16 {kernel}"
+            cases.append((name, linear_case(m, n, k, kernel)))
+            goals[name] = 1.1 if kernel == "fused" else 0.97  # auto: no slower
     return report(
         __doc__.splitlines()[0],
         ROOT / "benchmarks/results/fused_ops.json",

@@ -292,3 +292,130 @@ def test_autocast_keeps_the_activations_dtype():
     assert h.dtype == torch.bfloat16 and out.dtype == torch.bfloat16
     expected = reference(h.float().cpu(), w, cos, sin)
     torch.testing.assert_close(out.cpu().float(), expected, **TOL[torch.bfloat16])
+
+
+# --- linear_act ---------------------------------------------------------------------------------
+
+ACTIVATIONS = {
+    "none": lambda t: t,
+    "relu": torch.nn.functional.relu,
+    "gelu": torch.nn.functional.gelu,
+    "gelu_tanh": lambda t: torch.nn.functional.gelu(t, approximate="tanh"),
+    "silu": torch.nn.functional.silu,
+}
+
+
+@pytest.mark.parametrize("kernel", ["fused", "aten", "auto"])
+@pytest.mark.parametrize("activation", list(ACTIVATIONS))
+@pytest.mark.parametrize("bias", [True, False])
+def test_linear_act_values_and_gradients(kernel, activation, bias):  # type: ignore[no-untyped-def]
+    from torch_accel.ops import linear_act, linear_kernel
+
+    torch.manual_seed(9)
+    x, w = torch.randn(3, 7, 33), torch.randn(17, 33)
+    b = torch.randn(17) if bias else None
+    cpu = on("cpu", *[t for t in (x, w, b) if t is not None], grad=True)
+    expected = ACTIVATIONS[activation](
+        torch.nn.functional.linear(cpu[0], cpu[1], cpu[2] if bias else None)
+    )
+    g = torch.randn(expected.shape)
+    expected.backward(g)
+    acc = on("accel", *[t for t in (x, w, b) if t is not None], grad=True)
+    with linear_kernel(kernel):
+        out = linear_act(acc[0], acc[1], acc[2] if bias else None, activation)
+        out.backward(g.to("accel"))
+    torch.testing.assert_close(out.cpu(), expected.detach(), atol=1e-5, rtol=1e-5)
+    for a, e in zip(acc, cpu, strict=True):
+        torch.testing.assert_close(a.grad.cpu(), e.grad, atol=5e-5, rtol=5e-5)
+
+
+@pytest.mark.parametrize("activation", ["gelu", "silu", "relu"])
+def test_linear_act_bf16_and_non_contiguous(activation):  # type: ignore[no-untyped-def]
+    """bf16 within bf16 tolerance, x a transposed view, weight a slice; both kernels agree."""
+    from torch_accel.ops import linear_act, linear_kernel
+
+    torch.manual_seed(10)
+    x = torch.randn(40, 6, 64).transpose(0, 1)  # (6, 40, 64), not contiguous
+    w = torch.randn(96, 128)[:, ::2]  # (96, 64), strided
+    b = torch.randn(96)
+    expected = ACTIVATIONS[activation](torch.nn.functional.linear(x, w, b))
+    outs = {}
+    for kernel in ("fused", "aten"):
+        with linear_kernel(kernel):
+            xa = torch.empty(40, 6, 64, device="accel", dtype=torch.bfloat16).transpose(0, 1)
+            xa.copy_(x)
+            wa = torch.randn(96, 128).to("accel", torch.bfloat16)[:, ::2]
+            wa.copy_(w)
+            outs[kernel] = linear_act(xa, wa, b.to("accel", torch.bfloat16), activation)
+        assert outs[kernel].dtype == torch.bfloat16 and outs[kernel].shape == (6, 40, 96)
+        torch.testing.assert_close(outs[kernel].cpu().float(), expected, atol=0.25, rtol=0.03)
+    torch.testing.assert_close(outs["fused"].cpu(), outs["aten"].cpu(), atol=0.1, rtol=0.02)
+
+
+def test_linear_act_direct_op_gradients_and_nan():
+    """torch.ops.accel.linear_act itself has autograd (recomputing the pre-activation); NaN
+    propagates through every activation as in eager."""
+    from torch_accel.ops import linear_kernel
+
+    torch.manual_seed(11)
+    x, w = torch.randn(5, 8), torch.randn(4, 8)
+    xa, wa = on("accel", x, w, grad=True)
+    torch.ops.accel.linear_act(xa, wa, None, "silu").sum().backward()
+    xc, wc = on("cpu", x, w, grad=True)
+    torch.nn.functional.silu(xc @ wc.t()).sum().backward()
+    torch.testing.assert_close(xa.grad.cpu(), xc.grad, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(wa.grad.cpu(), wc.grad, atol=1e-5, rtol=1e-5)
+    x[1, 3] = float("nan")
+    with linear_kernel("fused"):
+        for name, f in ACTIVATIONS.items():
+            out = torch.ops.accel.linear_act(x.to("accel"), w.to("accel"), None, name).cpu()
+            torch.testing.assert_close(out, f(x @ w.t()), equal_nan=True, atol=1e-5, rtol=1e-5)
+
+
+def test_linear_kernel_choice_and_errors(monkeypatch):  # type: ignore[no-untyped-def]
+    import subprocess
+    import sys
+
+    from torch_accel.ops import get_linear_kernel, linear_act, linear_kernel
+
+    assert get_linear_kernel() == "auto"
+    with linear_kernel("fused"):
+        assert get_linear_kernel() == "fused"
+    assert get_linear_kernel() == "auto"
+    with pytest.raises(ValueError, match="one of auto, fused, aten"):
+        with linear_kernel("fast"):
+            pass
+    x, w = torch.randn(2, 4, device="accel"), torch.randn(3, 4, device="accel")
+    with pytest.raises(RuntimeError, match="unknown activation 'tanh'"):
+        linear_act(x, w, None, "tanh")
+    with pytest.raises(RuntimeError, match=r"x has 4 features but weight is \[3, 5\]"):
+        linear_act(x, torch.randn(3, 5, device="accel"))
+    with pytest.raises(RuntimeError, match=r"bias must be \(3,\)"):
+        linear_act(x, w, torch.randn(4, device="accel"))
+    with pytest.raises(RuntimeError, match="weight has dtype BFloat16 but x has Float"):
+        linear_act(x, w.bfloat16())
+    code = "import torch_accel.ops as o; print(o.get_linear_kernel())"
+    env = {**__import__("os").environ, "ACCEL_LINEAR_KERNEL": "fused"}
+    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert run.stdout.strip() == "fused", run.stderr
+    env["ACCEL_LINEAR_KERNEL"] = "quick"
+    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert "ACCEL_LINEAR_KERNEL='quick' is not one of auto, fused, aten" in run.stderr
+
+
+def test_linear_act_autocast_and_opcheck():
+    from torch_accel.ops import linear_act
+
+    torch.manual_seed(12)
+    x, w, b = torch.randn(4, 16), torch.randn(8, 16), torch.randn(8)
+    with torch.autocast("accel", dtype=torch.bfloat16):
+        out = linear_act(*on("accel", x, w, b), "gelu")
+    assert out.dtype == torch.bfloat16  # a linear layer: autocast's lower precision
+    expected = torch.nn.functional.gelu(torch.nn.functional.linear(x, w, b))
+    torch.testing.assert_close(out.cpu().float(), expected, atol=0.1, rtol=0.02)
+    utils = ("test_schema", "test_faketensor", "test_aot_dispatch_dynamic")
+    for device in ("cpu", "accel"):
+        args = (*on(device, x, w, b, grad=True), "silu")
+        for op in (torch.ops.accel.linear_act, torch.ops.accel.linear_act_forward):
+            more = ("test_autograd_registration",) if device == "cpu" else ()
+            torch.library.opcheck(op, args, test_utils=utils + more)

@@ -7,6 +7,7 @@
 
 #include "aten/executor.h"
 #include "aten/fallback.h"
+#include "aten/fused_linear.h"
 #include "aten/underlying.h"
 #include "device/common.h"
 #include "device/generator.h"
@@ -112,6 +113,23 @@ void init_torch_bindings(py::module_& m, PyObject* capture_error) {
   m.def("_set_force_fallback", &aten::set_force_fallback, py::arg("force"),
         "Sends underlying-tier operators through the CPU fallback (for comparisons).");
   m.def("_get_force_fallback", &aten::force_fallback);
+  // accel::linear_act's implementation (torch_accel.ops.linear_kernel, ACCEL_LINEAR_KERNEL).
+  static constexpr const char* kLinearKernels[] = {"auto", "fused", "aten"};
+  m.def("_get_linear_kernel",
+        [] { return std::string(kLinearKernels[static_cast<int>(aten::linear_kernel())]); });
+  m.def(
+      "_set_linear_kernel",
+      [](const std::string& kernel) {
+        for (int i = 0; i < 3; ++i) {
+          if (kernel == kLinearKernels[i]) {
+            aten::set_linear_kernel(static_cast<aten::LinearKernel>(i));
+            return;
+          }
+        }
+        throw py::value_error("linear kernel must be 'auto', 'fused' or 'aten', not '" + kernel +
+                              "'");
+      },
+      py::arg("kernel"));
 }
 
 }  // namespace accel::python

@@ -7,6 +7,7 @@
 #include <random>
 #include <vector>
 
+#include "kernels/host/activation.h"
 #include "kernels/host/norm_rope.h"
 
 namespace accel::kernels::host {
@@ -164,6 +165,53 @@ TEST(Numeric, BFloat16RoundsToNearestEvenAndKeepsNaN) {
   EXPECT_EQ(bits(std::numeric_limits<float>::max()), 0x7f80);  // rounds up to infinity
   EXPECT_EQ(to_float(from_float<_Float16>(65504.f)), 65504.f);
   EXPECT_TRUE(std::isinf(to_float(from_float<_Float16>(65520.f))));  // rounds past the largest
+}
+
+TEST(Activation, ApproximationsAreWithinAFewUlp) {
+  for (float x = -90.f; x <= 90.f; x += 0.013f) {
+    const double e = std::exp(double(x));
+    if (x < -87.3f) {
+      EXPECT_EQ(approx_exp(x), 0.f) << x;  // flushed to zero (below about 2^-126)
+    } else if (e > std::numeric_limits<float>::max()) {
+      EXPECT_TRUE(std::isinf(approx_exp(x))) << x;
+    } else {
+      EXPECT_NEAR(approx_exp(x), e, 3e-7 * e) << x;
+    }
+  }
+  EXPECT_EQ(approx_exp(-std::numeric_limits<float>::infinity()), 0.f);
+  EXPECT_TRUE(std::isinf(approx_exp(100.f)));
+  EXPECT_TRUE(std::isnan(approx_exp(std::nanf(""))));
+  for (float x = -6.f; x <= 6.f; x += 0.001f) EXPECT_NEAR(approx_erf(x), std::erf(x), 5e-7) << x;
+  EXPECT_TRUE(std::isnan(approx_erf(std::nanf(""))));
+}
+
+TEST(Activation, EpilogueAndDerivativeMatchTheirDefinitions) {
+  const int64_t rows = 3, cols = 37;
+  std::vector<float> in(rows * cols), bias(cols);
+  for (int64_t i = 0; i < rows * cols; ++i) in[i] = 0.37f * float(i % 23) - 4.f;
+  for (int64_t j = 0; j < cols; ++j) bias[j] = 0.01f * float(j);
+  in[5] = std::nanf("");
+  auto gelu = [](double v) { return 0.5 * v * (1 + std::erf(v / std::sqrt(2.0))); };
+  auto silu = [](double v) { return v / (1 + std::exp(-v)); };
+  for (auto [act, f] : {std::pair<Activation, double (*)(double)>{Activation::Gelu, +gelu},
+                        {Activation::Silu, +silu}}) {
+    std::vector<float> out(in.size()), pre(in.size()), grad(in.size(), 1.f), gin(in.size());
+    bias_act(Dtype::Float32, act, rows, cols, Block{in.data(), cols}, bias.data(),
+             Block{out.data(), cols}, Block{pre.data(), cols}, reversed_pieces);
+    act_backward(Dtype::Float32, act, rows, cols, Block{grad.data(), cols}, Block{pre.data(), cols},
+                 Block{gin.data(), cols});
+    for (int64_t i = 0; i < rows * cols; ++i) {
+      const double v = double(in[i]) + bias[i % cols];
+      if (std::isnan(v)) {
+        EXPECT_TRUE(std::isnan(out[i]) && std::isnan(gin[i]));
+        continue;
+      }
+      EXPECT_EQ(pre[i], float(v));
+      EXPECT_NEAR(out[i], f(v), 2e-6 * (1 + std::abs(f(v)))) << i;
+      const double h = 1e-3, fd = (f(v + h) - f(v - h)) / (2 * h);
+      EXPECT_NEAR(gin[i], fd, 1e-4) << i;
+    }
+  }
 }
 
 }  // namespace
