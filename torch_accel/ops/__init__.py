@@ -10,10 +10,12 @@ autocast's lower precision, as ``F.linear``.
 
 from __future__ import annotations
 
+from torch_accel.ops._attention import flash_attention
 from torch_accel.ops._linear import get_linear_kernel, linear_act, linear_kernel
 from torch_accel.ops._rope import qkv_rms_norm_rope, rms_norm_rope
 
 __all__ = [
+    "flash_attention",
     "get_linear_kernel",
     "linear_act",
     "linear_kernel",
