@@ -1,5 +1,6 @@
-"""Accel's post-grad pass: its identity keys Inductor's caches, and it moves 0-dim CPU scalars
-that feed accel operators onto the device.
+"""Accel's post-grad pass: its identity keys Inductor's caches, it rewrites unfused compositions
+into accel's fused operators (fusion_patterns.py), and it moves 0-dim CPU scalars that feed
+accel operators onto the device.
 
 Inductor's FX-graph and AOTAutograd caches do not include the registered code generators: an
 entry compiled for another backend (or another version of this one) would be served to accel.
@@ -22,7 +23,16 @@ from torch._inductor.custom_graph_pass import CustomGraphModulePass, get_hash_fo
 
 import torch_accel
 
-_SOURCES = tuple(sorted(str(p) for p in Path(__file__).parent.glob("*.py")))
+# This package's sources, and the fake kernels of accel's own operators (they shape the graphs).
+_SOURCES = tuple(
+    sorted(
+        str(p)
+        for p in (
+            *Path(__file__).parent.glob("*.py"),
+            *Path(__file__).parent.parent.glob("ops/*.py"),
+        )
+    )
+)
 
 
 def _val(node: Any) -> Any:
@@ -31,6 +41,9 @@ def _val(node: Any) -> Any:
 
 class AccelPostGradPass(CustomGraphModulePass):
     def __call__(self, gm: torch.fx.GraphModule) -> None:
+        from torch_accel._inductor import fusion_patterns
+
+        fusion_patterns.apply(gm)
         graph = gm.graph
         for node in list(graph.nodes):
             if node.op != "call_function":
@@ -60,6 +73,12 @@ class AccelPostGradPass(CustomGraphModulePass):
         gm.recompile()
 
     def uuid(self) -> Any:
+        from torch_accel._inductor import fusion_patterns
         from torch_accel._inductor.decompositions import KEEP_WHOLE
 
-        return (torch_accel.__version__, get_hash_for_files(_SOURCES), KEEP_WHOLE)
+        return (
+            torch_accel.__version__,
+            get_hash_for_files(_SOURCES),
+            KEEP_WHOLE,
+            fusion_patterns.cache_key(),
+        )
