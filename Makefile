@@ -93,16 +93,16 @@ test-cpp: build-cpp
 test-python: install
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
-	$(PY) -m pytest -q --ignore=test/test_compile.py test
-	ACCEL_LAUNCH_BLOCKING=1 $(PY) -m pytest -q -p no:cacheprovider --ignore=test/test_compile.py test
-	ACCEL_PROTECT_DEVICE_MEMORY=1 $(PY) -m pytest -q -p no:cacheprovider --ignore=test/test_compile.py test
+	$(PY) -m pytest -q --ignore=test/test_compile.py --ignore=test/test_compile_fused.py test
+	ACCEL_LAUNCH_BLOCKING=1 $(PY) -m pytest -q -p no:cacheprovider --ignore=test/test_compile.py --ignore=test/test_compile_fused.py test
+	ACCEL_PROTECT_DEVICE_MEMORY=1 $(PY) -m pytest -q -p no:cacheprovider --ignore=test/test_compile.py --ignore=test/test_compile_fused.py test
 	$(MAKE) --no-print-directory opinfo-sweep
 
 # torch.compile's suite, once, in the default configuration (compiled kernels are stream tasks
 # like any other: the other configurations add little to what test-python covers). Inductor's
 # caches (TORCHINDUCTOR_CACHE_DIR, /tmp/torchinductor_$USER by default) serve later runs.
 test-compile: install
-	$(PY) -m pytest -q -p no:cacheprovider test/test_compile.py
+	$(PY) -m pytest -q -p no:cacheprovider test/test_compile.py test/test_compile_fused.py
 
 # Every suite on the cuda driver (ACCEL_DRIVER=cuda) where this build has one and a GPU is
 # present; elsewhere it says why it skipped (the runtime's reason) and succeeds.

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from own_ops import EntryError, OwnOperator, cpp_string, expand_own, render_own, render_own_docs
 
 TIERS = ("native", "underlying", "cpu_fallback", "error")
 DRIVERS = ("host", "cuda", "level_zero")
@@ -32,8 +33,6 @@ KEYS = {
     "op", "tier", "kernel", "variants", "drivers", "dtypes", "cpu_op", "sync", "metadata_only",
     "out_equivalent", "structured_meta", "into", "widen", "cuda_like", "reason",
 }  # fmt: skip
-# Entries of accel's own operators (op: accel::<name>).
-OWN_KEYS = {"op", "schema", "tier", "kernel", "cpu", "doc"}
 # c10::ScalarType values.
 DTYPES = {
     "uint8": 0, "int8": 1, "int16": 2, "int32": 3, "int64": 4, "float16": 5, "float32": 6,
@@ -45,10 +44,6 @@ CPP_TIER = {
     "cpu_fallback": "Tier::CpuFallback",
     "error": "Tier::Error",
 }
-
-
-class EntryError(Exception):
-    pass
 
 
 @dataclass
@@ -72,18 +67,6 @@ class Registration:
     into: str = ""  # underlying functional form: the task function writing into the results
     widen: dict[str, str] = field(default_factory=dict)  # dtype the CPU lacks: dtype it runs in
     cuda_like: str = ""  # function handling calls CUDA's kernel takes and the CPU's refuses
-
-
-@dataclass
-class OwnOperator:
-    """One of accel's own operators (torch.ops.accel.<name>)."""
-
-    name: str  # "rms_norm_rope"
-    schema: str  # its schema, without the namespace
-    kernel: str
-    signature: str  # the C++ declaration of the kernel
-    cpu: bool  # the kernel is registered for CPU tensors too
-    doc: str
 
 
 @dataclass
@@ -506,63 +489,11 @@ def expand(entry: dict[str, Any], nf: NativeFunctions, torch_dir: Path) -> list[
     return out
 
 
-def expand_own(entry: dict[str, Any]) -> OwnOperator:
-    from torchgen.api.types import DispatcherSignature
-    from torchgen.model import FunctionSchema
-
-    unknown = set(entry) - OWN_KEYS
-    if unknown:
-        raise EntryError(f"unknown key(s) {sorted(unknown)} for an accel:: operator; known keys: "
-                         f"{sorted(OWN_KEYS)}")  # fmt: skip
-    name = entry["op"].removeprefix("accel::")
-    if entry.get("tier") != "native":
-        raise EntryError("accel's own operators are native (tier: native, with their kernel)")
-    kernel = entry.get("kernel", "")
-    if not isinstance(kernel, str) or not re.fullmatch(r"[A-Za-z_]\w*", kernel):
-        raise EntryError("'kernel' must name the C++ function in accel::aten implementing it")
-    schema = entry.get("schema", "")
-    if not isinstance(schema, str) or not schema:
-        raise EntryError("an accel:: operator needs its 'schema'")
-    try:
-        parsed = FunctionSchema.parse(schema)
-    except Exception as e:  # torchgen raises AssertionError and others on bad schemas
-        raise EntryError(f"bad schema {schema!r}: {e}") from e
-    if str(parsed.name) != name:
-        raise EntryError(f"the schema defines '{parsed.name}', not '{name}'")
-    signature = DispatcherSignature.from_schema(parsed, symint=False).decl(name=kernel)
-    doc = str(entry.get("doc", ""))
-    return OwnOperator(name, schema, kernel, signature, bool(entry.get("cpu", False)), doc)
-
-
-def cpp_string(s: str) -> str:
-    return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
-
-
 def write_if_changed(path: Path, text: str) -> None:
     if path.exists() and path.read_text() == text:
         return
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
-
-
-def render_own(own: list[OwnOperator]) -> list[str]:
-    """The definitions of accel's own operators and their kernels' registrations."""
-    if not own:
-        return []
-    cpp = ["", "TORCH_LIBRARY(accel, m) {"]
-    cpp += [f"  m.def({cpp_string(o.schema)}, {{at::Tag::pt2_compliant_tag}});" for o in own]
-    cpp += ["}", "", "TORCH_LIBRARY_IMPL(accel, PrivateUse1, m) {"]
-    cpp += [f"  m.impl({cpp_string(o.name)}, TORCH_FN(accel::aten::{o.kernel}));" for o in own]
-    cpp += ["}"]
-    if any(o.cpu for o in own):
-        cpp += ["", "TORCH_LIBRARY_IMPL(accel, CPU, m) {"]
-        cpp += [
-            f"  m.impl({cpp_string(o.name)}, TORCH_FN(accel::aten::{o.kernel}));"
-            for o in own
-            if o.cpu
-        ]
-        cpp += ["}"]
-    return cpp
 
 
 def render_cpp(regs: list[Registration], own: list[OwnOperator]) -> tuple[str, str]:
@@ -657,24 +588,6 @@ def render_cpp(regs: list[Registration], own: list[OwnOperator]) -> tuple[str, s
     cpp += ["}", "", "}  // namespace accel::aten"]
     cpp += render_own(own)
     return "\n".join(header), "\n".join(cpp + [""])
-
-
-def render_own_docs(own: list[OwnOperator]) -> list[str]:
-    if not own:
-        return []
-    lines = [
-        "## accel's own operators",
-        "",
-        "Defined by accel in the `accel` namespace (`torch.ops.accel.<name>`, Python wrappers in",
-        "`torch_accel.ops`), with native kernels of their own.",
-        "",
-        "| operator | schema | CPU tensors | what it does |",
-        "|---|---|---|---|",
-    ]
-    for o in own:
-        cpu = "yes" if o.cpu else "no"
-        lines.append(f"| `accel::{o.name}` | `{o.schema}` | {cpu} | {o.doc} |")
-    return lines + [""]
 
 
 def render_docs(
