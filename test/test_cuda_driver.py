@@ -212,3 +212,40 @@ def test_a_training_step_matches_native_cuda():
             history.append(loss.item())
         losses[device] = history
     torch.testing.assert_close(losses["accel"], losses["cuda"], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_operators_run_their_triton_kernels(dtype):
+    """accel's fused operators on the cuda driver (torch_accel/kernels through
+    torch_accel/ops/_cuda.py) against the host kernels on the CPU, forward and backward."""
+    from torch_accel.ops import flash_attention, qkv_rms_norm_rope, rms_norm_rope
+
+    torch.manual_seed(0)
+    tol = {"atol": 1e-4, "rtol": 1e-4} if dtype == torch.float32 else {"atol": 0.1, "rtol": 0.05}
+    x, w = torch.randn(2, 33, 4, 128).to(dtype), torch.randn(128)
+    cos, sin = torch.randn(33, 128), torch.randn(33, 128)
+    xa = x.to("accel").requires_grad_()
+    out = rms_norm_rope(xa, w.to("accel"), cos.to("accel"), sin.to("accel"))
+    torch.testing.assert_close(out.cpu().float(), rms_norm_rope(x.float(), w, cos, sin), **tol)
+    out.float().sum().backward()
+    gx, _ = torch.ops.accel.rms_norm_rope_backward(
+        torch.ones_like(x).float(), x.float(), w, cos, sin, 1e-6, False
+    )
+    torch.testing.assert_close(xa.grad.cpu().float(), gx, **tol)
+    qkv = torch.randn(2, 33, 8 * 64).to(dtype)
+    q, k, v = qkv_rms_norm_rope(
+        *(t.to("accel") for t in (qkv, w[:64], w[64:], cos[:, :64], sin[:, :64])), 4, 2
+    )
+    eq, ek, ev = qkv_rms_norm_rope(qkv.float(), w[:64], w[64:], cos[:, :64], sin[:, :64], 4, 2)
+    for a, e in ((q, eq), (k, ek), (v, ev)):
+        torch.testing.assert_close(a.cpu().float(), e, **tol)
+    qa, ka, va = (t.to("accel").requires_grad_() for t in (q.detach(), k.detach(), v.detach()))
+    o, lse = flash_attention(qa, ka, va, causal=True)
+    ref = torch.nn.functional.scaled_dot_product_attention(
+        q.detach().cpu().float(), k.detach().cpu().float(), v.detach().cpu().float(),
+        is_causal=True, enable_gqa=True,
+    )  # fmt: skip
+    torch.testing.assert_close(o.cpu().float(), ref, **tol)
+    o.float().sum().backward()
+    assert qa.grad.shape == qa.shape and ka.grad.shape == ka.shape
+    assert_no_fallback()

@@ -4,15 +4,18 @@
 //
 // On the host driver (and for CPU tensors) it is ATen's CPU flash-attention kernel, which tiles
 // the sequence and handles grouped-query heads itself, run underlying on the accel memory as a
-// task on the current stream: measured against an own kernel, it is the faster (see
-// benchmarks/fused_ops.py and the issue note). Other drivers have no kernel for it yet.
+// task on the current stream (no own host kernel: ATen's is vectorized and threaded over batch
+// and heads already). On the cuda driver it is accel's Triton kernel (torch_accel/kernels/
+// attention.py) on the accel stream. Results are contiguous on every driver.
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/_scaled_dot_product_flash_attention_for_cpu.h>
 #include <ATen/ops/_scaled_dot_product_flash_attention_for_cpu_backward.h>
+#include <ATen/ops/empty.h>
 
 #include <tuple>
 
 #include "AccelNativeFunctions.h"
+#include "aten/fused_cuda.h"
 #include "aten/host_task.h"
 #include "device/common.h"
 
@@ -41,7 +44,7 @@ void check(const char* op, const at::Tensor& q, const at::Tensor& k, const at::T
   if (!q.is_cpu()) {
     TORCH_CHECK(q.device().type() == device::kAccel, op, ": expected accel or CPU tensors, got ",
                 q.device());
-    require_host_accessible(op);
+    if (!fused_on_cuda()) require_host_accessible(op);
   }
 }
 
@@ -51,7 +54,16 @@ std::tuple<at::Tensor, at::Tensor> flash_attention(const at::Tensor& q, const at
                                                    const at::Tensor& v, bool causal,
                                                    std::optional<double> scale) {
   check("accel::flash_attention", q, k, v);
-  return at::_scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal, std::nullopt, scale);
+  if (!q.is_cpu() && fused_on_cuda()) {
+    at::Tensor out = at::empty(q.sizes(), q.options());
+    at::Tensor lse = at::empty({q.size(0), q.size(1), q.size(2)}, q.options().dtype(at::kFloat));
+    call_cuda_impl(q.device().index(), "accel::_flash_attention_cuda",
+                   {q, k, v, causal, scale, out, lse});
+    return {out, lse};
+  }
+  auto [out, lse] =
+      at::_scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal, std::nullopt, scale);
+  return {out.contiguous(), lse.contiguous()};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> flash_attention_backward(
@@ -62,8 +74,18 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> flash_attention_backward(
   TORCH_CHECK(grad_out.sizes() == q.sizes() && out.sizes() == q.sizes(), op,
               ": grad_out and out must have q's shape ", q.sizes(), ", got ", grad_out.sizes(),
               " and ", out.sizes());
-  return at::_scaled_dot_product_flash_attention_for_cpu_backward(
+  if (!q.is_cpu() && fused_on_cuda()) {
+    at::Tensor gq = at::empty(q.sizes(), q.options());
+    at::Tensor gk = at::empty(k.sizes(), k.options());
+    at::Tensor gv = at::empty(v.sizes(), v.options());
+    call_cuda_impl(
+        q.device().index(), "accel::_flash_attention_backward_cuda",
+        {grad_out.to(q.scalar_type()), q, k, v, out, logsumexp, causal, scale, gq, gk, gv});
+    return {gq, gk, gv};
+  }
+  auto [gq, gk, gv] = at::_scaled_dot_product_flash_attention_for_cpu_backward(
       grad_out.to(q.scalar_type()), q, k, v, out, logsumexp, 0.0, causal, std::nullopt, scale);
+  return {gq.contiguous(), gk.contiguous(), gv.contiguous()};
 }
 
 }  // namespace accel::aten

@@ -9,10 +9,12 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 
+#include <array>
 #include <tuple>
 #include <vector>
 
 #include "AccelNativeFunctions.h"
+#include "aten/fused_cuda.h"
 #include "aten/host_task.h"
 #include "aten/parallel.h"
 #include "device/common.h"
@@ -189,6 +191,12 @@ at::Tensor rms_norm_rope(const at::Tensor& x, const at::Tensor& weight, const at
           sin, eps);
   at::Tensor out = at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
   const at::Tensor out4 = out.view(x4.sizes());
+  if (!x.is_cpu() && fused_on_cuda()) {
+    // The checked float tables (n, seq, d) and weight, as the host kernel reads them.
+    call_cuda_impl(x.device().index(), "accel::_rms_norm_rope_cuda",
+                   {x4, prep.keep[0], prep.keep[1], prep.keep[2], eps, interleaved, out4});
+    return out;
+  }
   run(x, op, [p = prep.p, in = rows_of(x4), o = rows_of(out4)](const k::ParallelFor& par) {
     k::norm_rope_forward(p, in, o, par);
   });
@@ -214,6 +222,12 @@ std::tuple<at::Tensor, at::Tensor> rms_norm_rope_backward(
           sin, eps);
   at::Tensor grad_x = at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
   at::Tensor grad_w = at::empty({x.size(-1)}, x.options().dtype(at::kFloat));
+  if (!x.is_cpu() && fused_on_cuda()) {
+    call_cuda_impl(x.device().index(), "accel::_rms_norm_rope_backward_cuda",
+                   {g4, x4, prep.keep[0], prep.keep[1], prep.keep[2], eps, interleaved,
+                    grad_x.view(x4.sizes()), grad_w});
+    return {grad_x, grad_w.to(weight.scalar_type())};
+  }
   run(x, op,
       [p = prep.p, in = rows_of(x4), g = rows_of(g4), gx = rows_of(grad_x.view(x4.sizes())),
        gw = grad_w.mutable_data_ptr<float>()](const k::ParallelFor& par) {
@@ -232,6 +246,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> qkv_rms_norm_rope(
   at::Tensor q = at::empty(a.heads_first(num_q_heads), options);
   at::Tensor k = at::empty(a.heads_first(num_kv_heads), options);
   at::Tensor v = at::empty(a.heads_first(num_kv_heads), options);
+  if (!qkv.is_cpu() && fused_on_cuda()) {
+    call_cuda_impl(
+        qkv.device().index(), "accel::_qkv_rms_norm_rope_cuda",
+        {a.x3, a.q.keep[0], a.k.keep[0], a.q.keep[1], a.q.keep[2], num_q_heads, num_kv_heads, eps,
+         q.view({a.n, num_q_heads, a.seq, a.d}), k.view({a.n, num_kv_heads, a.seq, a.d}),
+         v.view({a.n, num_kv_heads, a.seq, a.d})});
+    return {q, k, v};
+  }
   auto heads_rows = [&](const at::Tensor& t, int64_t h) {
     return rows_of(t.view({a.n, h, a.seq, a.d}), /*heads_first=*/true);
   };
@@ -255,24 +277,33 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> qkv_rms_norm_rope_backward(
   constexpr const char* op = "accel::qkv_rms_norm_rope_backward";
   const Qkv a(op, qkv, q_weight, k_weight, cos, sin, num_q_heads, num_kv_heads, eps);
   // A gradient (..., h, seq, d) as (n, h, seq, d) rows; undefined: zeros (null rows).
-  std::vector<at::Tensor> keep;
-  auto grad_rows = [&](const std::optional<at::Tensor>& g, int64_t h, const char* name) {
+  std::array<at::Tensor, 3> grads;  // q, k, v as (n, h, seq, d); undefined: none
+  auto grad_rows = [&](const std::optional<at::Tensor>& g, int64_t h, const char* name,
+                       at::Tensor& keep) {
     if (!g || !g->defined()) return k::Rows{};
     check_device(op, qkv, *g, name);
     const std::vector<int64_t> sizes = a.heads_first(h);
     TORCH_CHECK(g->sizes() == c10::IntArrayRef(sizes), op, ": ", name, " has shape ", g->sizes(),
                 ", expected ", c10::IntArrayRef(sizes));
-    keep.push_back(last_dim_contiguous(g->to(qkv.scalar_type()).reshape({a.n, h, a.seq, a.d})));
-    return rows_of(keep.back(), /*heads_first=*/true);
+    keep = last_dim_contiguous(g->to(qkv.scalar_type()).reshape({a.n, h, a.seq, a.d}));
+    return rows_of(keep, /*heads_first=*/true);
   };
-  const k::Rows gq = grad_rows(grad_q, num_q_heads, "grad_q");
-  const k::Rows gk = grad_rows(grad_k, num_kv_heads, "grad_k");
-  const k::Rows gv = grad_rows(grad_v, num_kv_heads, "grad_v");
+  const k::Rows gq = grad_rows(grad_q, num_q_heads, "grad_q", grads[0]);
+  const k::Rows gk = grad_rows(grad_k, num_kv_heads, "grad_k", grads[1]);
+  const k::Rows gv = grad_rows(grad_v, num_kv_heads, "grad_v", grads[2]);
   at::Tensor grad_qkv =
       at::empty(qkv.sizes(), qkv.options().memory_format(at::MemoryFormat::Contiguous));
   at::Tensor grad_qw = at::empty({a.d}, qkv.options().dtype(at::kFloat));
   at::Tensor grad_kw = at::empty({a.d}, qkv.options().dtype(at::kFloat));
   const at::Tensor out3 = grad_qkv.view({a.n, a.seq, a.total});
+  if (!qkv.is_cpu() && fused_on_cuda()) {
+    auto grad = [](const at::Tensor& g) { return g.defined() ? c10::IValue(g) : c10::IValue(); };
+    call_cuda_impl(
+        qkv.device().index(), "accel::_qkv_rms_norm_rope_backward_cuda",
+        {grad(grads[0]), grad(grads[1]), grad(grads[2]), a.x3, a.q.keep[0], a.k.keep[0],
+         a.q.keep[1], a.q.keep[2], num_q_heads, num_kv_heads, eps, out3, grad_qw, grad_kw});
+    return {grad_qkv, grad_qw.to(q_weight.scalar_type()), grad_kw.to(k_weight.scalar_type())};
+  }
   run(qkv, op,
       [qp = a.q.p, kp = a.k.p, gq, gk, gv, q_in = a.window(a.x3, 0),
        k_in = a.window(a.x3, num_q_heads), q_out = a.window(out3, 0),

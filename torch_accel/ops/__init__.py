@@ -10,6 +10,7 @@ autocast's lower precision, as ``F.linear``.
 
 from __future__ import annotations
 
+from torch_accel.ops import _cuda  # noqa: F401  (the cuda driver's implementations)
 from torch_accel.ops._attention import flash_attention
 from torch_accel.ops._linear import get_linear_kernel, linear_act, linear_kernel
 from torch_accel.ops._rope import qkv_rms_norm_rope, rms_norm_rope
