@@ -10,6 +10,11 @@ the same run (issue 12's goals).
   linear_act         gelu(x @ W^T + b) with the fused kernel (goal: at least 1.1x addmm then
                      gelu at 4096x4096x4096) and with auto, bf16
 
+  flash_attention    on the cuda driver only: forward (goal: at least 0.9x) and backward (goal:
+                     at least 0.8x) of torch's SDPA flash kernel on CUDA tensors of the same
+                     GPU, bf16, batch 4, 32 heads, seq 4096, head dim 128, causal and not; prints
+                     TFLOP/s (elsewhere: not measured, saying why)
+
 Shapes are Qwen3-like (head dim 128, 16 query and 8 key/value heads) at seq 2048, in bfloat16
 and float32. Prints a table of ratios and writes JSON (default
 benchmarks/results/fused_ops.json).
@@ -26,7 +31,7 @@ from pathlib import Path
 import torch
 from ratios import interleaved, report
 
-import torch_accel  # noqa: F401
+import torch_accel
 from torch_accel.ops import linear_act, linear_kernel, qkv_rms_norm_rope, rms_norm_rope
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -115,6 +120,34 @@ def linear_case(m: int, n: int, k: int, kernel: str) -> Callable[[], tuple[float
     return case
 
 
+def attention_case(causal: bool, backward: bool) -> Callable[[], tuple[float, float]]:
+    def case() -> tuple[float, float]:
+        from torch_accel.ops import flash_attention
+
+        if torch_accel.driver() != "cuda" or not torch.cuda.is_available():
+            raise RuntimeError(f"needs the cuda driver and a GPU (driver {torch_accel.driver()})")
+        shape = (4, 32, 4096, 128)
+        qc, kc, vc = (
+            torch.randn(shape, device="cuda", dtype=torch.bfloat16, requires_grad=backward)
+            for _ in range(3)
+        )
+        qa, ka, va = (t.detach().to(ACCEL).requires_grad_(backward) for t in (qc, kc, vc))
+        native = lambda: torch.nn.functional.scaled_dot_product_attention(  # noqa: E731
+            qc, kc, vc, is_causal=causal
+        )
+        ours = lambda: flash_attention(qa, ka, va, causal=causal)[0]  # noqa: E731
+        if backward:
+            native, ours = with_backward(native), with_backward(ours)
+        base, measured = interleaved(native, ours, 5, device="both")
+        flops = 4 * 4 * 32 * 4096 * 4096 * 128 * (0.5 if causal else 1.0) * (3.5 if backward else 1)
+        tflops, native_tflops = flops / measured / 1e12, flops / base / 1e12
+        print(f"  flash_attention causal={causal} backward={backward}: {tflops:.1f} TFLOP/s "
+              f"(torch: {native_tflops:.1f})")  # fmt: skip
+        return base, measured
+
+    return case
+
+
 def main() -> int:
     cases = []
     goals = {}
@@ -130,6 +163,11 @@ def main() -> int:
             name = f"linear_act gelu {m}x{n}x{k} bf16 {kernel}"
             cases.append((name, linear_case(m, n, k, kernel)))
             goals[name] = 1.1 if kernel == "fused" else 0.97  # auto: no slower
+    for causal in (False, True):
+        for backward in (False, True):
+            name = f"flash_attention{' causal' if causal else ''}{' fwd+bwd' if backward else ''}"
+            cases.append((name, attention_case(causal, backward)))
+            goals[name] = 0.8 if backward else 0.9
     return report(
         __doc__.splitlines()[0],
         ROOT / "benchmarks/results/fused_ops.json",

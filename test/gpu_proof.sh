@@ -9,7 +9,9 @@
 #           (accel against native CUDA), the quickstart
 #   suites  every pytest suite with ACCEL_DRIVER=cuda, then the OpInfo sweep against the CPU
 #           and against native CUDA (OPINFO_AGAINST=cuda)
-#   bench   benchmarks/cuda_vs_native.py (accel against native CUDA on the same GPU)
+#   bench   benchmarks/cuda_vs_native.py (accel against native CUDA on the same GPU) and
+#           benchmarks/fused_ops.py (the fused operators' Triton kernels, flash attention
+#           against torch's SDPA flash kernel)
 # Logs and JSON go to $OUT (what the device tool brings back) or build/gpu_proof; each stage
 # prints ok or the tail of its log. Exits nonzero if any step failed.
 #
@@ -60,7 +62,8 @@ assert t.driver() == 'cuda', t.init_error()"
       step quickstart "$py" examples/transformer_lm.py
       ;;
     suites)
-      step suites "$py" -m pytest -q -p no:cacheprovider -rs test --ignore=test/test_compile.py
+      step suites "$py" -m pytest -q -p no:cacheprovider -rs test --ignore=test/test_compile.py \
+        --ignore=test/test_compile_fused.py
       step opinfo env OPINFO_FULL=1 "$py" -m pytest -q -p no:cacheprovider test/test_opinfo.py
       step opinfo_vs_cuda env OPINFO_FULL=1 OPINFO_AGAINST=cuda "$py" -m pytest -q \
         -p no:cacheprovider test/test_opinfo.py
@@ -68,6 +71,8 @@ assert t.driver() == 'cuda', t.init_error()"
     bench)
       step bench "$py" benchmarks/cuda_vs_native.py --json "$out/cuda_vs_native.json"
       cat "$out/bench.log"
+      step fused_ops "$py" benchmarks/fused_ops.py --json "$out/fused_ops.json"
+      cat "$out/fused_ops.log"
       ;;
     *)
       echo "unknown stage '$stage' (build, smoke, suites, bench)"
