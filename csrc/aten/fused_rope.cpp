@@ -124,6 +124,18 @@ at::Tensor as_rows(const char* op, const char* what, const at::Tensor& x) {
   return last_dim_contiguous(x.reshape({n, x.size(-3), x.size(-2), x.size(-1)}));
 }
 
+// The kernel parameters of rms_norm_rope (and its backward) for x (..., seq, heads, d).
+Prepared prepare_rows(const char* op, const at::Tensor& x, const at::Tensor& weight,
+                      const at::Tensor& cos, const at::Tensor& sin, double eps, bool interleaved) {
+  Prepared prep;
+  prep.p.dtype = kernel_dtype(op, "x", x);
+  prep.p.h = x.size(-2);
+  prep.p.interleaved = interleaved;
+  prepare(op, prep, x.sizes().slice(0, x.dim() - 3), x.size(-3), x.size(-1), weight, "weight", cos,
+          sin, eps);
+  return prep;
+}
+
 // The shared part of qkv_rms_norm_rope and its backward: checks, the (n, seq, total) view of
 // qkv, and the kernel parameters of the q and k windows.
 struct Qkv {
@@ -183,12 +195,7 @@ at::Tensor rms_norm_rope(const at::Tensor& x, const at::Tensor& weight, const at
   for (auto [t, name] : {std::pair{&weight, "weight"}, {&cos, "cos"}, {&sin, "sin"}})
     check_device(op, x, *t, name);
   const at::Tensor x4 = as_rows(op, "x", x);
-  Prepared prep;
-  prep.p.dtype = kernel_dtype(op, "x", x);
-  prep.p.h = x.size(-2);
-  prep.p.interleaved = interleaved;
-  prepare(op, prep, x.sizes().slice(0, x.dim() - 3), x.size(-3), x.size(-1), weight, "weight", cos,
-          sin, eps);
+  const Prepared prep = prepare_rows(op, x, weight, cos, sin, eps, interleaved);
   at::Tensor out = at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
   const at::Tensor out4 = out.view(x4.sizes());
   if (!x.is_cpu() && fused_on_cuda()) {
@@ -214,12 +221,7 @@ std::tuple<at::Tensor, at::Tensor> rms_norm_rope_backward(
               ", expected the input's ", x.sizes());
   const at::Tensor x4 = as_rows(op, "x", x);
   const at::Tensor g4 = last_dim_contiguous(grad.to(x.scalar_type()).reshape(x4.sizes()));
-  Prepared prep;
-  prep.p.dtype = kernel_dtype(op, "x", x);
-  prep.p.h = x.size(-2);
-  prep.p.interleaved = interleaved;
-  prepare(op, prep, x.sizes().slice(0, x.dim() - 3), x.size(-3), x.size(-1), weight, "weight", cos,
-          sin, eps);
+  const Prepared prep = prepare_rows(op, x, weight, cos, sin, eps, interleaved);
   at::Tensor grad_x = at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
   at::Tensor grad_w = at::empty({x.size(-1)}, x.options().dtype(at::kFloat));
   if (!x.is_cpu() && fused_on_cuda()) {
