@@ -480,6 +480,21 @@ def test_flash_attention_memory_is_linear_in_seq():
     assert extra < 8 << 20, f"{extra} bytes beyond the outputs"
 
 
+def test_flash_attention_autocasts_as_sdpa():
+    from torch_accel.ops import flash_attention
+
+    torch.manual_seed(15)
+    q, k, v = (torch.randn(1, 2, 16, 32) for _ in range(3))
+    with torch.autocast("accel", dtype=torch.bfloat16):
+        out, lse = flash_attention(*(t.to("accel") for t in (q, k, v)), causal=True)
+        sdpa = torch.nn.functional.scaled_dot_product_attention(
+            *(t.to("accel") for t in (q, k, v)), is_causal=True
+        )
+    assert out.dtype == sdpa.dtype == torch.bfloat16 and lse.dtype == torch.float32
+    expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    torch.testing.assert_close(out.cpu().float(), expected, atol=3e-2, rtol=3e-2)
+
+
 def test_flash_attention_errors_and_opcheck():
     from torch_accel.ops import flash_attention
 

@@ -7,10 +7,14 @@
 // task on the current stream (no own host kernel: ATen's is vectorized and threaded over batch
 // and heads already). On the cuda driver it is accel's Triton kernel (torch_accel/kernels/
 // attention.py) on the accel stream. Results are contiguous on every driver.
+#include <ATen/autocast_mode.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/_scaled_dot_product_flash_attention_for_cpu.h>
 #include <ATen/ops/_scaled_dot_product_flash_attention_for_cpu_backward.h>
 #include <ATen/ops/empty.h>
+
+#include <torch/library.h>
 
 #include <tuple>
 
@@ -88,4 +92,27 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> flash_attention_backward(
   return {gq.contiguous(), gk.contiguous(), gv.contiguous()};
 }
 
+namespace {
+
+// Autocast: attention runs in autocast's lower precision, as scaled_dot_product_attention.
+std::tuple<at::Tensor, at::Tensor> flash_attention_autocast(const at::Tensor& q,
+                                                            const at::Tensor& k,
+                                                            const at::Tensor& v, bool causal,
+                                                            std::optional<double> scale) {
+  c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::DispatchKey::AutocastPrivateUse1);
+  const c10::DeviceType type = c10::DeviceType::PrivateUse1;
+  const at::ScalarType dtype = at::autocast::get_lower_precision_fp_from_device_type(type);
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("accel::flash_attention", "")
+                             .typed<decltype(flash_attention)>();
+  return op.call(at::autocast::cached_cast(dtype, q, type),
+                 at::autocast::cached_cast(dtype, k, type),
+                 at::autocast::cached_cast(dtype, v, type), causal, scale);
+}
+
+TORCH_LIBRARY_IMPL(accel, AutocastPrivateUse1, m) {
+  m.impl("flash_attention", TORCH_FN(flash_attention_autocast));
+}
+
+}  // namespace
 }  // namespace accel::aten
