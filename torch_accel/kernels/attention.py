@@ -21,6 +21,20 @@ _LN2 = 0.6931471805599453
 
 
 @triton.jit
+def _rows(ptr, rows, stride, dims, limit):  # type: ignore[no-untyped-def]
+    """The block [rows, dims] of a (seq, D) matrix, zeros past `limit` rows."""
+    return tl.load(ptr + rows[:, None] * stride + dims[None, :], mask=rows[:, None] < limit,
+                   other=0.0)  # fmt: skip
+
+
+@triton.jit
+def _cols(ptr, cols, stride, dims, limit):  # type: ignore[no-untyped-def]
+    """The block [dims, cols]: rows `cols` of a (seq, D) matrix, transposed."""
+    return tl.load(ptr + cols[None, :] * stride + dims[:, None], mask=cols[None, :] < limit,
+                   other=0.0)  # fmt: skip
+
+
+@triton.jit
 def _fwd(  # type: ignore[no-untyped-def]
     Q, K, V, Out, LSE, scale,
     sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, sob, soh, sos,
@@ -34,8 +48,7 @@ def _fwd(  # type: ignore[no-untyped-def]
     rows = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
     dims = tl.arange(0, D)
     cols0 = tl.arange(0, BLOCK_N)
-    q = tl.load(Q + b * sqb + h * sqh + rows[:, None] * sqs + dims[None, :],
-                mask=rows[:, None] < SQ, other=0.0)  # fmt: skip
+    q = _rows(Q + b * sqb + h * sqh, rows, sqs, dims, SQ)
     m = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     den = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, D], dtype=tl.float32)
@@ -45,8 +58,7 @@ def _fwd(  # type: ignore[no-untyped-def]
         hi = (start_m + 1) * BLOCK_M  # the keys past SK are masked
     for start_n in tl.range(0, hi, BLOCK_N):
         cols = start_n + cols0
-        kt = tl.load(K + b * skb + kh * skh + cols[None, :] * sks + dims[:, None],
-                     mask=cols[None, :] < SK, other=0.0)  # fmt: skip
+        kt = _cols(K + b * skb + kh * skh, cols, sks, dims, SK)
         s = tl.dot(q, kt) * qk_scale
         keep = cols[None, :] < SK
         if CAUSAL:
@@ -56,8 +68,7 @@ def _fwd(  # type: ignore[no-untyped-def]
         p = tl.exp2(s - m_new[:, None])
         alpha = tl.exp2(m - m_new)
         den = den * alpha + tl.sum(p, 1)
-        v = tl.load(V + b * svb + kh * svh + cols[:, None] * svs + dims[None, :],
-                    mask=cols[:, None] < SK, other=0.0)  # fmt: skip
+        v = _rows(V + b * svb + kh * svh, cols, svs, dims, SK)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         m = m_new
     acc = acc / den[:, None]
@@ -91,10 +102,8 @@ def _bwd_kv(  # type: ignore[no-untyped-def]
     cols = start_n * BLOCK_N + tl.arange(0, BLOCK_N)
     dims = tl.arange(0, D)
     rows0 = tl.arange(0, BLOCK_M)
-    kt = tl.load(K + b * skb + kh * skh + cols[None, :] * sks + dims[:, None],
-                 mask=cols[None, :] < SK, other=0.0)  # fmt: skip
-    v = tl.load(V + b * svb + kh * svh + cols[:, None] * svs + dims[None, :],
-                mask=cols[:, None] < SK, other=0.0)  # fmt: skip
+    kt = _cols(K + b * skb + kh * skh, cols, sks, dims, SK)
+    v = _rows(V + b * svb + kh * svh, cols, svs, dims, SK)
     dk = tl.zeros([BLOCK_N, D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, D], dtype=tl.float32)
     lo = 0
@@ -102,10 +111,8 @@ def _bwd_kv(  # type: ignore[no-untyped-def]
         lo = (start_n * BLOCK_N // BLOCK_M) * BLOCK_M
     for start_m in tl.range(lo, SQ, BLOCK_M):
         rows = start_m + rows0
-        q = tl.load(Q + b * sqb + h * sqh + rows[:, None] * sqs + dims[None, :],
-                    mask=rows[:, None] < SQ, other=0.0)  # fmt: skip
-        do = tl.load(DO + b * sdb + h * sdh + rows[:, None] * sds + dims[None, :],
-                     mask=rows[:, None] < SQ, other=0.0)  # fmt: skip
+        q = _rows(Q + b * sqb + h * sqh, rows, sqs, dims, SQ)
+        do = _rows(DO + b * sdb + h * sdh, rows, sds, dims, SQ)
         lse = tl.load(LSE + bh * SQ + rows, mask=rows < SQ, other=0.0)
         delta = tl.load(DELTA + bh * SQ + rows, mask=rows < SQ, other=0.0)
         p = _probabilities(q, kt, lse, rows, cols, SK, scale, CAUSAL)
@@ -134,10 +141,8 @@ def _bwd_q(  # type: ignore[no-untyped-def]
     rows = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
     dims = tl.arange(0, D)
     cols0 = tl.arange(0, BLOCK_N)
-    q = tl.load(Q + b * sqb + h * sqh + rows[:, None] * sqs + dims[None, :],
-                mask=rows[:, None] < SQ, other=0.0)  # fmt: skip
-    do = tl.load(DO + b * sdb + h * sdh + rows[:, None] * sds + dims[None, :],
-                 mask=rows[:, None] < SQ, other=0.0)  # fmt: skip
+    q = _rows(Q + b * sqb + h * sqh, rows, sqs, dims, SQ)
+    do = _rows(DO + b * sdb + h * sdh, rows, sds, dims, SQ)
     lse = tl.load(LSE + bh * SQ + rows, mask=rows < SQ, other=0.0)
     delta = tl.load(DELTA + bh * SQ + rows, mask=rows < SQ, other=0.0)
     dq = tl.zeros([BLOCK_M, D], dtype=tl.float32)
@@ -146,10 +151,8 @@ def _bwd_q(  # type: ignore[no-untyped-def]
         hi = (start_m + 1) * BLOCK_M  # the keys past SK are masked
     for start_n in tl.range(0, hi, BLOCK_N):
         cols = start_n + cols0
-        kt = tl.load(K + b * skb + kh * skh + cols[None, :] * sks + dims[:, None],
-                     mask=cols[None, :] < SK, other=0.0)  # fmt: skip
-        vt = tl.load(V + b * svb + kh * svh + cols[None, :] * svs + dims[:, None],
-                     mask=cols[None, :] < SK, other=0.0)  # fmt: skip
+        kt = _cols(K + b * skb + kh * skh, cols, sks, dims, SK)
+        vt = _cols(V + b * svb + kh * svh, cols, svs, dims, SK)
         p = _probabilities(q, kt, lse, rows, cols, SK, scale, CAUSAL)
         dp = tl.dot(do, vt.to(do.dtype)).to(tl.float32)
         ds = p * (dp - delta[:, None])
