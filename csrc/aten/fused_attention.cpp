@@ -7,7 +7,6 @@
 // task on the current stream (no own host kernel: ATen's is vectorized and threaded over batch
 // and heads already). On the cuda driver it is accel's Triton kernel (torch_accel/kernels/
 // attention.py) on the accel stream. Results are contiguous on every driver.
-#include <ATen/autocast_mode.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/_scaled_dot_product_flash_attention_for_cpu.h>
@@ -20,6 +19,7 @@
 
 #include "AccelNativeFunctions.h"
 #include "aten/fused_cuda.h"
+#include "aten/fused_util.h"
 #include "aten/host_task.h"
 #include "device/common.h"
 
@@ -33,9 +33,7 @@ void check(const char* op, const at::Tensor& q, const at::Tensor& k, const at::T
     TORCH_CHECK(t->scalar_type() == q.scalar_type(), op, ": ", name, " has dtype ",
                 t->scalar_type(), " but q has ", q.scalar_type());
   }
-  const at::ScalarType dt = q.scalar_type();
-  TORCH_CHECK_NOT_IMPLEMENTED(dt == at::kFloat || dt == at::kBFloat16 || dt == at::kHalf, op,
-                              ": dtype ", dt, " is not supported (float32, bfloat16, float16)");
+  (void)kernel_dtype(op, "q", q);  // the dtypes the kernels take
   TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, op,
               ": q, k and v must be (batch, heads, seq, head_dim), got ", q.sizes(), ", ",
               k.sizes(), " and ", v.sizes());
@@ -99,15 +97,11 @@ std::tuple<at::Tensor, at::Tensor> flash_attention_autocast(const at::Tensor& q,
                                                             const at::Tensor& k,
                                                             const at::Tensor& v, bool causal,
                                                             std::optional<double> scale) {
-  c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::DispatchKey::AutocastPrivateUse1);
-  const c10::DeviceType type = c10::DeviceType::PrivateUse1;
-  const at::ScalarType dtype = at::autocast::get_lower_precision_fp_from_device_type(type);
+  const AutocastLowerPrecision lower;
   static const auto op = c10::Dispatcher::singleton()
                              .findSchemaOrThrow("accel::flash_attention", "")
                              .typed<decltype(flash_attention)>();
-  return op.call(at::autocast::cached_cast(dtype, q, type),
-                 at::autocast::cached_cast(dtype, k, type),
-                 at::autocast::cached_cast(dtype, v, type), causal, scale);
+  return op.call(lower(q), lower(k), lower(v), causal, scale);
 }
 
 TORCH_LIBRARY_IMPL(accel, AutocastPrivateUse1, m) {

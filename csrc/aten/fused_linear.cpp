@@ -8,7 +8,6 @@
 //   auto   fused where it measured faster (benchmarks/fused_ops.py), else aten (on the host
 //          driver: aten, see auto_picks_fused).
 // The backward is the activation's derivative (a torch-free kernel) then two products and a sum.
-#include <ATen/autocast_mode.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/addmm.h>
@@ -25,9 +24,7 @@
 
 #include "AccelNativeFunctions.h"
 #include "aten/fused_linear.h"
-#include "aten/host_task.h"
-#include "aten/parallel.h"
-#include "device/common.h"
+#include "aten/fused_util.h"
 #include "kernels/host/activation.h"
 
 namespace accel::aten {
@@ -52,17 +49,6 @@ bool needs_pre(k::Activation a) {
   return a == k::Activation::Gelu || a == k::Activation::GeluTanh || a == k::Activation::Silu;
 }
 
-k::Dtype kernel_dtype(const char* op, const at::Tensor& t) {
-  switch (t.scalar_type()) {
-    case at::kFloat: return k::Dtype::Float32;
-    case at::kBFloat16: return k::Dtype::BFloat16;
-    case at::kHalf: return k::Dtype::Float16;
-    default:
-      TORCH_CHECK_NOT_IMPLEMENTED(false, op, ": x of dtype ", t.scalar_type(),
-                                  " is not supported (float32, bfloat16 or float16)");
-  }
-}
-
 struct Args {
   at::Tensor x2;  // x as (rows, in_features)
   int64_t rows = 0, in = 0, out = 0;
@@ -74,7 +60,7 @@ Args check(const char* op, const at::Tensor& x, const at::Tensor& weight,
            const std::optional<at::Tensor>& bias, c10::string_view activation) {
   Args a;
   a.act = parse_activation(op, activation);
-  (void)kernel_dtype(op, x);
+  (void)kernel_dtype(op, "x", x);
   TORCH_CHECK(x.dim() >= 1, op, ": x must have at least one dim (..., in_features)");
   TORCH_CHECK(weight.dim() == 2, op, ": weight must be (out_features, in_features), got ",
               weight.sizes());
@@ -146,7 +132,7 @@ std::tuple<at::Tensor, at::Tensor> run_fused(const char* op, const Args& a, cons
   at::Tensor out = at::empty({a.rows, a.out}, options);
   at::Tensor pre = want_pre ? at::empty({a.rows, a.out}, options) : at::Tensor();
   at::Tensor b32 = bias && bias->defined() ? bias->to(at::kFloat).contiguous() : at::Tensor();
-  const k::Dtype dtype = kernel_dtype(op, x);
+  const k::Dtype dtype = kernel_dtype(op, "x", x);
   const int64_t panel = panel_rows(a.rows, a.out, a.in, x.element_size());
   auto body = [x2 = Layout::of(a.x2, false), w = Layout::of(weight, false), o = Layout::of(out),
                p = pre.defined() ? Layout::of(pre) : Layout(),
@@ -164,11 +150,7 @@ std::tuple<at::Tensor, at::Tensor> run_fused(const char* op, const Args& a, cons
                   parallel);
     }
   };
-  if (x.is_cpu()) {
-    body(intra_op_parallel());
-  } else {
-    launch(x.device().index(), op, [body] { body(intra_op_parallel()); });
-  }
+  run_host_kernel(x, op, std::move(body));
   return {out, pre};
 }
 
@@ -229,16 +211,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> linear_act_backward(
     const at::Tensor s2 = saved.to(x.scalar_type()).reshape({a.rows, a.out}).contiguous();
     gpre = at::empty({a.rows, a.out}, g2.options());
     auto body = [g = g2.const_data_ptr(), s = s2.const_data_ptr(), gp = gpre.mutable_data_ptr(),
-                 dtype = kernel_dtype(op, x), act = a.act, rows = a.rows,
+                 dtype = kernel_dtype(op, "x", x), act = a.act, rows = a.rows,
                  cols = a.out](const k::ParallelFor& parallel) {
       k::act_backward(dtype, act, rows, cols, k::Block{const_cast<void*>(g), cols},
                       k::Block{const_cast<void*>(s), cols}, k::Block{gp, cols}, parallel);
     };
-    if (x.is_cpu()) {
-      body(intra_op_parallel());
-    } else {
-      launch(x.device().index(), op, [body] { body(intra_op_parallel()); });
-    }
+    run_host_kernel(x, op, std::move(body));
   }
   at::Tensor grad_x = at::mm(gpre, weight).view(x.sizes());
   at::Tensor grad_w = at::mm(gpre.t(), a.x2);
@@ -252,13 +230,10 @@ namespace {
 template <bool Pre>
 auto autocast_kernel(const at::Tensor& x, const at::Tensor& weight,
                      const std::optional<at::Tensor>& bias, c10::string_view activation) {
-  c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::DispatchKey::AutocastPrivateUse1);
-  const c10::DeviceType type = c10::DeviceType::PrivateUse1;
-  const at::ScalarType dtype = at::autocast::get_lower_precision_fp_from_device_type(type);
-  const at::Tensor xc = at::autocast::cached_cast(dtype, x, type);
-  const at::Tensor wc = at::autocast::cached_cast(dtype, weight, type);
+  const AutocastLowerPrecision lower;
+  const at::Tensor xc = lower(x), wc = lower(weight);
   std::optional<at::Tensor> bc;
-  if (bias && bias->defined()) bc = at::autocast::cached_cast(dtype, *bias, type);
+  if (bias && bias->defined()) bc = lower(*bias);
   if constexpr (Pre) {
     static const auto op = c10::Dispatcher::singleton()
                                .findSchemaOrThrow("accel::linear_act_forward", "")

@@ -15,26 +15,13 @@
 
 #include "AccelNativeFunctions.h"
 #include "aten/fused_cuda.h"
-#include "aten/host_task.h"
-#include "aten/parallel.h"
-#include "device/common.h"
+#include "aten/fused_util.h"
 #include "kernels/host/norm_rope.h"
 
 namespace accel::aten {
 namespace {
 
 namespace k = kernels::host;
-
-k::Dtype kernel_dtype(const char* op, const char* what, const at::Tensor& t) {
-  switch (t.scalar_type()) {
-    case at::kFloat: return k::Dtype::Float32;
-    case at::kBFloat16: return k::Dtype::BFloat16;
-    case at::kHalf: return k::Dtype::Float16;
-    default:
-      TORCH_CHECK_NOT_IMPLEMENTED(false, op, ": ", what, " of dtype ", t.scalar_type(),
-                                  " is not supported (float32, bfloat16 or float16)");
-  }
-}
 
 void check_device(const char* op, const at::Tensor& first, const at::Tensor& t, const char* what) {
   if (!t.defined()) return;
@@ -44,19 +31,6 @@ void check_device(const char* op, const at::Tensor& first, const at::Tensor& t, 
               " must be a floating-point tensor, got ", t.scalar_type());
   TORCH_CHECK(!t.is_complex() && t.layout() == at::kStrided, op, ": ", what,
               " must be a dense real tensor");
-}
-
-// Runs f(parallel) where `like`'s memory is: on the current stream of its accel device, or at
-// once for a CPU tensor.
-template <class F>
-void run(const at::Tensor& like, const char* op, F f) {
-  if (like.is_cpu()) {
-    f(intra_op_parallel());
-    return;
-  }
-  TORCH_CHECK(like.device().type() == device::kAccel, op, ": expected accel or CPU tensors, got ",
-              like.device());
-  launch(like.device().index(), op, [f = std::move(f)] { f(intra_op_parallel()); });
 }
 
 // `t` with its last dim contiguous (a copy where it is not).
@@ -73,8 +47,18 @@ k::Rows rows_of(const at::Tensor& t, bool heads_first = false) {
 
 struct Prepared {
   k::NormRope p;
-  std::vector<at::Tensor> keep;  // float copies the kernel reads (alive until the launch)
+  // The float weight, cos and sin the kernel reads (alive until the launch).
+  std::vector<at::Tensor> keep;
 };
+
+// Checks `weight` (d values) and makes it the float weight `out`'s kernel reads.
+void set_weight(const char* op, Prepared& out, const at::Tensor& weight, const char* name) {
+  const int64_t d = out.p.d;
+  TORCH_CHECK(weight.dim() == 1 && weight.size(0) == d, op, ": ", name, " must have shape (", d,
+              ",) (the head dim), got ", weight.sizes());
+  out.keep[0] = weight.to(at::kFloat).contiguous();
+  out.p.weight = out.keep[0].const_data_ptr<float>();
+}
 
 // Checks weight, cos and sin against rows of shape lead + (seq, heads, d) and fills `p`.
 // cos and sin: (seq, d), or with leading dims that broadcast to `lead`.
@@ -83,8 +67,6 @@ void prepare(const char* op, Prepared& out, c10::IntArrayRef lead, int64_t seq, 
              const at::Tensor& sin, double eps) {
   k::NormRope& p = out.p;
   TORCH_CHECK(d % 2 == 0, op, ": the head dim must be even for the rotary embedding, got ", d);
-  TORCH_CHECK(weight.dim() == 1 && weight.size(0) == d, op, ": ", weight_name, " must have shape (",
-              d, ",) (the head dim), got ", weight.sizes());
   TORCH_CHECK(cos.sizes() == sin.sizes(), op, ": cos and sin must have one shape, got ",
               cos.sizes(), " and ", sin.sizes());
   std::vector<int64_t> want(lead.begin(), lead.end());
@@ -99,7 +81,6 @@ void prepare(const char* op, Prepared& out, c10::IntArrayRef lead, int64_t seq, 
   p.s = seq;
   p.d = d;
   p.eps = static_cast<float>(eps);
-  const at::Tensor w = weight.to(at::kFloat).contiguous();
   auto trig = [&](const at::Tensor& t) {
     return last_dim_contiguous(t.to(at::kFloat).expand(want).reshape({p.n, seq, d}));
   };
@@ -108,8 +89,8 @@ void prepare(const char* op, Prepared& out, c10::IntArrayRef lead, int64_t seq, 
     c = c.contiguous();
     s = s.contiguous();
   }
-  out.keep = {w, c, s};
-  p.weight = out.keep[0].const_data_ptr<float>();
+  out.keep = {at::Tensor(), c, s};
+  set_weight(op, out, weight, weight_name);
   p.cos = out.keep[1].const_data_ptr<float>();
   p.sin = out.keep[2].const_data_ptr<float>();
   p.cos_stride_n = out.keep[1].stride(0);
@@ -167,7 +148,8 @@ struct Qkv {
     x3 = last_dim_contiguous(qkv.reshape({n, seq, total}));
     q.p.dtype = k.p.dtype = kernel_dtype(op, "qkv", qkv);
     prepare(op, q, lead, seq, d, q_weight, "q_weight", cos, sin, eps);
-    prepare(op, k, lead, seq, d, k_weight, "k_weight", cos, sin, eps);
+    k = q;  // the same rows' positions: the same cos and sin tables
+    set_weight(op, k, k_weight, "k_weight");
     q.p.h = num_q_heads;
     k.p.h = num_kv_heads;
   }
@@ -204,9 +186,10 @@ at::Tensor rms_norm_rope(const at::Tensor& x, const at::Tensor& weight, const at
                    {x4, prep.keep[0], prep.keep[1], prep.keep[2], eps, interleaved, out4});
     return out;
   }
-  run(x, op, [p = prep.p, in = rows_of(x4), o = rows_of(out4)](const k::ParallelFor& par) {
-    k::norm_rope_forward(p, in, o, par);
-  });
+  run_host_kernel(x, op,
+                  [p = prep.p, in = rows_of(x4), o = rows_of(out4)](const k::ParallelFor& par) {
+                    k::norm_rope_forward(p, in, o, par);
+                  });
   return out;
 }
 
@@ -230,11 +213,10 @@ std::tuple<at::Tensor, at::Tensor> rms_norm_rope_backward(
                     grad_x.view(x4.sizes()), grad_w});
     return {grad_x, grad_w.to(weight.scalar_type())};
   }
-  run(x, op,
-      [p = prep.p, in = rows_of(x4), g = rows_of(g4), gx = rows_of(grad_x.view(x4.sizes())),
-       gw = grad_w.mutable_data_ptr<float>()](const k::ParallelFor& par) {
-        k::norm_rope_backward(p, in, g, gx, gw, par);
-      });
+  run_host_kernel(x, op,
+                  [p = prep.p, in = rows_of(x4), g = rows_of(g4),
+                   gx = rows_of(grad_x.view(x4.sizes())), gw = grad_w.mutable_data_ptr<float>()](
+                      const k::ParallelFor& par) { k::norm_rope_backward(p, in, g, gx, gw, par); });
   return {grad_x, grad_w.to(weight.scalar_type())};
 }
 
@@ -267,7 +249,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> qkv_rms_norm_rope(
                         heads_rows(q, num_q_heads),
                         heads_rows(k, num_kv_heads),
                         heads_rows(v, num_kv_heads)};
-  run(qkv, op, [rows](const k::ParallelFor& par) { k::qkv_norm_rope_forward(rows, par); });
+  run_host_kernel(qkv, op,
+                  [rows](const k::ParallelFor& par) { k::qkv_norm_rope_forward(rows, par); });
   return {q, k, v};
 }
 
@@ -306,7 +289,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> qkv_rms_norm_rope_backward(
          a.q.keep[1], a.q.keep[2], num_q_heads, num_kv_heads, eps, out3, grad_qw, grad_kw});
     return {grad_qkv, grad_qw.to(q_weight.scalar_type()), grad_kw.to(k_weight.scalar_type())};
   }
-  run(qkv, op,
+  run_host_kernel(
+      qkv, op,
       [qp = a.q.p, kp = a.k.p, gq, gk, gv, q_in = a.window(a.x3, 0),
        k_in = a.window(a.x3, num_q_heads), q_out = a.window(out3, 0),
        k_out = a.window(out3, num_q_heads), v_out = a.window(out3, num_q_heads + num_kv_heads),

@@ -7,8 +7,6 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/util/Exception.h>
 
-#include <dlfcn.h>
-
 #include <algorithm>
 #include <mutex>
 #include <stdexcept>

@@ -1,8 +1,8 @@
 // The activation kernels: the target's baseline build, and the dispatch to the AVX2 build where
-// it exists (x86-64) and the CPU has it (norm_rope.cpp's isa_available).
+// it exists (x86-64) and the CPU has it (isa.h).
 #define ACCEL_KERNEL_ISA baseline
 #include "kernels/host/activation_impl.h"
-#include "kernels/host/norm_rope.h"
+#include "kernels/host/isa.h"
 
 namespace accel::kernels::host {
 
@@ -13,13 +13,6 @@ void bias_act(Dtype, Activation, int64_t, int64_t, const Block&, const float*, c
 void act_backward(Dtype, Activation, int64_t, int64_t, const Block&, const Block&, const Block&,
                   const ParallelFor&);
 }  // namespace avx2
-
-namespace {
-bool avx2_available() {
-  static const bool available = isa_available(Isa::Avx2);
-  return available;
-}
-}  // namespace
 #endif
 
 float approx_exp(float x) {
@@ -33,7 +26,7 @@ void bias_act(Dtype dtype, Activation act, int64_t rows, int64_t cols, const Blo
               const float* bias, const Block& out, const Block& pre, const ParallelFor& parallel) {
   if (rows <= 0 || cols <= 0) return;
 #if defined(ACCEL_KERNELS_AVX2)
-  if (avx2_available()) return avx2::bias_act(dtype, act, rows, cols, in, bias, out, pre, parallel);
+  if (use_avx2()) return avx2::bias_act(dtype, act, rows, cols, in, bias, out, pre, parallel);
 #endif
   baseline::bias_act_impl(dtype, act, rows, cols, in, bias, out, pre, parallel);
 }
@@ -42,8 +35,7 @@ void act_backward(Dtype dtype, Activation act, int64_t rows, int64_t cols, const
                   const Block& saved, const Block& grad_in, const ParallelFor& parallel) {
   if (rows <= 0 || cols <= 0) return;
 #if defined(ACCEL_KERNELS_AVX2)
-  if (avx2_available())
-    return avx2::act_backward(dtype, act, rows, cols, grad, saved, grad_in, parallel);
+  if (use_avx2()) return avx2::act_backward(dtype, act, rows, cols, grad, saved, grad_in, parallel);
 #endif
   baseline::act_backward_impl(dtype, act, rows, cols, grad, saved, grad_in, parallel);
 }

@@ -15,27 +15,7 @@ void copy_rows(const NormRope&, const Rows&, const Rows&, const ParallelFor&);
 }  // namespace avx2
 #endif
 
-bool isa_available(Isa isa) {
-  switch (isa) {
-    case Isa::Best:
-    case Isa::Baseline: return true;
-    case Isa::Avx2:
-#if defined(ACCEL_KERNELS_AVX2)
-      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-             __builtin_cpu_supports("f16c");
-#else
-      return false;
-#endif
-  }
-  return false;
-}
-
 namespace {
-
-bool use_avx2(Isa isa) {
-  static const bool available = isa_available(Isa::Avx2);
-  return (isa == Isa::Best || isa == Isa::Avx2) && available;
-}
 
 bool empty(const NormRope& p) {
   return p.n * p.s * p.h * p.d == 0;

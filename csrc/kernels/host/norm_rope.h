@@ -12,6 +12,7 @@
 
 #include <cstdint>
 
+#include "kernels/host/isa.h"
 #include "kernels/host/numeric.h"
 #include "kernels/host/parallel.h"
 
@@ -23,11 +24,6 @@ struct Rows {
   void* data = nullptr;
   int64_t stride_n = 0, stride_s = 0, stride_h = 0;
 };
-
-// The instruction sets the kernels are built for. Best: the best the CPU has (AVX2 with FMA and
-// F16C on x86-64 where present, else the target's baseline); tests ask for each.
-enum class Isa { Best, Baseline, Avx2 };
-bool isa_available(Isa isa);
 
 struct NormRope {
   int64_t n = 1, s = 1, h = 1, d = 0;  // batch, sequence, heads, head dim (even)
