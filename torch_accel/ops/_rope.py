@@ -112,12 +112,17 @@ def _rotate(y: torch.Tensor, interleaved: bool) -> torch.Tensor:
 
 
 def _trig_grads(
-    ctx: Any, grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, cos: torch.Tensor
+    ctx: Any,
+    need: tuple[bool, bool],
+    grad: torch.Tensor,
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    cos: torch.Tensor,
 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """The gradients of cos and sin (rarely needed: rotary tables are buffers), through the
-    composition: grad (..., seq, heads, d) times the normalized rows, summed over the heads and
-    over what cos broadcast."""
-    need_cos, need_sin = ctx.needs_input_grad[3:5] if ctx.qkv else ctx.needs_input_grad[2:4]
+    """The gradients of cos and sin where `need` asks (rarely: rotary tables are buffers),
+    through the composition: grad (..., seq, heads, d) times the normalized rows, summed over
+    the heads and over what cos broadcast."""
+    need_cos, need_sin = need
     if not (need_cos or need_sin):
         return None, None
     xf = x.float()
@@ -137,17 +142,21 @@ def _trig_grads(
     return gc, gs
 
 
+def _sum(a: torch.Tensor | None, b: torch.Tensor | None) -> torch.Tensor | None:
+    return b if a is None else a if b is None else a + b
+
+
 def _rms_norm_rope_setup(ctx: Any, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
     x, weight, cos, sin, eps, interleaved = inputs
     ctx.save_for_backward(x, weight, cos, sin)
-    ctx.eps, ctx.interleaved, ctx.qkv = eps, interleaved, False
+    ctx.eps, ctx.interleaved = eps, interleaved
 
 
 def _rms_norm_rope_backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
     x, weight, cos, sin = ctx.saved_tensors
     gx, gw = _ops.rms_norm_rope_backward(grad, x, weight, cos, sin, ctx.eps, ctx.interleaved)
-    gc, gs = _trig_grads(ctx, grad, x, weight, cos)
     needs = ctx.needs_input_grad
+    gc, gs = _trig_grads(ctx, needs[2:4], grad, x, weight, cos)
     return (gx if needs[0] else None, gw if needs[1] else None, gc, gs, None, None)
 
 
@@ -160,7 +169,7 @@ def _qkv_setup(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
     qkv, q_weight, k_weight, cos, sin, num_q_heads, num_kv_heads, eps = inputs
     ctx.save_for_backward(qkv, q_weight, k_weight, cos, sin)
     ctx.heads = (num_q_heads, num_kv_heads)
-    ctx.eps, ctx.interleaved, ctx.qkv = eps, False, True
+    ctx.eps, ctx.interleaved = eps, False
 
 
 def _qkv_backward(ctx: Any, gq: Any, gk: Any, gv: Any) -> tuple[Any, ...]:
@@ -169,18 +178,16 @@ def _qkv_backward(ctx: Any, gq: Any, gk: Any, gv: Any) -> tuple[Any, ...]:
     gqkv, gqw, gkw = _ops.qkv_rms_norm_rope_backward(
         gq, gk, gv, qkv, q_weight, k_weight, cos, sin, hq, hkv, ctx.eps
     )
+    needs = ctx.needs_input_grad
     gc = gs = None
     d = qkv.shape[-1] // (hq + 2 * hkv)
     rows = qkv.unflatten(-1, (hq + 2 * hkv, d))
     for grad, first, count, weight in ((gq, 0, hq, q_weight), (gk, hq, hkv, k_weight)):
         if grad is None:
             continue
-        c, s = _trig_grads(
-            ctx, grad.transpose(-3, -2), rows[..., first : first + count, :], weight, cos
-        )
-        gc = c if gc is None else gc + c if c is not None else gc
-        gs = s if gs is None else gs + s if s is not None else gs
-    needs = ctx.needs_input_grad
+        window = rows[..., first : first + count, :]
+        c, s = _trig_grads(ctx, needs[3:5], grad.transpose(-3, -2), window, weight, cos)
+        gc, gs = _sum(gc, c), _sum(gs, s)
     return (
         gqkv if needs[0] else None,
         gqw if needs[1] else None,
