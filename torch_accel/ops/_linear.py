@@ -13,6 +13,8 @@ from torch_accel import _C
 
 _ops = torch.ops.accel
 ACTIVATIONS = ("none", "relu", "gelu", "gelu_tanh", "silu")
+# Activations whose derivative reads the pre-activation (relu's reads the output, none's nothing).
+_NEEDS_PRE = ("gelu", "gelu_tanh", "silu")
 KERNELS = ("auto", "fused", "aten")
 
 
@@ -92,7 +94,7 @@ def _linear_act_fake(x, weight, bias=None, activation="none"):  # type: ignore[n
 @torch.library.register_fake("accel::linear_act_forward")
 def _linear_act_forward_fake(x, weight, bias, activation):  # type: ignore[no-untyped-def]
     shape = _out_shape(x, weight, activation)
-    keeps_pre = activation in ("gelu", "gelu_tanh", "silu")
+    keeps_pre = activation in _NEEDS_PRE
     return x.new_empty(shape), x.new_empty(shape if keeps_pre else [0])
 
 
@@ -114,11 +116,16 @@ def _saved_for(activation: str, out: torch.Tensor, pre: torch.Tensor | None) -> 
     return pre
 
 
-def _backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
-    x, weight, saved = ctx.saved_tensors
+def _grads(
+    ctx: Any, grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, saved: torch.Tensor
+) -> tuple[Any, ...]:
     gx, gw, gb = _ops.linear_act_backward(grad, x, weight, saved, ctx.activation, ctx.has_bias)
     needs = ctx.needs_input_grad
     return (gx if needs[0] else None, gw if needs[1] else None, gb if needs[2] else None, None)
+
+
+def _backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+    return _grads(ctx, grad, *ctx.saved_tensors)
 
 
 def _forward_setup(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
@@ -142,14 +149,16 @@ def _setup(ctx: Any, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
     pre-activation was not kept, so the backward recomputes it (torch_accel.ops.linear_act
     keeps it instead)."""
     x, weight, bias, activation = inputs
-    if activation in ("gelu", "gelu_tanh", "silu"):
-        pre = torch.nn.functional.linear(
-            x.detach(), weight.detach(), None if bias is None else bias.detach()
-        )
-    else:
-        pre = None
-    ctx.save_for_backward(x, weight, _saved_for(activation, output, pre))
+    ctx.save_for_backward(x, weight, bias, output)
     ctx.activation, ctx.has_bias = activation, bias is not None
 
 
-torch.library.register_autograd("accel::linear_act", _backward, setup_context=_setup)
+def _recomputing_backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+    x, weight, bias, output = ctx.saved_tensors
+    pre = None
+    if ctx.activation in _NEEDS_PRE:
+        pre = torch.nn.functional.linear(x, weight, bias)
+    return _grads(ctx, grad, x, weight, _saved_for(ctx.activation, output, pre))
+
+
+torch.library.register_autograd("accel::linear_act", _recomputing_backward, setup_context=_setup)
