@@ -65,6 +65,10 @@ def _register() -> None:
     from torch_accel._inductor import _import_hook
 
     _import_hook.install()
+    # torch.distributed: the accl backend for accel tensors.
+    from torch_accel import distributed
+
+    distributed._register()
 
 
 _register()

@@ -32,4 +32,7 @@ void init_memory_bindings(pybind11::module_& m);
 // Launchers of Inductor's generated kernels on accel streams (torch_accel/_inductor).
 void init_inductor_bindings(pybind11::module_& m);
 
+// torch.distributed's accel backend (accl) over a Gloo backend.
+void init_distributed_bindings(pybind11::module_& m);
+
 }  // namespace accel::python

@@ -306,6 +306,7 @@ PYBIND11_MODULE(_C, m) {
   accel::python::init_graph_bindings(m);
   accel::python::init_memory_bindings(m);
   accel::python::init_inductor_bindings(m);
+  accel::python::init_distributed_bindings(m);
 
   m.def("runtime_version", [] { return std::string(rt::version()); });
   m.def("device_count", &rt::device_count_noexcept,

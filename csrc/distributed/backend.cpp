@@ -1,0 +1,386 @@
+#include "distributed/backend.h"
+
+#include <c10/util/Exception.h>
+
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <utility>
+
+#include "aten/host_task.h"
+#include "device/common.h"
+#include "distributed/work.h"
+
+namespace accel::distributed {
+
+using WorkPtr = c10::intrusive_ptr<c10d::Work>;
+
+// Runs jobs one at a time, in the order they came, on a thread of its own (started with the
+// first). A job is told whether it is cancelled: the backend shut down before it ran.
+class CommThread {
+ public:
+  using Job = std::function<void(bool cancelled)>;
+
+  ~CommThread() { stop(); }
+
+  void push(Job job) {
+    std::lock_guard<std::mutex> lock(mu_);
+    TORCH_CHECK_WITH(DistBackendError, !stopped_,
+                     "accl: the process group was shut down; create a new one");
+    if (!thread_.joinable()) thread_ = std::thread([this] { loop(); });
+    jobs_.push_back(std::move(job));
+    cv_.notify_one();
+  }
+
+  void stop() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stopped_ = true;
+    }
+    cv_.notify_all();
+    if (thread_.joinable() && thread_.get_id() != std::this_thread::get_id()) thread_.join();
+  }
+
+ private:
+  void loop() {
+    for (;;) {
+      Job job;
+      bool cancelled = false;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [this] { return stopped_ || !jobs_.empty(); });
+        if (jobs_.empty()) return;
+        job = std::move(jobs_.front());
+        jobs_.pop_front();
+        cancelled = stopped_;
+      }
+      job(cancelled);
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Job> jobs_;
+  bool stopped_ = false;
+  std::thread thread_;
+};
+
+// One collective: the accel tensors it touches, the CPU views the inner backend gets, and the
+// call that hands them over.
+struct AccelBackend::Call {
+  Call(const char* op_name, c10d::OpType op) : op_name(op_name), op(op) {}
+
+  // The view of an accel tensor that the collective reads (`write` false) or writes.
+  at::Tensor view(const at::Tensor& t, bool write) {
+    TORCH_CHECK_VALUE(t.defined(), "accl: ", op_name, " got an undefined tensor");
+    TORCH_CHECK_VALUE(t.device().type() == device::kAccel, "accl: ", op_name, " got a tensor on ",
+                      t.device(),
+                      "; the accel backend takes accel tensors only (move it with .to('accel'))");
+    if (device < 0) {
+      device = t.device().index();
+    } else {
+      TORCH_CHECK_VALUE(t.device().index() == device, "accl: ", op_name,
+                        " got tensors on accel:", int(device), " and ", t.device(),
+                        "; a collective runs on one device per rank");
+    }
+    TORCH_CHECK_VALUE(t.layout() == c10::kStrided, "accl: ", op_name, " got a ", t.layout(),
+                      " tensor; only dense tensors are supported");
+    keep.push_back(t);
+    if (write) outputs.push_back(t);
+    return aten::Layout::of(t, write).cpu_view();
+  }
+  std::vector<at::Tensor> views(const std::vector<at::Tensor>& ts, bool write) {
+    std::vector<at::Tensor> out;
+    out.reserve(ts.size());
+    for (const auto& t : ts) out.push_back(view(t, write));
+    return out;
+  }
+  std::vector<std::vector<at::Tensor>> views(const std::vector<std::vector<at::Tensor>>& ls,
+                                             bool write) {
+    std::vector<std::vector<at::Tensor>> out;
+    out.reserve(ls.size());
+    for (const auto& l : ls) out.push_back(views(l, write));
+    return out;
+  }
+
+  const char* op_name;
+  c10d::OpType op;
+  c10::DeviceIndex device = -1;  // -1: no tensors (barrier)
+  std::vector<at::Tensor> keep;
+  std::vector<at::Tensor> outputs;
+  std::function<WorkPtr()> issue;
+};
+
+AccelBackend::AccelBackend(c10::intrusive_ptr<c10d::Backend> inner, int rank, int size)
+    : c10d::Backend(rank, size), inner_(std::move(inner)), thread_(std::make_unique<CommThread>()) {
+  TORCH_CHECK(inner_, "accl: no inner backend");
+}
+
+AccelBackend::~AccelBackend() {
+  thread_->stop();
+}
+
+void AccelBackend::abort() {
+  thread_->stop();
+  inner_->abort();
+}
+
+void AccelBackend::shutdown() {
+  thread_->stop();
+  inner_->shutdown();
+}
+
+void AccelBackend::startCoalescing() {
+  TORCH_CHECK(!coalescing_, "accl: startCoalescing() called twice without endCoalescing()");
+  coalescing_ = true;
+  coalesced_.clear();
+}
+
+WorkPtr AccelBackend::endCoalescing() {
+  TORCH_CHECK(coalescing_, "accl: endCoalescing() without startCoalescing()");
+  coalescing_ = false;
+  std::vector<std::shared_ptr<CallState>> calls;
+  for (auto& w : coalesced_) {
+    auto* work = static_cast<AccelWork*>(w.get());
+    auto part = work->calls();
+    calls.insert(calls.end(), part.begin(), part.end());
+  }
+  coalesced_.clear();
+  return c10::make_intrusive<AccelWork>(getRank(), c10d::OpType::COALESCED, std::move(calls));
+}
+
+WorkPtr AccelBackend::submit(Call call) {
+  aten::require_host_accessible("torch.distributed on accel (backend accl)");
+  const c10::DeviceIndex dev = call.device >= 0 ? call.device : device::current_device();
+  aten::refuse_capture(dev, call.op_name,
+                       "collectives run through Gloo on the host, outside the device's streams");
+  std::vector<c10::Device> devices;
+  if (call.device >= 0) devices.emplace_back(device::kAccel, call.device);
+  auto state = std::make_shared<CallState>(
+      std::string(call.op_name) + " on accel:" + std::to_string(int(dev)), std::move(call.keep),
+      std::move(call.outputs), std::move(devices));
+  // The collective starts once the caller's stream reached this point.
+  rt::Event ready = device::call([&] {
+    rt::Event e = rt::event_create(dev);
+    rt::event_record(e, rt::current_stream(dev));
+    return e;
+  });
+  thread_->push([state, ready, issue = std::move(call.issue)](bool cancelled) {
+    c10::intrusive_ptr<c10d::Work> inner;
+    std::exception_ptr error;
+    try {
+      TORCH_CHECK_WITH(DistBackendError, !cancelled,
+                       "the process group was shut down before it started");
+      device::call([&] { rt::event_synchronize(ready); });
+      inner = issue();
+    } catch (...) {
+      error = std::current_exception();
+    }
+    try {
+      rt::event_destroy(ready);
+    } catch (...) {
+    }
+    state->issued(std::move(inner), error);
+  });
+  auto work = c10::make_intrusive<AccelWork>(getRank(), call.op,
+                                             std::vector<std::shared_ptr<CallState>>{state});
+  if (coalescing_) coalesced_.push_back(work);
+  return work;
+}
+
+// Each collective: views of its tensors, then the inner backend's collective on them.
+
+WorkPtr AccelBackend::broadcast(std::vector<at::Tensor>& tensors,
+                                const c10d::BroadcastOptions& opts) {
+  Call call("broadcast", c10d::OpType::BROADCAST);
+  auto v = call.views(tensors, true);
+  call.issue = [inner = inner_, v, opts]() mutable { return inner->broadcast(v, opts); };
+  return submit(std::move(call));
+}
+
+WorkPtr AccelBackend::allreduce(std::vector<at::Tensor>& tensors,
+                                const c10d::AllreduceOptions& opts) {
+  Call call("allreduce", c10d::OpType::ALLREDUCE);
+  auto v = call.views(tensors, true);
+  call.issue = [inner = inner_, v, opts]() mutable { return inner->allreduce(v, opts); };
+  return submit(std::move(call));
+}
+
+WorkPtr AccelBackend::allreduce_coalesced(std::vector<at::Tensor>& tensors,
+                                          const c10d::AllreduceCoalescedOptions& opts) {
+  Call call("allreduce_coalesced", c10d::OpType::ALLREDUCE_COALESCED);
+  auto v = call.views(tensors, true);
+  call.issue = [inner = inner_, v, opts]() mutable { return inner->allreduce_coalesced(v, opts); };
+  return submit(std::move(call));
+}
+
+WorkPtr AccelBackend::reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) {
+  Call call("reduce", c10d::OpType::REDUCE);
+  auto v = call.views(tensors, true);
+  call.issue = [inner = inner_, v, opts]() mutable { return inner->reduce(v, opts); };
+  return submit(std::move(call));
+}
+
+WorkPtr AccelBackend::allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                std::vector<at::Tensor>& inputs,
+                                const c10d::AllgatherOptions& opts) {
+  Call call("allgather", c10d::OpType::ALLGATHER);
+  auto in = call.views(inputs, false);
+  auto out = call.views(outputs, true);
+  call.issue = [inner = inner_, out, in, opts]() mutable {
+    return inner->allgather(out, in, opts);
+  };
+  return submit(std::move(call));
+}
+
+WorkPtr AccelBackend::_allgather_base(at::Tensor& output, at::Tensor& input,
+                                      const c10d::AllgatherOptions& opts) {
+  Call call("all_gather_into_tensor", c10d::OpType::_ALLGATHER_BASE);
+  auto in = call.view(input, false);
+  auto out = call.view(output, true);
+  call.issue = [inner = inner_, out, in, opts]() mutable {
+    return inner->_allgather_base(out, in, opts);
+  };
+  return submit(std::move(call));
+}
+
+WorkPtr AccelBackend::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
+                                          std::vector<at::Tensor>& inputs,
+                                          const c10d::AllgatherOptions& opts) {
+  Call call("allgather_coalesced", c10d::OpType::ALLGATHER_COALESCED);
+  auto in = call.views(inputs, false);
+  auto out = call.views(outputs, true);
+  call.issue = [inner = inner_, out, in, opts]() mutable {
+    return inner->allgather_coalesced(out, in, opts);
+  };
+  return submit(std::move(call));
+}
+
+WorkPtr AccelBackend::allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                      std::vector<at::Tensor>& inputs,
+                                                      const c10d::AllgatherOptions& opts) {
+  Call call("allgather_into_tensor_coalesced", c10d::OpType::COALESCED);
+  auto in = call.views(inputs, false);
+  auto out = call.views(outputs, true);
+  call.issue = [inner = inner_, out, in, opts]() mutable {
+    return inner->allgather_into_tensor_coalesced(out, in, opts);
+  };
+  return submit(std::move(call));
+}
+
+WorkPtr AccelBackend::gather(std::vector<std::vector<at::Tensor>>& outputs,
+                             std::vector<at::Tensor>& inputs, const c10d::GatherOptions& opts) {
+  Call call("gather", c10d::OpType::GATHER);
+  auto in = call.views(inputs, false);
+  auto out = call.views(outputs, true);
+  call.issue = [inner = inner_, out, in, opts]() mutable { return inner->gather(out, in, opts); };
+  return submit(std::move(call));
+}
+
+WorkPtr AccelBackend::scatter(std::vector<at::Tensor>& outputs,
+                              std::vector<std::vector<at::Tensor>>& inputs,
+                              const c10d::ScatterOptions& opts) {
+  Call call("scatter", c10d::OpType::SCATTER);
+  auto in = call.views(inputs, false);
+  auto out = call.views(outputs, true);
+  call.issue = [inner = inner_, out, in, opts]() mutable { return inner->scatter(out, in, opts); };
+  return submit(std::move(call));
+}
+
+WorkPtr AccelBackend::reduce_scatter(std::vector<at::Tensor>& outputs,
+                                     std::vector<std::vector<at::Tensor>>& inputs,
+                                     const c10d::ReduceScatterOptions& opts) {
+  Call call("reduce_scatter", c10d::OpType::REDUCE_SCATTER);
+  auto in = call.views(inputs, false);
+  auto out = call.views(outputs, true);
+  call.issue = [inner = inner_, out, in, opts]() mutable {
+    return inner->reduce_scatter(out, in, opts);
+  };
+  return submit(std::move(call));
+}
+
+WorkPtr AccelBackend::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
+                                           const c10d::ReduceScatterOptions& opts) {
+  Call call("reduce_scatter_tensor", c10d::OpType::_REDUCE_SCATTER_BASE);
+  auto in = call.view(input, false);
+  auto out = call.view(output, true);
+  call.issue = [inner = inner_, out, in, opts]() mutable {
+    return inner->_reduce_scatter_base(out, in, opts);
+  };
+  return submit(std::move(call));
+}
+
+WorkPtr AccelBackend::reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                      std::vector<at::Tensor>& inputs,
+                                                      const c10d::ReduceScatterOptions& opts) {
+  Call call("reduce_scatter_tensor_coalesced", c10d::OpType::COALESCED);
+  auto in = call.views(inputs, false);
+  auto out = call.views(outputs, true);
+  call.issue = [inner = inner_, out, in, opts]() mutable {
+    return inner->reduce_scatter_tensor_coalesced(out, in, opts);
+  };
+  return submit(std::move(call));
+}
+
+WorkPtr AccelBackend::alltoall_base(at::Tensor& output, at::Tensor& input,
+                                    std::vector<int64_t>& output_splits,
+                                    std::vector<int64_t>& input_splits,
+                                    const c10d::AllToAllOptions& opts) {
+  Call call("all_to_all_single", c10d::OpType::ALLTOALL_BASE);
+  auto in = call.view(input, false);
+  auto out = call.view(output, true);
+  call.issue = [inner = inner_, out, in, output_splits, input_splits, opts]() mutable {
+    return inner->alltoall_base(out, in, output_splits, input_splits, opts);
+  };
+  return submit(std::move(call));
+}
+
+WorkPtr AccelBackend::alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+                               const c10d::AllToAllOptions& opts) {
+  Call call("all_to_all", c10d::OpType::ALLTOALL);
+  auto in = call.views(inputs, false);
+  auto out = call.views(outputs, true);
+  call.issue = [inner = inner_, out, in, opts]() mutable { return inner->alltoall(out, in, opts); };
+  return submit(std::move(call));
+}
+
+WorkPtr AccelBackend::send(std::vector<at::Tensor>& tensors, int dst, int tag) {
+  Call call("send", c10d::OpType::SEND);
+  auto v = call.views(tensors, false);
+  call.issue = [inner = inner_, v, dst, tag]() mutable { return inner->send(v, dst, tag); };
+  return submit(std::move(call));
+}
+
+WorkPtr AccelBackend::recv(std::vector<at::Tensor>& tensors, int src, int tag) {
+  Call call("recv", c10d::OpType::RECV);
+  auto v = call.views(tensors, true);
+  call.issue = [inner = inner_, v, src, tag]() mutable { return inner->recv(v, src, tag); };
+  return submit(std::move(call));
+}
+
+WorkPtr AccelBackend::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
+  Call call("recv", c10d::OpType::RECVANYSOURCE);
+  auto v = call.views(tensors, true);
+  call.issue = [inner = inner_, v, tag]() mutable { return inner->recvAnysource(v, tag); };
+  return submit(std::move(call));
+}
+
+WorkPtr AccelBackend::barrier(const c10d::BarrierOptions& opts) {
+  Call call("barrier", c10d::OpType::BARRIER);
+  if (opts.device && opts.device->type() == device::kAccel) {
+    call.device = device::resolve_device(opts.device->index());
+  }
+  c10d::BarrierOptions inner_opts = opts;
+  inner_opts.device = c10::Device(c10::kCPU);  // Gloo's barrier has no tensor
+  call.issue = [inner = inner_, inner_opts]() { return inner->barrier(inner_opts); };
+  return submit(std::move(call));
+}
+
+void AccelBackend::monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) {
+  barrier(opts)->wait();
+  inner_->monitoredBarrier(opts, wait_all_ranks);
+}
+
+}  // namespace accel::distributed

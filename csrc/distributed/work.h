@@ -1,0 +1,65 @@
+// The Work of accel's torch.distributed backend: one collective (or several, coalesced) that
+// the communication thread hands to the inner backend once the caller's stream reached it.
+#pragma once
+
+#include <ATen/core/ivalue.h>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+
+#include <condition_variable>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace accel::distributed {
+
+// What one collective's Work, the communication thread and the inner backend's completion
+// callback share.
+struct CallState : std::enable_shared_from_this<CallState> {
+  CallState(std::string name, std::vector<at::Tensor> keep, std::vector<at::Tensor> outputs,
+            std::vector<c10::Device> devices);
+
+  // The communication thread, once it gave the collective to the inner backend (or failed to).
+  void issued(c10::intrusive_ptr<c10d::Work> inner, std::exception_ptr error);
+  // Completes the future (idempotent): with the outputs, or with `error`.
+  void finish(std::exception_ptr error);
+  // Blocks until the collective completed; rethrows its error, naming it.
+  void wait(std::chrono::milliseconds timeout);
+  bool completed();
+  int source_rank();  // recv from any source: the sender, once waited for
+  std::exception_ptr error();
+
+  const std::string name;  // "allreduce on accel:0", for messages
+  const std::vector<at::Tensor> outputs;
+  const c10::intrusive_ptr<c10::ivalue::Future> future;
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool issued_ = false;
+  bool finished_ = false;
+  c10::intrusive_ptr<c10d::Work> inner_;
+  std::exception_ptr error_;
+  std::vector<at::Tensor> keep_;  // the accel tensors the collective reads or writes
+};
+
+class AccelWork final : public c10d::Work {
+ public:
+  AccelWork(int rank, c10d::OpType op, std::vector<std::shared_ptr<CallState>> calls);
+
+  bool isCompleted() override;
+  bool isSuccess() const override;
+  std::exception_ptr exception() const override;
+  std::vector<at::Tensor> result() override;
+  int sourceRank() const override;
+  bool wait(std::chrono::milliseconds timeout) override;
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
+  const std::vector<std::shared_ptr<CallState>>& calls() const { return calls_; }
+
+ private:
+  std::vector<std::shared_ptr<CallState>> calls_;
+  c10::intrusive_ptr<c10::ivalue::Future> future_;
+};
+
+}  // namespace accel::distributed
