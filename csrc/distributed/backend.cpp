@@ -11,6 +11,7 @@
 
 #include "aten/host_task.h"
 #include "device/common.h"
+#include "distributed/agreement.h"
 #include "distributed/work.h"
 
 namespace accel::distributed {
@@ -87,6 +88,7 @@ struct AccelBackend::Call {
     }
     TORCH_CHECK_VALUE(t.layout() == c10::kStrided, "accl: ", op_name, " got a ", t.layout(),
                       " tensor; only dense tensors are supported");
+    if (keep.empty()) sig.dtype = static_cast<int64_t>(t.scalar_type());
     keep.push_back(t);
     if (write) outputs.push_back(t);
     return aten::Layout::of(t, write).cpu_view();
@@ -105,16 +107,44 @@ struct AccelBackend::Call {
     return out;
   }
 
+  // What every rank must agree on (checked before the collective when the backend checks).
+  int64_t elements(const std::vector<at::Tensor>& ts) {
+    int64_t n = 0;
+    for (const auto& t : ts) n += t.numel();
+    return n;
+  }
+
   const char* op_name;
   c10d::OpType op;
+  Signature sig;
   c10::DeviceIndex device = -1;  // -1: no tensors (barrier)
   std::vector<at::Tensor> keep;
   std::vector<at::Tensor> outputs;
   std::function<WorkPtr()> issue;
 };
 
-AccelBackend::AccelBackend(c10::intrusive_ptr<c10d::Backend> inner, int rank, int size)
-    : c10d::Backend(rank, size), inner_(std::move(inner)), thread_(std::make_unique<CommThread>()) {
+namespace {
+
+// The elements all_to_all_single moves to (or from) each rank: rows of dim 0, split as given or
+// evenly.
+std::vector<int64_t> split_elements(const at::Tensor& t, const std::vector<int64_t>& splits,
+                                    int size) {
+  const int64_t rows = t.dim() > 0 ? t.size(0) : 1;
+  const int64_t row = rows > 0 ? t.numel() / rows : 0;
+  std::vector<int64_t> out;
+  for (int j = 0; j < size; ++j) {
+    out.push_back(splits.empty() ? t.numel() / size : splits.at(j) * row);
+  }
+  return out;
+}
+
+}  // namespace
+
+AccelBackend::AccelBackend(c10::intrusive_ptr<c10d::Backend> inner, int rank, int size, bool check)
+    : c10d::Backend(rank, size),
+      inner_(std::move(inner)),
+      check_(check),
+      thread_(std::make_unique<CommThread>()) {
   TORCH_CHECK(inner_, "accl: no inner backend");
 }
 
@@ -167,14 +197,19 @@ WorkPtr AccelBackend::submit(Call call) {
     rt::event_record(e, rt::current_stream(dev));
     return e;
   });
-  thread_->push([state, ready, issue = std::move(call.issue)](bool cancelled) {
-    c10::intrusive_ptr<c10d::Work> inner;
+  const bool p2p = call.op == c10d::OpType::SEND || call.op == c10d::OpType::RECV ||
+                   call.op == c10d::OpType::RECVANYSOURCE;
+  const bool check = check_ && !p2p;
+  thread_->push([state, ready, check, inner = inner_, op = call.op, sig = std::move(call.sig),
+                 issue = std::move(call.issue)](bool cancelled) {
+    c10::intrusive_ptr<c10d::Work> work;
     std::exception_ptr error;
     try {
       TORCH_CHECK_WITH(DistBackendError, !cancelled,
                        "the process group was shut down before it started");
       device::call([&] { rt::event_synchronize(ready); });
-      inner = issue();
+      if (check) agree(*inner, op, sig, state->name);
+      work = issue();
     } catch (...) {
       error = std::current_exception();
     }
@@ -182,7 +217,7 @@ WorkPtr AccelBackend::submit(Call call) {
       rt::event_destroy(ready);
     } catch (...) {
     }
-    state->issued(std::move(inner), error);
+    state->issued(std::move(work), error);
   });
   auto work = c10::make_intrusive<AccelWork>(getRank(), call.op,
                                              std::vector<std::shared_ptr<CallState>>{state});
@@ -196,6 +231,8 @@ WorkPtr AccelBackend::broadcast(std::vector<at::Tensor>& tensors,
                                 const c10d::BroadcastOptions& opts) {
   Call call("broadcast", c10d::OpType::BROADCAST);
   auto v = call.views(tensors, true);
+  call.sig.root = opts.rootRank;
+  call.sig.elements = call.elements(tensors);
   call.issue = [inner = inner_, v, opts]() mutable { return inner->broadcast(v, opts); };
   return submit(std::move(call));
 }
@@ -204,6 +241,8 @@ WorkPtr AccelBackend::allreduce(std::vector<at::Tensor>& tensors,
                                 const c10d::AllreduceOptions& opts) {
   Call call("allreduce", c10d::OpType::ALLREDUCE);
   auto v = call.views(tensors, true);
+  call.sig.reduce_op = opts.reduceOp.op_;
+  call.sig.elements = call.elements(tensors);
   call.issue = [inner = inner_, v, opts]() mutable { return inner->allreduce(v, opts); };
   return submit(std::move(call));
 }
@@ -212,6 +251,8 @@ WorkPtr AccelBackend::allreduce_coalesced(std::vector<at::Tensor>& tensors,
                                           const c10d::AllreduceCoalescedOptions& opts) {
   Call call("allreduce_coalesced", c10d::OpType::ALLREDUCE_COALESCED);
   auto v = call.views(tensors, true);
+  call.sig.reduce_op = opts.reduceOp.op_;
+  call.sig.elements = call.elements(tensors);
   call.issue = [inner = inner_, v, opts]() mutable { return inner->allreduce_coalesced(v, opts); };
   return submit(std::move(call));
 }
@@ -219,6 +260,9 @@ WorkPtr AccelBackend::allreduce_coalesced(std::vector<at::Tensor>& tensors,
 WorkPtr AccelBackend::reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) {
   Call call("reduce", c10d::OpType::REDUCE);
   auto v = call.views(tensors, true);
+  call.sig.reduce_op = opts.reduceOp.op_;
+  call.sig.root = opts.rootRank;
+  call.sig.elements = call.elements(tensors);
   call.issue = [inner = inner_, v, opts]() mutable { return inner->reduce(v, opts); };
   return submit(std::move(call));
 }
@@ -229,6 +273,7 @@ WorkPtr AccelBackend::allgather(std::vector<std::vector<at::Tensor>>& outputs,
   Call call("allgather", c10d::OpType::ALLGATHER);
   auto in = call.views(inputs, false);
   auto out = call.views(outputs, true);
+  call.sig.elements = call.elements(inputs);
   call.issue = [inner = inner_, out, in, opts]() mutable {
     return inner->allgather(out, in, opts);
   };
@@ -240,6 +285,7 @@ WorkPtr AccelBackend::_allgather_base(at::Tensor& output, at::Tensor& input,
   Call call("all_gather_into_tensor", c10d::OpType::_ALLGATHER_BASE);
   auto in = call.view(input, false);
   auto out = call.view(output, true);
+  call.sig.elements = input.numel();
   call.issue = [inner = inner_, out, in, opts]() mutable {
     return inner->_allgather_base(out, in, opts);
   };
@@ -252,6 +298,7 @@ WorkPtr AccelBackend::allgather_coalesced(std::vector<std::vector<at::Tensor>>& 
   Call call("allgather_coalesced", c10d::OpType::ALLGATHER_COALESCED);
   auto in = call.views(inputs, false);
   auto out = call.views(outputs, true);
+  call.sig.elements = call.elements(inputs);
   call.issue = [inner = inner_, out, in, opts]() mutable {
     return inner->allgather_coalesced(out, in, opts);
   };
@@ -264,6 +311,7 @@ WorkPtr AccelBackend::allgather_into_tensor_coalesced(std::vector<at::Tensor>& o
   Call call("allgather_into_tensor_coalesced", c10d::OpType::COALESCED);
   auto in = call.views(inputs, false);
   auto out = call.views(outputs, true);
+  call.sig.elements = call.elements(inputs);
   call.issue = [inner = inner_, out, in, opts]() mutable {
     return inner->allgather_into_tensor_coalesced(out, in, opts);
   };
@@ -275,6 +323,8 @@ WorkPtr AccelBackend::gather(std::vector<std::vector<at::Tensor>>& outputs,
   Call call("gather", c10d::OpType::GATHER);
   auto in = call.views(inputs, false);
   auto out = call.views(outputs, true);
+  call.sig.root = opts.rootRank;
+  call.sig.elements = call.elements(inputs);
   call.issue = [inner = inner_, out, in, opts]() mutable { return inner->gather(out, in, opts); };
   return submit(std::move(call));
 }
@@ -285,6 +335,8 @@ WorkPtr AccelBackend::scatter(std::vector<at::Tensor>& outputs,
   Call call("scatter", c10d::OpType::SCATTER);
   auto in = call.views(inputs, false);
   auto out = call.views(outputs, true);
+  call.sig.root = opts.rootRank;
+  call.sig.elements = call.elements(outputs);
   call.issue = [inner = inner_, out, in, opts]() mutable { return inner->scatter(out, in, opts); };
   return submit(std::move(call));
 }
@@ -295,6 +347,8 @@ WorkPtr AccelBackend::reduce_scatter(std::vector<at::Tensor>& outputs,
   Call call("reduce_scatter", c10d::OpType::REDUCE_SCATTER);
   auto in = call.views(inputs, false);
   auto out = call.views(outputs, true);
+  call.sig.reduce_op = opts.reduceOp.op_;
+  call.sig.elements = call.elements(outputs);
   call.issue = [inner = inner_, out, in, opts]() mutable {
     return inner->reduce_scatter(out, in, opts);
   };
@@ -306,6 +360,8 @@ WorkPtr AccelBackend::_reduce_scatter_base(at::Tensor& output, at::Tensor& input
   Call call("reduce_scatter_tensor", c10d::OpType::_REDUCE_SCATTER_BASE);
   auto in = call.view(input, false);
   auto out = call.view(output, true);
+  call.sig.reduce_op = opts.reduceOp.op_;
+  call.sig.elements = output.numel();
   call.issue = [inner = inner_, out, in, opts]() mutable {
     return inner->_reduce_scatter_base(out, in, opts);
   };
@@ -318,6 +374,8 @@ WorkPtr AccelBackend::reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& o
   Call call("reduce_scatter_tensor_coalesced", c10d::OpType::COALESCED);
   auto in = call.views(inputs, false);
   auto out = call.views(outputs, true);
+  call.sig.reduce_op = opts.reduceOp.op_;
+  call.sig.elements = call.elements(outputs);
   call.issue = [inner = inner_, out, in, opts]() mutable {
     return inner->reduce_scatter_tensor_coalesced(out, in, opts);
   };
@@ -331,6 +389,8 @@ WorkPtr AccelBackend::alltoall_base(at::Tensor& output, at::Tensor& input,
   Call call("all_to_all_single", c10d::OpType::ALLTOALL_BASE);
   auto in = call.view(input, false);
   auto out = call.view(output, true);
+  call.sig.send = split_elements(input, input_splits, getSize());
+  call.sig.recv = split_elements(output, output_splits, getSize());
   call.issue = [inner = inner_, out, in, output_splits, input_splits, opts]() mutable {
     return inner->alltoall_base(out, in, output_splits, input_splits, opts);
   };
@@ -342,6 +402,8 @@ WorkPtr AccelBackend::alltoall(std::vector<at::Tensor>& outputs, std::vector<at:
   Call call("all_to_all", c10d::OpType::ALLTOALL);
   auto in = call.views(inputs, false);
   auto out = call.views(outputs, true);
+  for (const auto& t : inputs) call.sig.send.push_back(t.numel());
+  for (const auto& t : outputs) call.sig.recv.push_back(t.numel());
   call.issue = [inner = inner_, out, in, opts]() mutable { return inner->alltoall(out, in, opts); };
   return submit(std::move(call));
 }

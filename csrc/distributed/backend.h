@@ -25,8 +25,9 @@ class CommThread;
 
 class AccelBackend final : public c10d::Backend {
  public:
-  // `inner`: the backend that moves the bytes (Gloo over CPU views of accel memory).
-  AccelBackend(c10::intrusive_ptr<c10d::Backend> inner, int rank, int size);
+  // `inner`: the backend that moves the bytes (Gloo over CPU views of accel memory). `check`:
+  // compare each collective's signature across ranks first (agreement.h).
+  AccelBackend(c10::intrusive_ptr<c10d::Backend> inner, int rank, int size, bool check);
   ~AccelBackend() override;
 
   const std::string getBackendName() const override { return "accl"; }
@@ -93,6 +94,7 @@ class AccelBackend final : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> submit(Call call);
 
   c10::intrusive_ptr<c10d::Backend> inner_;
+  bool check_;
   std::unique_ptr<CommThread> thread_;
   bool coalescing_ = false;
   std::vector<c10::intrusive_ptr<c10d::Work>> coalesced_;

@@ -23,7 +23,7 @@ template <class E>
 }
 
 [[noreturn]] void rethrow_naming(std::exception_ptr error, const std::string& name) {
-  const std::string context = "(accl: while running " + name + ")";
+  const std::string context = "accl: while running " + name;
   try {
     std::rethrow_exception(std::move(error));
   } catch (const c10::DistBackendError& e) {
@@ -38,6 +38,9 @@ template <class E>
     rethrow_as(e, context);
   } catch (const c10::Error& e) {
     rethrow_as(e, context);
+  } catch (const std::exception& e) {
+    // Gloo's transport errors (gloo::IoException: a closed connection, a timeout).
+    TORCH_CHECK_WITH(DistBackendError, false, context, " failed: ", e.what());
   }
 }
 

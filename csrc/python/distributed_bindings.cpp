@@ -14,11 +14,11 @@ namespace accel::python {
 void init_distributed_bindings(py::module_& m) {
   m.def(
       "_distributed_backend",
-      [](const c10::intrusive_ptr<c10d::Backend>& inner, int rank, int size) {
+      [](const c10::intrusive_ptr<c10d::Backend>& inner, int rank, int size, bool check) {
         return c10::intrusive_ptr<c10d::Backend>(
-            c10::make_intrusive<distributed::AccelBackend>(inner, rank, size));
+            c10::make_intrusive<distributed::AccelBackend>(inner, rank, size, check));
       },
-      py::arg("inner"), py::arg("rank"), py::arg("size"),
+      py::arg("inner"), py::arg("rank"), py::arg("size"), py::arg("check") = true,
       "accel's process-group backend over `inner` (a ProcessGroupGloo of the same group).");
   m.def(
       "_distributed_inner_backend",

@@ -12,6 +12,7 @@
 #include <string>
 
 #include <c10/util/Exception.h>
+#include <torch/csrc/Exceptions.h>
 
 #include "kernels/host/blas1.h"
 #include "python/bindings.h"
@@ -294,12 +295,11 @@ PYBIND11_MODULE(_C, m) {
       PyErr_SetString(py::module_::import("torch").attr("AcceleratorError").ptr(), e.what());
     } catch (const rt::Error& e) {
       PyErr_SetString(g_accel_error, e.what());
-    } catch (const c10::OutOfMemoryError& e) {
-      set_torch_oom(e.what_without_backtrace());
-    } catch (const c10::NotImplementedError& e) {
-      PyErr_SetString(PyExc_NotImplementedError, e.what_without_backtrace());
-    } catch (const c10::Error& e) {
-      PyErr_SetString(PyExc_RuntimeError, e.what_without_backtrace());
+    } catch (const c10::Error&) {
+      // PyTorch's own mapping (ValueError, IndexError, torch.OutOfMemoryError,
+      // torch.distributed.DistBackendError, ...): pybind's translators are process-wide, so a
+      // coarser one here would also take over the errors of torch's own bindings.
+      torch::translate_exception_to_python(p);
     }
   });
   accel::python::init_torch_bindings(m, g_capture_error);

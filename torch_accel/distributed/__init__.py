@@ -7,11 +7,15 @@ then go through ``accl``). On the host driver ``accl`` runs Gloo's collectives o
 buffers themselves (CPU views of the same memory, no copies), in stream order: a collective
 starts once the work already enqueued on the caller's current stream has run, and
 ``Work.wait()`` returns once it finished, raising its error (a timeout, a closed connection)
-naming it. Collectives cannot be captured into an accel graph.
+naming it. Before each collective the ranks compare what they are about to do (collective,
+dtype, element counts; one small Gloo allgather): a mismatch raises the same ValueError on every
+rank instead of Gloo aborting the process (``ACCEL_DIST_CHECK=0`` skips it). Collectives cannot
+be captured into an accel graph.
 """
 
 from __future__ import annotations
 
+import os
 from datetime import timedelta
 
 import torch
@@ -35,7 +39,14 @@ def _create_backend(
     if not dist.is_gloo_available():
         raise RuntimeError("accl runs its collectives through Gloo, which this torch lacks")
     inner = dist.ProcessGroupGloo(store, rank, size, timeout)
-    return _C._distributed_backend(inner, rank, size)
+    return _C._distributed_backend(inner, rank, size, check=_check_enabled())
+
+
+def _check_enabled() -> bool:
+    value = os.environ.get("ACCEL_DIST_CHECK", "1").strip().lower()
+    if value not in ("0", "1", "true", "false", "yes", "no", "on", "off"):
+        raise ValueError(f"ACCEL_DIST_CHECK={value!r} is not a boolean (0 or 1)")
+    return value in ("1", "true", "yes", "on")
 
 
 def inner_backend(group: dist.ProcessGroup | None = None) -> object:
