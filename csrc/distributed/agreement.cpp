@@ -15,8 +15,8 @@ constexpr int64_t kHeader = 8;          // then one send count per rank
 enum Field : int64_t { kTag, kOp, kReduceOp, kRoot, kDtype, kElements, kPairwise, kUnused };
 
 const char* reduce_op_name(int64_t op) {
-  static const char* names[] = {"SUM", "AVG", "PRODUCT", "MIN", "MAX",
-                                "BAND", "BOR", "BXOR", "PREMUL_SUM"};
+  static const char* names[] = {"SUM",  "AVG", "PRODUCT", "MIN",       "MAX",
+                                "BAND", "BOR", "BXOR",    "PREMUL_SUM"};
   return op >= 0 && op < 9 ? names[op] : "?";
 }
 

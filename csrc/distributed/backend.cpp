@@ -88,10 +88,15 @@ struct AccelBackend::Call {
     }
     TORCH_CHECK_VALUE(t.layout() == c10::kStrided, "accl: ", op_name, " got a ", t.layout(),
                       " tensor; only dense tensors are supported");
+    TORCH_CHECK_VALUE(t.is_contiguous(t.suggest_memory_format()), "accl: ", op_name,
+                      " needs contiguous tensors, got one of sizes ", t.sizes(), " and strides ",
+                      t.strides(), " (call .contiguous() first)");
     if (keep.empty()) sig.dtype = static_cast<int64_t>(t.scalar_type());
     keep.push_back(t);
     if (write) outputs.push_back(t);
-    return aten::Layout::of(t, write).cpu_view();
+    auto layout = aten::Layout::of(t, write);
+    memory.emplace_back(layout.base, layout.nbytes);
+    return layout.cpu_view();
   }
   std::vector<at::Tensor> views(const std::vector<at::Tensor>& ts, bool write) {
     std::vector<at::Tensor> out;
@@ -120,6 +125,7 @@ struct AccelBackend::Call {
   c10::DeviceIndex device = -1;  // -1: no tensors (barrier)
   std::vector<at::Tensor> keep;
   std::vector<at::Tensor> outputs;
+  std::vector<std::pair<const void*, size_t>> memory;  // the storages the views cover
   std::function<WorkPtr()> issue;
 };
 
@@ -201,14 +207,20 @@ WorkPtr AccelBackend::submit(Call call) {
                    call.op == c10d::OpType::RECVANYSOURCE;
   const bool check = check_ && !p2p;
   thread_->push([state, ready, check, inner = inner_, op = call.op, sig = std::move(call.sig),
-                 issue = std::move(call.issue)](bool cancelled) {
+                 memory = std::move(call.memory), issue = std::move(call.issue)](bool cancelled) {
     c10::intrusive_ptr<c10d::Work> work;
     std::exception_ptr error;
+    CallState::Access access;
     try {
       TORCH_CHECK_WITH(DistBackendError, !cancelled,
                        "the process group was shut down before it started");
       device::call([&] { rt::event_synchronize(ready); });
       if (check) agree(*inner, op, sig, state->name);
+      device::call([&] {
+        for (const auto& [base, nbytes] : memory) {
+          access.push_back(std::make_unique<rt::HostAccessGuard>(base, nbytes));
+        }
+      });
       work = issue();
     } catch (...) {
       error = std::current_exception();
@@ -217,7 +229,7 @@ WorkPtr AccelBackend::submit(Call call) {
       rt::event_destroy(ready);
     } catch (...) {
     }
-    state->issued(std::move(work), error);
+    state->issued(std::move(work), error, std::move(access));
   });
   auto work = c10::make_intrusive<AccelWork>(getRank(), call.op,
                                              std::vector<std::shared_ptr<CallState>>{state});
@@ -397,15 +409,12 @@ WorkPtr AccelBackend::alltoall_base(at::Tensor& output, at::Tensor& input,
   return submit(std::move(call));
 }
 
-WorkPtr AccelBackend::alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
-                               const c10d::AllToAllOptions& opts) {
-  Call call("all_to_all", c10d::OpType::ALLTOALL);
-  auto in = call.views(inputs, false);
-  auto out = call.views(outputs, true);
-  for (const auto& t : inputs) call.sig.send.push_back(t.numel());
-  for (const auto& t : outputs) call.sig.recv.push_back(t.numel());
-  call.issue = [inner = inner_, out, in, opts]() mutable { return inner->alltoall(out, in, opts); };
-  return submit(std::move(call));
+WorkPtr AccelBackend::alltoall(std::vector<at::Tensor>& /*outputs*/,
+                               std::vector<at::Tensor>& /*inputs*/,
+                               const c10d::AllToAllOptions& /*opts*/) {
+  TORCH_CHECK_NOT_IMPLEMENTED(false,
+                              "accl: all_to_all on lists of tensors is not supported (Gloo "
+                              "has no alltoall); use all_to_all_single on one tensor");
 }
 
 WorkPtr AccelBackend::send(std::vector<at::Tensor>& tensors, int dst, int tag) {

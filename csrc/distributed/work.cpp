@@ -53,10 +53,12 @@ CallState::CallState(std::string name, std::vector<at::Tensor> keep,
       future(c10::make_intrusive<c10::ivalue::Future>(tensor_list_type(), std::move(devices))),
       keep_(std::move(keep)) {}
 
-void CallState::issued(c10::intrusive_ptr<c10d::Work> inner, std::exception_ptr error) {
+void CallState::issued(c10::intrusive_ptr<c10d::Work> inner, std::exception_ptr error,
+                       Access access) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     issued_ = true;
+    access_ = std::move(access);
     inner_ = inner;
     error_ = error;
   }
@@ -81,13 +83,16 @@ void CallState::issued(c10::intrusive_ptr<c10d::Work> inner, std::exception_ptr 
 
 void CallState::finish(std::exception_ptr error) {
   std::vector<at::Tensor> release;
+  Access revoke;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (finished_) return;
     finished_ = true;
     if (error && !error_) error_ = error;
+    revoke.swap(access_);  // before the tensors: their memory may be freed with them
     release.swap(keep_);
   }
+  revoke.clear();
   if (error) {
     future->setErrorIfNeeded(error);
   } else {

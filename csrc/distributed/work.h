@@ -5,6 +5,8 @@
 #include <ATen/core/ivalue.h>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
+#include "runtime/runtime.h"
+
 #include <condition_variable>
 #include <exception>
 #include <memory>
@@ -20,8 +22,11 @@ struct CallState : std::enable_shared_from_this<CallState> {
   CallState(std::string name, std::vector<at::Tensor> keep, std::vector<at::Tensor> outputs,
             std::vector<c10::Device> devices);
 
-  // The communication thread, once it gave the collective to the inner backend (or failed to).
-  void issued(c10::intrusive_ptr<c10d::Work> inner, std::exception_ptr error);
+  using Access = std::vector<std::unique_ptr<rt::HostAccessGuard>>;
+
+  // The communication thread, once it gave the collective to the inner backend (or failed to);
+  // `access` keeps the accel memory host-accessible (ACCEL_PROTECT_DEVICE_MEMORY) until done.
+  void issued(c10::intrusive_ptr<c10d::Work> inner, std::exception_ptr error, Access access);
   // Completes the future (idempotent): with the outputs, or with `error`.
   void finish(std::exception_ptr error);
   // Blocks until the collective completed; rethrows its error, naming it.
@@ -42,6 +47,7 @@ struct CallState : std::enable_shared_from_this<CallState> {
   c10::intrusive_ptr<c10d::Work> inner_;
   std::exception_ptr error_;
   std::vector<at::Tensor> keep_;  // the accel tensors the collective reads or writes
+  Access access_;
 };
 
 class AccelWork final : public c10d::Work {

@@ -1,0 +1,443 @@
+"""torch.distributed on accel tensors: the accl backend (Gloo on accel memory, in stream order).
+
+Each test spawns its ranks as processes on loopback (a file store, GLOO_SOCKET_IFNAME=lo), runs
+a worker function in each and collects what each returned or raised, bounded in time. Results
+are compared with values computed on the CPU.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+import torch_accel
+from torch_accel import distributed as accel_dist
+
+ROOT = Path(__file__).resolve().parent.parent
+
+pytestmark = pytest.mark.skipif(not accel_dist.is_available(), reason="no Gloo in this torch")
+
+
+def _entry(
+    fn: Callable[..., Any],
+    rank: int,
+    world: int,
+    init: str,
+    backend: str | None,
+    timeout_s: float,
+    queue: Any,
+) -> None:
+    os.environ["GLOO_SOCKET_IFNAME"] = "lo"
+    try:
+        import torch_accel  # noqa: F401
+
+        dist.init_process_group(
+            backend,
+            init_method=init,
+            rank=rank,
+            world_size=world,
+            timeout=timedelta(seconds=timeout_s),
+        )
+        result = fn(rank, world)
+        queue.put((rank, True, result))
+    except BaseException:  # noqa: BLE001 - reported to the test
+        queue.put((rank, False, traceback.format_exc()))
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def run_ranks(
+    fn: Callable[[int, int], Any],
+    world: int = 2,
+    backend: str | None = "cpu:gloo,accel:accl",
+    timeout_s: float = 20.0,
+    limit_s: float = 90.0,
+    leaving: tuple[int, ...] = (),
+) -> list[Any]:
+    """Runs fn(rank, world) in `world` processes; returns their results by rank, or fails with
+    the tracebacks of those that raised (or did not answer within limit_s). Ranks in `leaving`
+    exit on purpose without answering (their result is None)."""
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    with tempfile.TemporaryDirectory() as tmp:
+        init = "file://" + os.path.join(tmp, "store")
+        procs = [
+            ctx.Process(target=_entry, args=(fn, r, world, init, backend, timeout_s, queue))
+            for r in range(world)
+        ]
+        for p in procs:
+            p.start()
+        results: dict[int, tuple[bool, Any]] = {}
+        deadline = time.monotonic() + limit_s
+        try:
+            while len(results) < world and time.monotonic() < deadline:
+                try:
+                    rank, ok, value = queue.get(timeout=max(0.1, deadline - time.monotonic()))
+                except Exception:  # noqa: BLE001 - queue.Empty: the deadline passed
+                    break
+                results[rank] = (ok, value)
+        finally:
+            for p in procs:
+                p.join(timeout=10)
+                if p.is_alive():
+                    p.kill()
+    missing = [r for r in range(world) if r not in results and r not in leaving]
+    assert not missing, f"ranks {missing} did not finish within {limit_s} s"
+    errors = [f"rank {r}:\n{v}" for r, (ok, v) in sorted(results.items()) if not ok]
+    assert not errors, "\n".join(errors)
+    return [results[r][1] if r in results else None for r in range(world)]
+
+
+# Workers (module level: the spawned processes import them).
+
+
+def _collectives(rank: int, world: int) -> None:
+    dev = torch.device("accel", 0)
+
+    def ref(r: int, n: int = 6, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return (torch.arange(n, dtype=torch.float64) * (r + 1) + r).to(dtype)
+
+    ranks = range(world)
+    for dtype in (torch.float32, torch.float64, torch.bfloat16, torch.int64, torch.int32):
+        for op, combine in (
+            (dist.ReduceOp.SUM, torch.stack),
+            (dist.ReduceOp.MAX, torch.stack),
+            (dist.ReduceOp.MIN, torch.stack),
+            (dist.ReduceOp.PRODUCT, torch.stack),
+        ):
+            t = ref(rank, dtype=dtype).to(dev)
+            dist.all_reduce(t, op=op)
+            stacked = combine([ref(r, dtype=dtype) for r in ranks])
+            expected = {
+                dist.ReduceOp.SUM: stacked.sum(0),
+                dist.ReduceOp.MAX: stacked.amax(0),
+                dist.ReduceOp.MIN: stacked.amin(0),
+                dist.ReduceOp.PRODUCT: stacked.prod(0),
+            }[op].to(dtype)
+            torch.testing.assert_close(t.cpu(), expected, msg=f"all_reduce {op} {dtype}")
+    for op, fold in (
+        (dist.ReduceOp.BAND, torch.bitwise_and),
+        (dist.ReduceOp.BOR, torch.bitwise_or),
+        (dist.ReduceOp.BXOR, torch.bitwise_xor),
+    ):
+        t = torch.tensor([0b1100 | rank, 0b1010 + rank], device=dev)
+        dist.all_reduce(t, op=op)
+        values = [torch.tensor([0b1100 | r, 0b1010 + r]) for r in ranks]
+        expected = values[0]
+        for v in values[1:]:
+            expected = fold(expected, v)
+        torch.testing.assert_close(t.cpu(), expected, msg=f"all_reduce {op}")
+    t = ref(rank).to(dev)
+    dist.all_reduce(t, op=dist.ReduceOp.AVG)
+    torch.testing.assert_close(t.cpu(), torch.stack([ref(r) for r in ranks]).mean(0))
+
+    t = ref(rank).to(dev)
+    dist.broadcast(t, src=world - 1)
+    torch.testing.assert_close(t.cpu(), ref(world - 1))
+
+    outs = [torch.empty(6, device=dev) for _ in ranks]
+    dist.all_gather(outs, ref(rank).to(dev))
+    for r in ranks:
+        torch.testing.assert_close(outs[r].cpu(), ref(r))
+    out = torch.empty(world * 6, device=dev)
+    dist.all_gather_into_tensor(out, ref(rank).to(dev))
+    torch.testing.assert_close(out.cpu(), torch.cat([ref(r) for r in ranks]))
+
+    full = [ref(r, n=6 * world) for r in ranks]
+    out = torch.empty(6, device=dev)
+    dist.reduce_scatter_tensor(out, full[rank].to(dev))
+    torch.testing.assert_close(out.cpu(), torch.stack(full).sum(0)[rank * 6 : (rank + 1) * 6])
+    out = torch.empty(6, device=dev)
+    dist.reduce_scatter(out, [c.to(dev) for c in full[rank].chunk(world)])
+    torch.testing.assert_close(out.cpu(), torch.stack(full).sum(0)[rank * 6 : (rank + 1) * 6])
+
+    # all_to_all_single with uneven splits: rank r sends r + j + 1 rows to rank j.
+    def sends(r: int) -> list[int]:
+        return [r + j + 1 for j in ranks]
+
+    rows = torch.arange(sum(sends(rank)), dtype=torch.float32) + 100 * rank
+    inp = torch.stack([rows, -rows], 1)
+    out = torch.empty(sum(sends(r)[rank] for r in ranks), 2, device=dev)
+    dist.all_to_all_single(out, inp.to(dev), [sends(r)[rank] for r in ranks], sends(rank))
+    pieces = []
+    for r in ranks:
+        src = torch.arange(sum(sends(r)), dtype=torch.float32) + 100 * r
+        start = sum(sends(r)[:rank])
+        part = src[start : start + sends(r)[rank]]
+        pieces.append(torch.stack([part, -part], 1))
+    torch.testing.assert_close(out.cpu(), torch.cat(pieces))
+    with pytest.raises(NotImplementedError, match="all_to_all_single"):
+        dist.all_to_all(
+            [torch.empty(2, device=dev) for _ in ranks], [torch.ones(2, device=dev) for _ in ranks]
+        )
+
+    gathered = [torch.empty(6, device=dev) for _ in ranks] if rank == 0 else None
+    dist.gather(ref(rank).to(dev), gathered, dst=0)
+    if rank == 0:
+        assert gathered is not None
+        for r in ranks:
+            torch.testing.assert_close(gathered[r].cpu(), ref(r))
+    out = torch.empty(6, device=dev)
+    dist.scatter(out, [ref(r).to(dev) for r in ranks] if rank == 1 else None, src=1)
+    torch.testing.assert_close(out.cpu(), ref(rank))
+    t = ref(rank).to(dev)
+    dist.reduce(t, dst=1)
+    if rank == 1:
+        torch.testing.assert_close(t.cpu(), torch.stack([ref(r) for r in ranks]).sum(0))
+
+    # Point to point, blocking and async (both send first: Gloo's sends do not wait).
+    peer = (rank + 1) % world
+    src = (rank - 1) % world
+    got = torch.empty(6, device=dev)
+    send = dist.isend(ref(rank).to(dev), dst=peer)
+    recv = dist.irecv(got, src=src)
+    send.wait()
+    recv.wait()
+    torch.testing.assert_close(got.cpu(), ref(src))
+    if rank == 0:
+        dist.send(ref(7).to(dev), dst=1)
+    elif rank == 1:
+        got = torch.empty(6, device=dev)
+        assert dist.recv(got) == 0  # from any source: the sender's rank
+        torch.testing.assert_close(got.cpu(), ref(7))
+
+    # Async work: wait(), the future's value (the accel tensors, on accel).
+    t = ref(rank).to(dev)
+    work = dist.all_reduce(t, async_op=True)
+    fut = work.get_future()
+    assert work.wait()
+    assert work.is_completed()
+    value = fut.wait()
+    assert value[0].device == dev and value[0].data_ptr() == t.data_ptr()
+    torch.testing.assert_close(value[0].cpu(), torch.stack([ref(r) for r in ranks]).sum(0))
+
+    # Coalesced collectives (one work for several).
+    a, b = ref(rank).to(dev), ref(rank, n=3).to(dev)
+    with dist._coalescing_manager(device=dev, async_ops=True) as cm:
+        dist.all_reduce(a)
+        dist.all_reduce(b)
+    cm.wait()
+    torch.testing.assert_close(a.cpu(), torch.stack([ref(r) for r in ranks]).sum(0))
+    torch.testing.assert_close(b.cpu(), torch.stack([ref(r, n=3) for r in ranks]).sum(0))
+
+    dist.barrier()
+    obj: list[object] = [{"rank": rank}]
+    dist.broadcast_object_list(obj, src=1)
+    assert obj == [{"rank": 1}]
+
+
+def _stream_order(rank: int, world: int) -> None:
+    """A collective waits for the work enqueued before it on the caller's stream (here a side
+    stream still busy with a chain of matmuls that produces its input), and work after wait()
+    sees its result; the default stream is not synchronized meanwhile."""
+    dev = torch.device("accel", 0)
+    a = torch.randn(384, 384, device=dev) / 20
+    side = torch.accel.Stream()
+    side.wait_stream(torch.accel.current_stream())
+    with torch.accel.stream(side):
+        x = a
+        for _ in range(30):
+            x = x @ a
+        t = torch.full((1000,), float(rank + 1), device=dev) + x.sum() * 0
+        work = dist.all_reduce(t, async_op=True)
+        work.wait()
+        doubled = t * 2
+    torch.accel.current_stream().wait_stream(side)
+    total = sum(r + 1 for r in range(world))
+    torch.testing.assert_close(doubled.cpu(), torch.full((1000,), 2.0 * total))
+
+
+def _mismatch(rank: int, world: int) -> list[str]:
+    """Shape and dtype mismatches across ranks raise ValueError on every rank, naming both;
+    a CPU tensor among accel ones, an unsupported reduction and a collective inside a graph
+    capture are refused; the device and the group stay usable."""
+    dev = torch.device("accel", 0)
+    messages = []
+    for t in (
+        torch.ones(4 + rank * 1000, device=dev),
+        torch.ones(4, device=dev, dtype=torch.float32 if rank == 0 else torch.float64),
+    ):
+        try:
+            dist.all_reduce(t)
+            raise AssertionError("no error for a mismatch across ranks")
+        except ValueError as e:
+            messages.append(str(e))
+    try:
+        dist.all_gather([torch.empty(4), torch.empty(4)], torch.ones(4, device=dev))
+        raise AssertionError("no error for a CPU tensor")
+    except ValueError as e:
+        messages.append(str(e))
+    try:
+        dist.all_reduce(torch.ones(3, 4, device=dev)[:, 1])
+        raise AssertionError("no error for a non-contiguous tensor")
+    except ValueError as e:
+        messages.append(str(e))
+    try:
+        dist.all_reduce(torch.ones(4, device=dev), op=dist._make_nccl_premul_sum(2.0))
+        raise AssertionError("no error for PREMUL_SUM")
+    except RuntimeError as e:
+        messages.append(str(e))
+    g = torch.accel.AccelGraph()
+    x = torch.ones(4, device=dev)
+    try:
+        with torch.accel.graph(g):
+            dist.all_reduce(x)
+        raise AssertionError("a collective was captured")
+    except torch_accel.CaptureError as e:
+        messages.append(str(e))
+    t = torch.ones(4, device=dev)
+    dist.all_reduce(t)
+    torch.testing.assert_close(t.cpu(), torch.full((4,), float(world)))
+    return messages
+
+
+def _peer_gone(rank: int, world: int) -> tuple[str, str, float]:
+    """Rank 1 leaves; rank 0's next collective fails with DistBackendError within the timeout."""
+    if rank == 1:
+        os._exit(0)
+    start = time.monotonic()
+    try:
+        dist.all_reduce(torch.ones(4, device="accel"))
+    except dist.DistBackendError as e:
+        return type(e).__name__, str(e), time.monotonic() - start
+    raise AssertionError("no error although the peer is gone")
+
+
+def _peer_silent(rank: int, world: int) -> tuple[str, str, float] | None:
+    """Rank 1 stays alive but never joins the collective: rank 0 times out (3 s), no hang."""
+    if rank == 1:
+        time.sleep(6)
+        return None
+    start = time.monotonic()
+    try:
+        dist.all_reduce(torch.ones(4, device="accel"))
+    except dist.DistBackendError as e:
+        return type(e).__name__, str(e), time.monotonic() - start
+    raise AssertionError("no error although the peer never joined")
+
+
+def _plain_init(rank: int, world: int) -> tuple[str, str]:
+    t = torch.full((3,), float(rank), device="accel")
+    dist.all_reduce(t)
+    assert t.cpu().tolist() == [float(sum(range(world)))] * 3
+    pg = dist.distributed_c10d._get_default_group()
+    return str(dist.get_backend()), pg._get_backend(torch.device("accel")).name()
+
+
+def _ddp_logging(rank: int, world: int) -> dict[str, int]:
+    from torch.nn.parallel import DistributedDataParallel
+
+    torch.manual_seed(0)
+    model = DistributedDataParallel(torch.nn.Linear(64, 8).to("accel"))
+    for _ in range(11):
+        model(torch.randn(16, 64, device="accel")).sum().backward()
+    data = model._get_ddp_logging_data()
+    return {
+        k: data[k]
+        for k in ("avg_forward_compute_time", "avg_backward_compute_time", "avg_backward_comm_time")
+    }
+
+
+# Tests.
+
+
+def test_collectives_match_the_cpu() -> None:
+    run_ranks(_collectives)
+
+
+def test_collectives_follow_the_callers_stream() -> None:
+    run_ranks(_stream_order)
+
+
+def test_mismatches_and_misuse_raise_clear_errors_on_every_rank() -> None:
+    for messages in run_ranks(_mismatch):
+        shape, dtype, cpu, strided, premul, capture = messages
+        assert "rank 0: allreduce (SUM) of Float, 4 elements" in shape.replace(
+            "ALLREDUCE", "allreduce"
+        )
+        assert "1004 elements" in shape
+        assert "Double" in dtype and "Float" in dtype
+        assert "got a tensor on cpu" in cpu
+        assert "contiguous" in strided
+        assert "PREMUL_SUM" in premul
+        assert "allreduce" in capture and "captur" in capture
+
+
+def test_a_peer_that_left_fails_the_collective() -> None:
+    results = run_ranks(_peer_gone, timeout_s=5, leaving=(1,))
+    kind, message, seconds = results[0]
+    assert kind == "DistBackendError" and "accl" in message, message
+    assert seconds < 5 + 3
+
+
+def test_a_peer_that_never_joins_times_out() -> None:
+    results = run_ranks(_peer_silent, timeout_s=3)
+    kind, message, seconds = results[0]
+    assert kind == "DistBackendError" and "accl" in message, message
+    assert 2 < seconds < 3 + 3
+
+
+def test_plain_init_process_group_picks_accl_for_accel() -> None:
+    for _backend, accel_backend in run_ranks(_plain_init, backend=None):
+        assert accel_backend == "accl", accel_backend
+
+
+def test_ddp_reports_accel_times() -> None:
+    for times in run_ranks(_ddp_logging):
+        assert all(v > 0 for v in times.values()), times
+
+
+def test_the_agreement_check_setting_is_validated(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ACCEL_DIST_CHECK", "0")
+    assert accel_dist._check_enabled() is False
+    monkeypatch.setenv("ACCEL_DIST_CHECK", "maybe")
+    with pytest.raises(ValueError, match="ACCEL_DIST_CHECK"):
+        accel_dist._check_enabled()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.parametrize("flags", [[], ["--fsdp"]], ids=["ddp", "fsdp2"])
+def test_ddp_example_matches_one_process(flags: list[str]) -> None:
+    env = dict(os.environ, GLOO_SOCKET_IFNAME="lo")
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node",
+            "2",
+            "--master-port",
+            str(_free_port()),
+            str(ROOT / "examples" / "ddp_train.py"),
+            "--steps",
+            "10",
+            *flags,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "OK" in proc.stdout.splitlines()
+    assert "CPU fallback" not in proc.stdout
