@@ -19,7 +19,8 @@ namespace accel::distributed {
 using WorkPtr = c10::intrusive_ptr<c10d::Work>;
 
 // Runs jobs one at a time, in the order they came, on a thread of its own (started with the
-// first). A job is told whether it is cancelled: the backend shut down before it ran.
+// first), or on the caller's thread when nothing is queued or running (run_now). A job is told
+// whether it is cancelled: the backend shut down before it ran.
 class CommThread {
  public:
   using Job = std::function<void(bool cancelled)>;
@@ -28,11 +29,28 @@ class CommThread {
 
   void push(Job job) {
     std::lock_guard<std::mutex> lock(mu_);
-    TORCH_CHECK_WITH(DistBackendError, !stopped_,
-                     "accl: the process group was shut down; create a new one");
+    check_open();
     if (!thread_.joinable()) thread_ = std::thread([this] { loop(); });
     jobs_.push_back(std::move(job));
-    cv_.notify_one();
+    cv_.notify_all();
+  }
+
+  // Runs `job` now on this thread if no other job is queued or running (the order stays the
+  // call order); false if it has to be pushed instead.
+  bool run_now(const Job& job) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      check_open();
+      if (running_ || !jobs_.empty()) return false;
+      running_ = true;
+    }
+    job(false);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      running_ = false;
+    }
+    cv_.notify_all();
+    return true;
   }
 
   void stop() {
@@ -45,25 +63,37 @@ class CommThread {
   }
 
  private:
+  void check_open() {
+    TORCH_CHECK_WITH(DistBackendError, !stopped_,
+                     "accl: the process group was shut down; create a new one");
+  }
+
   void loop() {
     for (;;) {
       Job job;
       bool cancelled = false;
       {
         std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait(lock, [this] { return stopped_ || !jobs_.empty(); });
+        cv_.wait(lock, [this] { return (stopped_ || !jobs_.empty()) && !running_; });
         if (jobs_.empty()) return;
         job = std::move(jobs_.front());
         jobs_.pop_front();
         cancelled = stopped_;
+        running_ = true;
       }
       job(cancelled);
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        running_ = false;
+      }
+      cv_.notify_all();
     }
   }
 
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Job> jobs_;
+  bool running_ = false;  // a job runs (here or on a caller's thread)
   bool stopped_ = false;
   std::thread thread_;
 };
@@ -197,24 +227,23 @@ WorkPtr AccelBackend::submit(Call call) {
   auto state = std::make_shared<CallState>(
       std::string(call.op_name) + " on accel:" + std::to_string(int(dev)), std::move(call.keep),
       std::move(call.outputs), std::move(devices));
-  // The collective starts once the caller's stream reached this point.
-  rt::Event ready = device::call([&] {
-    rt::Event e = rt::event_create(dev);
-    rt::event_record(e, rt::current_stream(dev));
-    return e;
-  });
+  // The collective starts once the caller's stream reached this point: at once when that stream
+  // is idle (and no collective waits before it), else after an event recorded on it.
+  const rt::Stream stream = device::call([&] { return rt::current_stream(dev); });
+  const bool idle = device::call([&] { return rt::stream_query(stream); });
   const bool p2p = call.op == c10d::OpType::SEND || call.op == c10d::OpType::RECV ||
                    call.op == c10d::OpType::RECVANYSOURCE;
   const bool check = check_ && !p2p;
-  thread_->push([state, ready, check, inner = inner_, op = call.op, sig = std::move(call.sig),
-                 memory = std::move(call.memory), issue = std::move(call.issue)](bool cancelled) {
+  auto job = [state, check, inner = inner_, op = call.op, sig = std::move(call.sig),
+              memory = std::move(call.memory),
+              issue = std::move(call.issue)](bool cancelled, rt::Event ready) {
     c10::intrusive_ptr<c10d::Work> work;
     std::exception_ptr error;
     CallState::Access access;
     try {
       TORCH_CHECK_WITH(DistBackendError, !cancelled,
                        "the process group was shut down before it started");
-      device::call([&] { rt::event_synchronize(ready); });
+      if (ready) device::call([&] { rt::event_synchronize(ready); });
       if (check) agree(*inner, op, sig, state->name);
       device::call([&] {
         for (const auto& [base, nbytes] : memory) {
@@ -226,11 +255,19 @@ WorkPtr AccelBackend::submit(Call call) {
       error = std::current_exception();
     }
     try {
-      rt::event_destroy(ready);
+      if (ready) rt::event_destroy(ready);
     } catch (...) {
     }
     state->issued(std::move(work), error, std::move(access));
-  });
+  };
+  if (!idle || !thread_->run_now([&](bool cancelled) { job(cancelled, rt::Event{}); })) {
+    rt::Event ready = device::call([&] {
+      rt::Event e = rt::event_create(dev);
+      rt::event_record(e, stream);
+      return e;
+    });
+    thread_->push([job = std::move(job), ready](bool cancelled) { job(cancelled, ready); });
+  }
   auto work = c10::make_intrusive<AccelWork>(getRank(), call.op,
                                              std::vector<std::shared_ptr<CallState>>{state});
   if (coalescing_) coalesced_.push_back(work);
