@@ -13,8 +13,25 @@
 namespace accel::device {
 namespace {
 
+// torch.profiler(profile_memory=True): allocations and frees of accel memory, reported on the
+// thread that makes them (the profiler's state is thread-local), with the device's totals.
+void report_to_profiler(void* ptr, int64_t delta, int device) {
+  const rt::DeviceStats stats = rt::memory_stats(device);
+  c10::reportMemoryUsageToProfiler(
+      ptr, delta, static_cast<size_t>(stats.allocated_bytes[rt::kAggregate].current),
+      static_cast<size_t>(stats.reserved_bytes[rt::kAggregate].current),
+      c10::Device(kAccel, static_cast<c10::DeviceIndex>(device)));
+}
+
 void free_device(void* ptr) noexcept {
   try {
+    if (ptr != nullptr && c10::memoryProfilingEnabled()) {
+      const auto [base, size] = rt::allocation_range(ptr);
+      const int device = rt::pointer_device(ptr);
+      rt::free(ptr);
+      report_to_profiler(ptr, -static_cast<int64_t>(size), device);
+      return;
+    }
     rt::free(ptr);
   } catch (const std::exception& e) {
     // A deleter cannot throw; a failure here is a runtime bug worth seeing.
@@ -51,6 +68,9 @@ class AccelDeviceAllocator final : public c10::DeviceAllocator {
     return call([&] {
       const int device = rt::get_device();
       void* ptr = rt::malloc(nbytes, rt::current_stream(device));
+      if (ptr != nullptr && c10::memoryProfilingEnabled()) {
+        report_to_profiler(ptr, static_cast<int64_t>(rt::allocation_range(ptr).second), device);
+      }
       return c10::DataPtr(ptr, ptr, &free_device,
                           c10::Device(kAccel, static_cast<c10::DeviceIndex>(device)));
     });

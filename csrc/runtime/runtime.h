@@ -14,6 +14,7 @@
 
 #include "runtime/error.h"
 #include "runtime/task.h"
+#include "runtime/trace.h"
 #include "runtime/types.h"
 
 namespace accel::rt {
@@ -207,5 +208,15 @@ ACCEL_RT_API bool device_is_capturing(int device = -1);
 // `why`): if `stream` is capturing, invalidates the capture and throws CaptureError saying so;
 // otherwise does nothing.
 ACCEL_RT_API void capture_refuse(Stream stream, const std::string& what, const std::string& why);
+
+// --- tracing (profilers; see trace.h) ------------------------------------------------------
+// Starts recording when host tasks run on their streams (clearing earlier records).
+ACCEL_RT_API void trace_start();
+// Stops recording and returns what ran since trace_start (tasks still running are not in it:
+// synchronize first).
+ACCEL_RT_API std::vector<trace::TaskRecord> trace_stop();
+// The calling thread's tag stack: tasks it launches while recording carry the top tag.
+ACCEL_RT_API void trace_push_tag(uint64_t tag);
+ACCEL_RT_API void trace_pop_tag();
 
 }  // namespace accel::rt

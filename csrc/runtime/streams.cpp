@@ -166,6 +166,9 @@ void launch_host_func(Stream stream, Task task, const char* label) {
   ACCEL_RT_CHECK(rt.capabilities.host_functions, NotSupportedError, "launch_host_func: the ",
                  rt.driver->name(), " driver cannot run host functions in stream order");
   StreamObj& s = rt.stream(stream, "launch_host_func");
+  if (trace::enabled() && !s.capturing.load(std::memory_order_relaxed)) {
+    task = trace::wrap(std::move(task), stream, label);
+  }
   rt.driver->launch_host_func(s.ds, std::move(task), label);
 }
 

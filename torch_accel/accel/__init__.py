@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from torch_accel import _C
+from torch_accel import _C, profiler
 from torch_accel.accel import amp, graphs, memory
 
 # Also makes torch.accel._utils an attribute: torch.serialization looks up
@@ -50,7 +50,11 @@ from torch_accel.accel.streams import (
     stream,
 )
 
+nvtx = profiler  # the name torch.cuda users look for
+
 __all__ = [
+    "nvtx",
+    "profiler",
     "AccelGraph",
     "graph",
     "graph_pool_handle",
