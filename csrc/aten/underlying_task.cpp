@@ -5,6 +5,7 @@
 #include <ATen/Parallel.h>
 #include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/record_function.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
@@ -309,6 +310,10 @@ void Work::run(KernelStorages& storages) const {
   CollectWarnings warnings;
   {
     c10::WarningUtils::WarningHandlerGuard guard(&warnings);
+    // The CPU kernel is the device work of the accel operator that launched this task (the
+    // profiler shows it as that task's kernel event), not an operator of its own: where the task
+    // runs on the launching thread (ACCEL_LAUNCH_BLOCKING), a profiler must not record it.
+    at::DisableRecordFunctionGuard not_an_operator;
     op.callBoxed(&stack);
   }
   bool moved = false;  // a result the caller allocated was moved
