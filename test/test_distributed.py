@@ -336,6 +336,14 @@ def _plain_init(rank: int, world: int) -> tuple[str, str]:
     t = torch.full((3,), float(rank), device="accel")
     dist.all_reduce(t)
     assert t.cpu().tolist() == [float(sum(range(world)))] * 3
+    # Object collectives and barrier go through accel tensors too.
+    obj: list[object] = [{"from": rank}]
+    dist.broadcast_object_list(obj, src=1)
+    assert obj == [{"from": 1}]
+    gathered: list[object] = [None] * world
+    dist.all_gather_object(gathered, rank * 10)
+    assert gathered == [r * 10 for r in range(world)]
+    dist.barrier()
     pg = dist.distributed_c10d._get_default_group()
     return str(dist.get_backend()), pg._get_backend(torch.device("accel")).name()
 
