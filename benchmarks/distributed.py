@@ -63,7 +63,7 @@ def _worker(rank: int, world: int, init: str, queue: object) -> None:
             dist.all_reduce(cpu)
             dist.all_reduce(acc)
         gloo_s, accl_s = float("inf"), float("inf")
-        for _ in range(2):  # alternate, so drift slows both alike
+        for _ in range(4):  # alternate, so drift slows both alike
             gloo_s = min(gloo_s, _best(lambda t=cpu: dist.all_reduce(t), iters, False))
             accl_s = min(accl_s, _best(lambda t=acc: dist.all_reduce(t), iters, True))
         times[f"all_reduce {name}"] = (gloo_s, accl_s)

@@ -1,9 +1,20 @@
 #include "distributed/agreement.h"
 
+#include <ATen/ops/amax.h>
+#include <ATen/ops/amin.h>
+#include <ATen/ops/bitwise_and.h>
+#include <ATen/ops/bitwise_or.h>
+#include <ATen/ops/bitwise_xor.h>
+#include <ATen/ops/div.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/from_blob.h>
+#include <ATen/ops/prod.h>
+#include <ATen/ops/stack.h>
+#include <ATen/ops/sum.h>
 #include <c10/util/Exception.h>
 #include <c10/util/StringUtil.h>
 
+#include <cstring>
 #include <sstream>
 
 namespace accel::distributed {
@@ -12,7 +23,8 @@ namespace {
 constexpr int64_t kMagic = 0x6163636c;  // "accl"
 constexpr int64_t kHeader = 8;          // then one send count per rank
 
-enum Field : int64_t { kTag, kOp, kReduceOp, kRoot, kDtype, kElements, kPairwise, kUnused };
+enum Field : int64_t { kTag, kOp, kReduceOp, kRoot, kDtype, kElements, kPairwise, kInline };
+enum RedOp : int64_t { kSum, kAvg, kProduct, kMin, kMax, kBand, kBor, kBxor };
 
 const char* reduce_op_name(int64_t op) {
   static const char* names[] = {"SUM",  "AVG", "PRODUCT", "MIN",       "MAX",
@@ -33,13 +45,56 @@ std::string describe(const int64_t* row) {
   return out.str();
 }
 
+// The reduction of `rows` ([world, n], rank order) over its first dim, as Gloo's `op` would.
+at::Tensor reduce_rows(const at::Tensor& rows, int64_t op) {
+  switch (op) {
+    case kSum: return at::sum(rows, 0, false, rows.scalar_type());
+    case kAvg: return at::div(at::sum(rows, 0, false, rows.scalar_type()), rows.size(0));
+    case kProduct: return at::prod(rows, 0, false, rows.scalar_type());
+    case kMin: return at::amin(rows, 0);
+    case kMax: return at::amax(rows, 0);
+    default: {
+      at::Tensor out = rows[0];
+      for (int64_t r = 1; r < rows.size(0); ++r) {
+        out = op == kBand  ? at::bitwise_and(out, rows[r])
+              : op == kBor ? at::bitwise_or(out, rows[r])
+                           : at::bitwise_xor(out, rows[r]);
+      }
+      return out;
+    }
+  }
+}
+
 }  // namespace
+
+bool can_inline(const at::Tensor& t, int64_t reduce_op) {
+  if (t.numel() == 0 || t.nbytes() > static_cast<size_t>(kInlineBytes) || !t.is_contiguous()) {
+    return false;
+  }
+  switch (t.scalar_type()) {
+    case at::kFloat:
+    case at::kDouble:
+    case at::kHalf:
+    case at::kBFloat16: return reduce_op >= kSum && reduce_op <= kMax;
+    case at::kByte:
+    case at::kChar:
+    case at::kShort:
+    case at::kInt:
+    case at::kLong:
+      // AVG of integers: left to Gloo, whose rounding is what users of Gloo get.
+      return reduce_op >= kSum && reduce_op <= kBxor && reduce_op != kAvg;
+    default: return false;
+  }
+}
 
 void agree(c10d::Backend& inner, c10d::OpType op, const Signature& sig, const std::string& name) {
   const int size = inner.getSize();
   const int rank = inner.getRank();
-  const int64_t width = kHeader + size;
   const bool pairwise = !sig.send.empty();
+  const bool inlined = sig.inline_tensor.defined();
+  // Every message has the same size, inline payload or not: a rank that disagrees must still
+  // send what the others expect to receive.
+  const int64_t width = kHeader + size + kInlineBytes / 8;
   at::Tensor mine = at::empty({width}, at::kLong);
   int64_t* m = mine.data_ptr<int64_t>();
   std::fill(m, m + width, 0);
@@ -50,6 +105,10 @@ void agree(c10d::Backend& inner, c10d::OpType op, const Signature& sig, const st
   m[kDtype] = sig.dtype;
   m[kElements] = sig.elements;
   m[kPairwise] = pairwise ? 1 : 0;
+  m[kInline] = inlined ? 1 : 0;
+  if (inlined) {
+    std::memcpy(m + kHeader + size, sig.inline_tensor.const_data_ptr(), sig.inline_tensor.nbytes());
+  }
   for (size_t j = 0; j < sig.send.size() && j < static_cast<size_t>(size); ++j) {
     m[kHeader + j] = sig.send[j];
   }
@@ -62,14 +121,29 @@ void agree(c10d::Backend& inner, c10d::OpType op, const Signature& sig, const st
   bool same = true;
   for (int r = 0; r < size && same; ++r) {
     const int64_t* o = out[0][r].data_ptr<int64_t>();
-    for (int64_t f : {kTag, kOp, kReduceOp, kRoot, kDtype, kPairwise}) same = same && o[f] == m[f];
+    for (int64_t f : {kTag, kOp, kReduceOp, kRoot, kDtype, kPairwise, kInline}) {
+      same = same && o[f] == m[f];
+    }
     if (!pairwise) {
       same = same && o[kElements] == m[kElements];
     } else if (same) {
       same = o[kHeader + rank] == sig.recv.at(r);  // what rank r sends me is what I expect
     }
   }
-  if (same) return;
+  if (same) {
+    if (inlined) {
+      // Each rank's tensor, in rank order, straight from the gathered messages.
+      const at::Tensor& t = sig.inline_tensor;
+      std::vector<at::Tensor> rows;
+      for (int r = 0; r < size; ++r) {
+        rows.push_back(at::from_blob(out[0][r].data_ptr<int64_t>() + kHeader + size, {t.numel()},
+                                     t.options()));
+      }
+      at::Tensor reduced = reduce_rows(at::stack(rows), sig.reduce_op);
+      std::memcpy(t.data_ptr(), reduced.contiguous().const_data_ptr(), t.nbytes());
+    }
+    return;
+  }
   std::ostringstream msg;
   msg << "accl: " << name << ": the ranks called different collectives or passed tensors that "
       << "do not match (dtype, number of elements";

@@ -161,6 +161,18 @@ struct AccelBackend::Call {
 
 namespace {
 
+// The inner work of a collective the agreement completed (a small all_reduce).
+class DoneWork final : public c10d::Work {
+ public:
+  DoneWork() { finish(); }
+  bool wait(std::chrono::milliseconds /*timeout*/) override { return true; }
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override {
+    auto f = c10::make_intrusive<c10::ivalue::Future>(c10::NoneType::get());
+    f->markCompleted();
+    return f;
+  }
+};
+
 // The elements all_to_all_single moves to (or from) each rank: rows of dim 0, split as given or
 // evenly.
 std::vector<int64_t> split_elements(const at::Tensor& t, const std::vector<int64_t>& splits,
@@ -244,13 +256,13 @@ WorkPtr AccelBackend::submit(Call call) {
       TORCH_CHECK_WITH(DistBackendError, !cancelled,
                        "the process group was shut down before it started");
       if (ready) device::call([&] { rt::event_synchronize(ready); });
-      if (check) agree(*inner, op, sig, state->name);
       device::call([&] {
         for (const auto& [base, nbytes] : memory) {
           access.push_back(std::make_unique<rt::HostAccessGuard>(base, nbytes));
         }
       });
-      work = issue();
+      if (check) agree(*inner, op, sig, state->name);
+      work = sig.inline_tensor.defined() ? WorkPtr(c10::make_intrusive<DoneWork>()) : issue();
     } catch (...) {
       error = std::current_exception();
     }
@@ -292,6 +304,9 @@ WorkPtr AccelBackend::allreduce(std::vector<at::Tensor>& tensors,
   auto v = call.views(tensors, true);
   call.sig.reduce_op = opts.reduceOp.op_;
   call.sig.elements = call.elements(tensors);
+  if (check_ && v.size() == 1 && can_inline(v[0], call.sig.reduce_op)) {
+    call.sig.inline_tensor = v[0];  // done by the agreement itself: one round trip
+  }
   call.issue = [inner = inner_, v, opts]() mutable { return inner->allreduce(v, opts); };
   return submit(std::move(call));
 }
