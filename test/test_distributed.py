@@ -316,16 +316,21 @@ def _mismatch(rank: int, world: int) -> list[str]:
     return messages
 
 
-def _peer_gone(rank: int, world: int) -> tuple[str, str, float]:
-    """Rank 1 leaves; rank 0's next collective fails with DistBackendError within the timeout."""
-    if rank == 1:
-        os._exit(0)
+def _failing_all_reduce() -> tuple[str, str, float]:
+    """The error type, message and seconds of an all_reduce expected to fail."""
     start = time.monotonic()
     try:
         dist.all_reduce(torch.ones(4, device="accel"))
     except dist.DistBackendError as e:
         return type(e).__name__, str(e), time.monotonic() - start
-    raise AssertionError("no error although the peer is gone")
+    raise AssertionError("the all_reduce did not fail")
+
+
+def _peer_gone(rank: int, world: int) -> tuple[str, str, float]:
+    """Rank 1 leaves; rank 0's next collective fails with DistBackendError within the timeout."""
+    if rank == 1:
+        os._exit(0)
+    return _failing_all_reduce()
 
 
 def _peer_silent(rank: int, world: int) -> tuple[str, str, float] | None:
@@ -333,12 +338,7 @@ def _peer_silent(rank: int, world: int) -> tuple[str, str, float] | None:
     if rank == 1:
         time.sleep(4)
         return None
-    start = time.monotonic()
-    try:
-        dist.all_reduce(torch.ones(4, device="accel"))
-    except dist.DistBackendError as e:
-        return type(e).__name__, str(e), time.monotonic() - start
-    raise AssertionError("no error although the peer never joined")
+    return _failing_all_reduce()
 
 
 def _plain_init(rank: int, world: int) -> tuple[str, str]:

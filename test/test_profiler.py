@@ -118,3 +118,18 @@ def test_range_markers_nest_and_check_their_ids() -> None:
         p.mark("done")
     names = {e.name for e in prof.events()}
     assert {"step 3", "done"} <= names
+
+
+def test_legacy_profiler_times_operators_with_accel_events() -> None:
+    # torch.autograd.profiler.profile(use_device="accel") without Kineto: PyTorch's PrivateUse1
+    # profiler stubs (timing events on the current stream around each operator).
+    x = torch.randn(256, 256, device="accel")
+    for _ in range(2):
+        x @ x
+    with torch.autograd.profiler.profile(use_device="accel") as prof:
+        y = x @ x
+        torch.accel.synchronize()
+    torch.testing.assert_close(y.cpu(), x.cpu() @ x.cpu(), rtol=1e-4, atol=1e-3)
+    averages = {e.key: e for e in prof.key_averages()}
+    assert averages["aten::mm"].self_device_time_total > 0
+    assert averages["aten::matmul"].device_time_total >= averages["aten::mm"].self_device_time_total
