@@ -341,6 +341,27 @@ def _peer_silent(rank: int, world: int) -> tuple[str, str, float] | None:
     return _failing_all_reduce()
 
 
+def _shutdown_with_work_pending(rank: int, world: int) -> str:
+    """destroy_process_group while a collective still waits for its stream: a collective that
+    started completes, one still queued fails naming the shutdown; nothing hangs and the device
+    stays usable."""
+    dev = torch.device("accel", 0)
+    a = torch.randn(384, 384, device=dev) / 20
+    x = a
+    for _ in range(20):
+        x = x @ a  # keeps the stream busy
+    t = torch.ones(5000, device=dev) + x.sum() * 0
+    work = dist.all_reduce(t, async_op=True)
+    dist.destroy_process_group()
+    try:
+        work.wait()
+        outcome = "completed"
+    except (dist.DistBackendError, RuntimeError) as e:
+        outcome = str(e)
+    assert torch.ones(3, device=dev).sum().item() == 3.0
+    return outcome
+
+
 def _plain_init(rank: int, world: int) -> tuple[str, str]:
     t = torch.full((3,), float(rank), device="accel")
     dist.all_reduce(t)
@@ -411,6 +432,11 @@ def test_a_peer_that_never_joins_times_out() -> None:
     kind, message, seconds = results[0]
     assert kind == "DistBackendError" and "accl" in message, message
     assert 1.5 < seconds < 2 + 2
+
+
+def test_shutdown_with_pending_work_does_not_hang() -> None:
+    for outcome in run_ranks(_shutdown_with_work_pending, timeout_s=5, limit_s=60):
+        assert outcome == "completed" or "shut down" in outcome or "accl" in outcome, outcome
 
 
 def test_plain_init_process_group_picks_accl_for_accel() -> None:
