@@ -374,6 +374,7 @@ def _plain_init(rank: int, world: int) -> tuple[str, str]:
     dist.all_gather_object(gathered, rank * 10)
     assert gathered == [r * 10 for r in range(world)]
     dist.barrier()
+    assert accel_dist.inner_backend().name() == "gloo"  # what moves the bytes
     pg = dist.distributed_c10d._get_default_group()
     return str(dist.get_backend()), pg._get_backend(torch.device("accel")).name()
 
