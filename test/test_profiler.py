@@ -19,6 +19,7 @@ BOTH = [ProfilerActivity.CPU, ProfilerActivity.PrivateUse1]
 
 
 def _work(x: torch.Tensor, side: torch.Stream) -> torch.Tensor:
+    x = x + torch.ones(256, device="cpu").to("accel")  # a copy from the host
     y = x @ x
     z = torch.relu(y) + 1
     side.wait_stream(torch.accel.current_stream())
@@ -40,7 +41,8 @@ def _profiled(tmp_path: Path, activities: list[ProfilerActivity]) -> tuple[profi
             s = _work(x, side)
         torch.accel.synchronize()
         wall_us = (time.perf_counter() - start) * 1e6
-    torch.testing.assert_close(s.cpu(), (torch.relu(x.cpu() @ x.cpu()) + 1).sum(), rtol=1e-4,
+    xc = x.cpu() + 1
+    torch.testing.assert_close(s.cpu(), (torch.relu(xc @ xc) + 1).sum(), rtol=1e-4,
                                atol=1e-2)  # fmt: skip
     path = tmp_path / "trace.json"
     prof.export_chrome_trace(str(path))
@@ -71,9 +73,14 @@ def test_device_activity_runs_on_stream_tracks_within_the_wall_time(tmp_path: Pa
         assert sum(e["dur"] for e in on_track) <= wall_us
         for a, b in zip(on_track, on_track[1:], strict=False):  # one stream: no overlap
             assert a["ts"] + a["dur"] <= b["ts"] + 1e-3
+    # The host-to-device copy, on the default stream, as a copy event of aten::copy_.
+    copies = [e for e in trace["traceEvents"] if e.get("cat") == "gpu_memcpy"]
+    assert any(e["name"] == "Memcpy HtoD" and e["pid"] == device for e in copies), copies
+    assert all(e["tid"] == by_name["aten::mm"]["tid"] for e in copies)
     # Device time is attributed to the operators that launched the work.
     averages = {e.key: e for e in prof.key_averages()}
     assert averages["aten::mm"].self_device_time_total > 0
+    assert averages["aten::copy_"].device_time_total > 0
     # (the innermost operator active at launch gets it: aten::sum or, under
     # ACCEL_LAUNCH_BLOCKING, the out= variant it runs)
     assert any(k.startswith("aten::sum") and v.device_time_total > 0 for k, v in averages.items())

@@ -46,7 +46,9 @@ class Session final : public libkineto::IActivityProfilerSession {
     for (const auto& r : records_) {
       tracks[r.device].insert(r.stream);
       libkineto::GenericTraceActivity a;
-      a.activityType = ActivityType::CONCURRENT_KERNEL;
+      a.activityType = r.kind == rt::trace::Kind::Memcpy   ? ActivityType::GPU_MEMCPY
+                       : r.kind == rt::trace::Kind::Memset ? ActivityType::GPU_MEMSET
+                                                           : ActivityType::CONCURRENT_KERNEL;
       a.activityName = r.label;
       a.startTime = r.start_ns;
       a.endTime = r.end_ns;
@@ -119,7 +121,8 @@ class Profiler final : public libkineto::IActivityProfiler {
 
  private:
   std::string name_ = "accel";
-  std::set<ActivityType> activities_{ActivityType::CONCURRENT_KERNEL};
+  std::set<ActivityType> activities_{ActivityType::CONCURRENT_KERNEL, ActivityType::GPU_MEMCPY,
+                                     ActivityType::GPU_MEMSET};
 };
 
 struct Registrar {

@@ -2,6 +2,7 @@
 // and the driver.
 #include <algorithm>
 #include <cstring>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -356,6 +357,33 @@ void host_reset_accumulated_stats() {
 
 // --- copies -------------------------------------------------------------------------------
 
+// Copies and fills in traces (runtime/trace.h): while recording, on drivers that run host
+// functions and outside captures, marker tasks on the stream note when the driver's work
+// started (before it) and ended (after it).
+std::shared_ptr<trace::TaskRecord> trace_open(Runtime& rt, StreamObj& st, const char* label,
+                                              trace::Kind kind) {
+  if (!trace::enabled() || st.capturing.load(std::memory_order_relaxed) ||
+      !rt.capabilities.host_functions) {
+    return nullptr;
+  }
+  auto r = trace::open(st.handle(), label, kind);
+  rt.driver->launch_host_func(st.ds, Task([r] { r->start_ns = trace::now_ns(); }), "trace");
+  return r;
+}
+
+void trace_close(Runtime& rt, StreamObj& st, const std::shared_ptr<trace::TaskRecord>& r) {
+  if (r) rt.driver->launch_host_func(st.ds, Task([r] { trace::close(*r); }), "trace");
+}
+
+const char* copy_name(CopyKind k) {
+  switch (k) {
+    case CopyKind::HostToDevice: return "Memcpy HtoD";
+    case CopyKind::DeviceToHost: return "Memcpy DtoH";
+    case CopyKind::DeviceToDevice: return "Memcpy DtoD";
+    default: return "Memcpy";
+  }
+}
+
 void memcpy(void* dst, const void* src, std::size_t size, CopyKind kind) {
   if (size == 0) return;
   Runtime& rt = Runtime::get();
@@ -369,7 +397,9 @@ void memcpy(void* dst, const void* src, std::size_t size, CopyKind kind) {
   StreamObj& stream = rt.current_stream_obj(d.is_device() ? d.device : s.device);
   rt.check_not_capturing(stream, "memcpy");
   // The call waits for the copy, so even pageable memory can be used directly.
+  auto traced = trace_open(rt, stream, copy_name(k), trace::Kind::Memcpy);
   rt.driver->memcpy_async(dst, src, size, k, stream.ds);
+  trace_close(rt, stream, traced);
   rt.driver->stream_synchronize(stream.ds);
 }
 
@@ -387,16 +417,19 @@ void memcpy_async(void* dst, const void* src, std::size_t size, CopyKind kind, S
     // moved on: only pinned memory can be captured.
     rt.check_not_capturing(st, "memcpy_async with pageable host memory");
   }
+  auto traced = trace_open(rt, st, copy_name(k), trace::Kind::Memcpy);
   if (k == CopyKind::HostToDevice && src_pageable) {
     // Stage through pinned memory so the caller may reuse the source at once.
     void* staging = rt.host_allocator->malloc(size);
     std::memcpy(staging, src, size);
     rt.driver->memcpy_async(dst, staging, size, k, st.ds);
+    trace_close(rt, st, traced);
     rt.host_allocator->record_stream(staging, stream);
     rt.host_allocator->free(staging);
     return;
   }
   rt.driver->memcpy_async(dst, src, size, k, st.ds);
+  trace_close(rt, st, traced);
   if (dst_pageable) rt.driver->stream_synchronize(st.ds);  // pageable results must be there
 }
 
@@ -408,7 +441,9 @@ void memset(void* dst, int value, std::size_t size) {
                  " is host memory, not device memory");
   StreamObj& stream = rt.current_stream_obj(d.device);
   rt.check_not_capturing(stream, "memset");
+  auto traced = trace_open(rt, stream, "Memset", trace::Kind::Memset);
   rt.driver->memset_async(dst, value, size, stream.ds);
+  trace_close(rt, stream, traced);
   rt.driver->stream_synchronize(stream.ds);
 }
 
@@ -419,7 +454,9 @@ void memset_async(void* dst, int value, std::size_t size, Stream stream) {
   const Side d = classify(rt, dst, size, "memset_async", "destination");
   ACCEL_RT_CHECK(d.is_device(), InvalidValueError, "memset_async: the destination ",
                  format_ptr(dst), " is host memory, not device memory");
+  auto traced = trace_open(rt, st, "Memset", trace::Kind::Memset);
   rt.driver->memset_async(dst, value, size, st.ds);
+  trace_close(rt, st, traced);
 }
 
 // --- host access --------------------------------------------------------------------------

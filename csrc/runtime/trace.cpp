@@ -25,12 +25,6 @@ struct Tag {
 };
 thread_local std::vector<Tag> t_tags;
 
-int64_t now_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
-
 uint64_t current_tag() {
   const uint64_t gen = g_generation.load(std::memory_order_relaxed);
   while (!t_tags.empty() && t_tags.back().generation != gen) t_tags.pop_back();
@@ -38,6 +32,29 @@ uint64_t current_tag() {
 }
 
 }  // namespace
+
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+std::shared_ptr<TaskRecord> open(Stream stream, const char* label, Kind kind) {
+  auto r = std::make_shared<TaskRecord>();
+  r->kind = kind;
+  r->device = stream.device();
+  r->stream = stream.id();
+  r->label = label;
+  r->tag = current_tag();
+  return r;
+}
+
+void close(TaskRecord& record) {
+  record.end_ns = now_ns();
+  if (!g_enabled.load(std::memory_order_relaxed)) return;
+  std::lock_guard<std::mutex> lock(g_mutex);
+  g_records->push_back(record);
+}
 
 bool enabled() noexcept {
   return g_enabled.load(std::memory_order_relaxed);
@@ -58,7 +75,7 @@ Task wrap(Task task, Stream stream, const char* label) {
       int64_t start;
       ~Record() {
         if (!g_enabled.load(std::memory_order_relaxed)) return;
-        TaskRecord r{device, id, label, start, now_ns(), tag};
+        TaskRecord r{Kind::Task, device, id, label, start, now_ns(), tag};
         std::lock_guard<std::mutex> lock(g_mutex);
         g_records->push_back(std::move(r));
       }

@@ -57,6 +57,35 @@ TEST(Trace, RecordsEachTaskWithItsStreamLabelTagAndTimes) {
   stream_destroy(side);
 }
 
+TEST(Trace, CopiesAndFillsAreRecordedBetweenTheirMarkers) {
+  SKIP_UNLESS_HOST_DRIVER();
+  std::vector<float> host(1 << 16, 1.0f);
+  void* dev = malloc(host.size() * sizeof(float));
+  trace_start();
+  trace_push_tag(3);
+  memcpy_async(dev, host.data(), host.size() * sizeof(float), CopyKind::HostToDevice,
+               default_stream(0));
+  memset_async(dev, 0, 64, default_stream(0));
+  trace_pop_tag();
+  memcpy(host.data(), dev, host.size() * sizeof(float), CopyKind::DeviceToHost);
+  const auto records = trace_stop();
+  ASSERT_EQ(records.size(), 3u);
+  EXPECT_EQ(records[0].kind, trace::Kind::Memcpy);
+  EXPECT_EQ(records[0].label, "Memcpy HtoD");
+  EXPECT_EQ(records[0].tag, 3u);
+  EXPECT_EQ(records[1].kind, trace::Kind::Memset);
+  EXPECT_EQ(records[2].label, "Memcpy DtoH");
+  EXPECT_EQ(records[2].tag, 0u);
+  for (const auto& r : records) {
+    EXPECT_GT(r.start_ns, 0);
+    EXPECT_LE(r.start_ns, r.end_ns);
+  }
+  EXPECT_LE(records[0].end_ns, records[1].start_ns);
+  EXPECT_EQ(host[0], 0.0f);  // the fill ran after the copy, in stream order
+  EXPECT_EQ(host.back(), 1.0f);
+  free(dev);
+}
+
 TEST(Trace, RecordsNothingWhenOffAndDropsTagsOfAnEarlierRecording) {
   SKIP_UNLESS_HOST_DRIVER();
   launch_host_func(

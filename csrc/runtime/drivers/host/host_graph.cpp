@@ -9,6 +9,7 @@
 #include <fstream>
 #include <functional>
 #include <queue>
+#include <stdexcept>
 #include <string>
 #include <thread>
 
@@ -30,15 +31,20 @@ struct Job {
   std::priority_queue<uint32_t, std::vector<uint32_t>, std::greater<>> ready;
   std::size_t finished = 0;
   int running = 0;
-  std::exception_ptr error;
+  // The first failure's message. Kept as text, not as the exception: the stream worker reads
+  // it after helpers may have dropped the job, and an exception object shared across threads
+  // is freed through libstdc++'s own (uninstrumented) reference counts, which ThreadSanitizer
+  // reports as a race.
+  bool failed = false;
+  std::string error;
 
-  bool done() const { return finished == total || (error && running == 0); }
+  bool done() const { return finished == total || (failed && running == 0); }
 
   void participate() {
     std::unique_lock<std::mutex> lock(m);
     for (;;) {
       if (done()) return;
-      if (ready.empty() || error) {
+      if (ready.empty() || failed) {
         cv.wait(lock);
         continue;
       }
@@ -46,17 +52,25 @@ struct Job {
       ready.pop();
       ++running;
       lock.unlock();
-      std::exception_ptr failure;
+      bool node_failed = false;
+      std::string message;
       try {
         (*nodes)[id].task();
+      } catch (const std::exception& e) {
+        node_failed = true;
+        message = e.what();
       } catch (...) {
-        failure = std::current_exception();
+        node_failed = true;
+        message = "unknown exception";
       }
       lock.lock();
       --running;
       ++finished;
-      if (failure) {
-        if (!error) error = failure;  // nodes that depend on it never become ready
+      if (node_failed) {
+        if (!failed) {  // nodes that depend on it never become ready
+          failed = true;
+          error = std::move(message);
+        }
       } else {
         for (uint32_t s : (*successors)[id]) {
           if (--remaining[s] == 0) ready.push(s);
@@ -254,7 +268,14 @@ void Exec::run_parallel() {
   job->participate();
   helpers.withdraw(job.get());
   // Helpers still inside participate() see the job done and touch neither nodes nor this Exec.
-  if (job->error) std::rethrow_exception(job->error);
+  if (job->failed) {
+    std::string message;
+    {
+      std::lock_guard<std::mutex> lock(job->m);
+      message = job->error;
+    }
+    throw std::runtime_error(message);
+  }
 }
 
 }  // namespace accel::rt::host
