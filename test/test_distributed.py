@@ -379,6 +379,29 @@ def _plain_init(rank: int, world: int) -> tuple[str, str]:
     return str(dist.get_backend()), pg._get_backend(torch.device("accel")).name()
 
 
+def _dtensor(rank: int, world: int) -> None:
+    """Functional collectives and DTensor on an accel device mesh (what FSDP2 and tensor
+    parallelism build on)."""
+    import torch.distributed._functional_collectives as funcol
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    mesh = init_device_mesh("accel", (world,))
+    t = torch.full((4,), float(rank + 1), device="accel")
+    total = float(sum(r + 1 for r in range(world)))
+    torch.testing.assert_close(funcol.all_reduce(t, "sum", mesh).cpu(), torch.full((4,), total))
+    gathered = funcol.all_gather_tensor(t, 0, mesh)
+    expected = torch.cat([torch.full((4,), float(r + 1)) for r in range(world)])
+    torch.testing.assert_close(gathered.cpu(), expected)
+    full = torch.arange(8.0 * world).view(4 * world, 2)
+    dt = distribute_tensor(full.to("accel"), mesh, [Shard(0)])
+    rows = full.shape[0] // world
+    torch.testing.assert_close(dt.to_local().cpu(), full[rank * rows : (rank + 1) * rows])
+    assert dt.to_local().device.type == "accel"
+    torch.testing.assert_close(dt.redistribute(mesh, [Replicate()]).to_local().cpu(), full)
+    torch.testing.assert_close((dt * 2).full_tensor().cpu(), full * 2)
+
+
 def _ddp_logging(rank: int, world: int) -> dict[str, int]:
     from torch.nn.parallel import DistributedDataParallel
 
@@ -443,6 +466,10 @@ def test_shutdown_with_pending_work_does_not_hang() -> None:
 def test_plain_init_process_group_picks_accl_for_accel() -> None:
     for _backend, accel_backend in run_ranks(_plain_init, backend=None):
         assert accel_backend == "accl", accel_backend
+
+
+def test_functional_collectives_and_dtensor() -> None:
+    run_ranks(_dtensor)
 
 
 def test_ddp_reports_accel_times() -> None:
