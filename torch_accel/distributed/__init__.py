@@ -33,9 +33,9 @@ def is_available() -> bool:
     return dist.is_available() and dist.is_gloo_available()
 
 
-def _create_backend(
-    store: dist.Store, rank: int, size: int, timeout: timedelta
-) -> dist.ProcessGroup:
+def _create_backend(store: dist.Store, rank: int, size: int, timeout: timedelta) -> object:
+    """torch.distributed's creator for accl: a c10d Backend (torch._C._distributed_c10d.Backend)
+    over a ProcessGroupGloo of the same store, rank and size."""
     if not dist.is_gloo_available():
         raise RuntimeError("accl runs its collectives through Gloo, which this torch lacks")
     inner = dist.ProcessGroupGloo(store, rank, size, timeout)
