@@ -191,10 +191,14 @@ def _collectives(rank: int, world: int) -> None:
         part = src[start : start + sends(r)[rank]]
         pieces.append(torch.stack([part, -part], 1))
     torch.testing.assert_close(out.cpu(), torch.cat(pieces))
-    with pytest.raises(NotImplementedError, match="all_to_all_single"):
-        dist.all_to_all(
-            [torch.empty(2, device=dev) for _ in ranks], [torch.ones(2, device=dev) for _ in ranks]
-        )
+    # all_to_all on lists (point-to-point messages; Gloo has none): rank r sends j + r + 1
+    # elements to rank j, all of value 100 * r + j.
+    outs = [torch.empty(rank + j + 1, device=dev) for j in ranks]
+    dist.all_to_all(
+        outs, [torch.full((j + rank + 1,), 100.0 * rank + j, device=dev) for j in ranks]
+    )
+    for j in ranks:
+        torch.testing.assert_close(outs[j].cpu(), torch.full((rank + j + 1,), 100.0 * j + rank))
 
     gathered = [torch.empty(6, device=dev) for _ in ranks] if rank == 0 else None
     dist.gather(ref(rank).to(dev), gathered, dst=0)
@@ -301,6 +305,14 @@ def _mismatch(rank: int, world: int) -> list[str]:
         dist.all_reduce(torch.ones(4, device=dev), op=dist._make_nccl_premul_sum(2.0))
         raise AssertionError("no error for PREMUL_SUM")
     except RuntimeError as e:
+        messages.append(str(e))
+    # all_to_all whose receive sizes do not match what the peers send (rank 1 expects 3
+    # elements from rank 0, which sends 2).
+    try:
+        outs = [torch.empty(3 if rank == 1 and j != rank else 2, device=dev) for j in range(world)]
+        dist.all_to_all(outs, [torch.ones(2, device=dev) for _ in range(world)])
+        raise AssertionError("no error for mismatched all_to_all sizes")
+    except ValueError as e:
         messages.append(str(e))
     g = torch.accel.AccelGraph()
     x = torch.ones(4, device=dev)
@@ -432,7 +444,7 @@ def test_collectives_follow_the_callers_stream() -> None:
 
 def test_mismatches_and_misuse_raise_clear_errors_on_every_rank() -> None:
     for messages in run_ranks(_mismatch):
-        shape, dtype, cpu, strided, premul, capture = messages
+        shape, dtype, cpu, strided, premul, splits, capture = messages
         assert "rank 0: allreduce (SUM) of Float, 4 elements" in shape.replace(
             "ALLREDUCE", "allreduce"
         )
@@ -441,6 +453,7 @@ def test_mismatches_and_misuse_raise_clear_errors_on_every_rank() -> None:
         assert "got a tensor on cpu" in cpu
         assert "contiguous" in strided
         assert "PREMUL_SUM" in premul
+        assert "split sizes" in splits and "sends [2,2] elements" in splits, splits
         assert "allreduce" in capture and "captur" in capture
 
 

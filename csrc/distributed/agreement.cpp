@@ -21,7 +21,7 @@ namespace accel::distributed {
 namespace {
 
 constexpr int64_t kMagic = 0x6163636c;  // "accl"
-constexpr int64_t kHeader = 8;          // then one send count per rank
+constexpr int64_t kHeader = 8;  // then per rank the elements sent to it, then received from it
 
 enum Field : int64_t { kTag, kOp, kReduceOp, kRoot, kDtype, kElements, kPairwise, kInline };
 enum RedOp : int64_t { kSum, kAvg, kProduct, kMin, kMax, kBand, kBor, kBxor };
@@ -94,7 +94,8 @@ void agree(c10d::Backend& inner, c10d::OpType op, const Signature& sig, const st
   const bool inlined = sig.inline_tensor.defined();
   // Every message has the same size, inline payload or not: a rank that disagrees must still
   // send what the others expect to receive.
-  const int64_t width = kHeader + size + kInlineBytes / 8;
+  const int64_t width = kHeader + 2 * size + kInlineBytes / 8;
+  const int64_t payload = kHeader + 2 * size;  // where an inline all_reduce's bytes go
   at::Tensor mine = at::empty({width}, at::kLong);
   int64_t* m = mine.data_ptr<int64_t>();
   std::fill(m, m + width, 0);
@@ -107,10 +108,11 @@ void agree(c10d::Backend& inner, c10d::OpType op, const Signature& sig, const st
   m[kPairwise] = pairwise ? 1 : 0;
   m[kInline] = inlined ? 1 : 0;
   if (inlined) {
-    std::memcpy(m + kHeader + size, sig.inline_tensor.const_data_ptr(), sig.inline_tensor.nbytes());
+    std::memcpy(m + payload, sig.inline_tensor.const_data_ptr(), sig.inline_tensor.nbytes());
   }
   for (size_t j = 0; j < sig.send.size() && j < static_cast<size_t>(size); ++j) {
     m[kHeader + j] = sig.send[j];
+    m[kHeader + size + j] = sig.recv.at(j);
   }
 
   std::vector<at::Tensor> in{mine};
@@ -124,10 +126,14 @@ void agree(c10d::Backend& inner, c10d::OpType op, const Signature& sig, const st
     for (int64_t f : {kTag, kOp, kReduceOp, kRoot, kDtype, kPairwise, kInline}) {
       same = same && o[f] == m[f];
     }
-    if (!pairwise) {
-      same = same && o[kElements] == m[kElements];
-    } else if (same) {
-      same = o[kHeader + rank] == sig.recv.at(r);  // what rank r sends me is what I expect
+    if (!pairwise) same = same && o[kElements] == m[kElements];
+  }
+  // all_to_all: every pair, so that ranks not involved in a mismatch stop too. What rank a
+  // sends to b is what b expects from a.
+  for (int a = 0; a < size && same && pairwise; ++a) {
+    const int64_t* oa = out[0][a].data_ptr<int64_t>();
+    for (int b = 0; b < size && same; ++b) {
+      same = oa[kHeader + b] == out[0][b].data_ptr<int64_t>()[kHeader + size + a];
     }
   }
   if (same) {
@@ -136,8 +142,8 @@ void agree(c10d::Backend& inner, c10d::OpType op, const Signature& sig, const st
       const at::Tensor& t = sig.inline_tensor;
       std::vector<at::Tensor> rows;
       for (int r = 0; r < size; ++r) {
-        rows.push_back(at::from_blob(out[0][r].data_ptr<int64_t>() + kHeader + size, {t.numel()},
-                                     t.options()));
+        rows.push_back(
+            at::from_blob(out[0][r].data_ptr<int64_t>() + payload, {t.numel()}, t.options()));
       }
       at::Tensor reduced = reduce_rows(at::stack(rows), sig.reduce_op);
       std::memcpy(t.data_ptr(), reduced.contiguous().const_data_ptr(), t.nbytes());
@@ -155,7 +161,9 @@ void agree(c10d::Backend& inner, c10d::OpType op, const Signature& sig, const st
     if (pairwise && o[kTag] == kMagic) {
       msg << ", sends";
       for (int j = 0; j < size; ++j) msg << (j ? "," : " [") << o[kHeader + j];
-      msg << "] elements to ranks 0.." << size - 1;
+      msg << "] elements to ranks 0.." << size - 1 << ", expects";
+      for (int j = 0; j < size; ++j) msg << (j ? "," : " [") << o[kHeader + size + j];
+      msg << "] from them";
     }
   }
   msg << "\nEvery rank must call the same collectives in the same order, with tensors of the "

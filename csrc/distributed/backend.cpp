@@ -12,6 +12,7 @@
 #include "aten/host_task.h"
 #include "device/common.h"
 #include "distributed/agreement.h"
+#include "distributed/all_to_all.h"
 #include "distributed/work.h"
 
 namespace accel::distributed {
@@ -461,12 +462,30 @@ WorkPtr AccelBackend::alltoall_base(at::Tensor& output, at::Tensor& input,
   return submit(std::move(call));
 }
 
-WorkPtr AccelBackend::alltoall(std::vector<at::Tensor>& /*outputs*/,
-                               std::vector<at::Tensor>& /*inputs*/,
+WorkPtr AccelBackend::alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
                                const c10d::AllToAllOptions& /*opts*/) {
-  TORCH_CHECK_NOT_IMPLEMENTED(false,
-                              "accl: all_to_all on lists of tensors is not supported (Gloo "
-                              "has no alltoall); use all_to_all_single on one tensor");
+  // Gloo has no alltoall: point-to-point messages (all_to_all.h).
+  Call call("all_to_all", c10d::OpType::ALLTOALL);
+  const auto size = static_cast<size_t>(getSize());
+  TORCH_CHECK_VALUE(outputs.size() == size && inputs.size() == size,
+                    "accl: all_to_all takes one input and one output tensor per rank (", size,
+                    "), got ", inputs.size(), " inputs and ", outputs.size(), " outputs");
+  auto in = call.views(inputs, false);
+  auto out = call.views(outputs, true);
+  for (size_t j = 0; j < size; ++j) {
+    TORCH_CHECK_VALUE(
+        in[j].scalar_type() == in[0].scalar_type() && out[j].scalar_type() == in[0].scalar_type(),
+        "accl: all_to_all needs one dtype for every tensor, got ", in[j].scalar_type(), " and ",
+        out[j].scalar_type(), " beside ", in[0].scalar_type());
+    call.sig.send.push_back(in[j].numel());
+    call.sig.recv.push_back(out[j].numel());
+  }
+  TORCH_CHECK_VALUE(in[getRank()].numel() == out[getRank()].numel(),
+                    "accl: all_to_all: this "
+                    "rank's own block has ",
+                    in[getRank()].numel(), " elements in and ", out[getRank()].numel(), " out");
+  call.issue = [inner = inner_, out, in]() mutable { return all_to_all_p2p(*inner, out, in); };
+  return submit(std::move(call));
 }
 
 WorkPtr AccelBackend::send(std::vector<at::Tensor>& tensors, int dst, int tag) {
