@@ -4,6 +4,8 @@
 // with CUDA events.
 #include <torch/csrc/distributed/c10d/reducer_timer.hpp>
 
+#include <c10/core/Event.h>
+
 #include <array>
 #include <optional>
 
@@ -16,46 +18,27 @@ class AccelTimer final : public c10d::Timer {
  public:
   explicit AccelTimer(c10::Device device) : device_(device.index() < 0 ? 0 : device.index()) {}
 
-  ~AccelTimer() override {
-    for (auto& e : events_) {
-      if (!e.recorded) continue;
-      try {
-        rt::event_destroy(e.event);
-      } catch (...) {
-      }
-    }
-  }
-
   void record(Event event) override {
     c10d::Timer::record(event);  // the host-side timestamp DDP also reads
-    auto& slot = events_.at(static_cast<size_t>(event));
-    device::call([&] {
-      if (!slot.recorded) slot.event = rt::event_create(device_, /*enable_timing=*/true);
-      rt::event_record(slot.event, rt::current_stream(device_));
-    });
-    slot.recorded = true;
+    auto& e = events_.at(static_cast<size_t>(event));
+    if (!e) e.emplace(device::kAccel, c10::EventFlag::BACKEND_DEFAULT);  // with timing
+    e->record(device::to_c10(device::call([&] { return rt::current_stream(device_); })));
   }
 
   std::optional<int64_t> measureDifference(Event start, Event end) override {
     const auto& a = events_.at(static_cast<size_t>(start));
     const auto& b = events_.at(static_cast<size_t>(end));
-    if (!a.recorded || !b.recorded) return std::nullopt;
-    const float ms = device::call([&] {
-      rt::event_synchronize(a.event);
-      rt::event_synchronize(b.event);
-      return rt::event_elapsed_time(a.event, b.event);
-    });
+    if (!a || !b) return std::nullopt;
+    a->synchronize();
+    b->synchronize();
+    const double ms = a->elapsedTime(*b);
     if (ms < 0) return std::nullopt;  // recorded out of order (DDP skips such iterations)
-    return static_cast<int64_t>(static_cast<double>(ms) * 1e6);
+    return static_cast<int64_t>(ms * 1e6);
   }
 
  private:
-  struct Slot {
-    rt::Event event{};
-    bool recorded = false;
-  };
   int device_;
-  std::array<Slot, 5> events_{};  // one per c10d::Timer::Event
+  std::array<std::optional<c10::Event>, 5> events_;  // one per c10d::Timer::Event
 };
 
 }  // namespace

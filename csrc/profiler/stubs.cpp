@@ -4,6 +4,7 @@
 // on the current accel stream when each operator starts and ends, and the time between them as
 // the operator's device time. (torch.profiler with ProfilerActivity.PrivateUse1 uses the Kineto
 // child profiler instead: kineto_profiler.cpp.)
+#include <c10/core/Event.h>
 #include <c10/util/ApproximateClock.h>
 #include <torch/csrc/profiler/stubs/base.h>
 
@@ -14,40 +15,25 @@
 namespace accel::profiler {
 namespace {
 
-struct AccelEvent {
-  explicit AccelEvent(int device) : event(rt::event_create(device, /*enable_timing=*/true)) {}
-  ~AccelEvent() {
-    try {
-      rt::event_destroy(event);
-    } catch (...) {
-    }
-  }
-  rt::Event event;
-};
-
 class Stubs final : public torch::profiler::impl::ProfilerStubs {
  public:
   void record(c10::DeviceIndex* device, torch::profiler::impl::ProfilerVoidEventStub* event,
               int64_t* cpu_ns) const override {
-    device::call([&] {
-      const int d = rt::get_device();
-      if (device != nullptr) *device = static_cast<c10::DeviceIndex>(d);
-      auto e = std::make_shared<AccelEvent>(d);
-      if (cpu_ns != nullptr) *cpu_ns = c10::getTime();
-      rt::event_record(e->event, rt::current_stream(d));
-      *event = std::static_pointer_cast<void>(e);
-    });
+    const int d = device::call([] { return rt::get_device(); });
+    if (device != nullptr) *device = static_cast<c10::DeviceIndex>(d);
+    auto e = std::make_shared<c10::Event>(device::kAccel, c10::EventFlag::BACKEND_DEFAULT);
+    if (cpu_ns != nullptr) *cpu_ns = c10::getTime();
+    e->record(device::to_c10(device::call([&] { return rt::current_stream(d); })));
+    *event = std::static_pointer_cast<void>(e);
   }
 
   float elapsed(const torch::profiler::impl::ProfilerVoidEventStub* start,
                 const torch::profiler::impl::ProfilerVoidEventStub* end) const override {
-    const auto* a = static_cast<const AccelEvent*>(start->get());
-    const auto* b = static_cast<const AccelEvent*>(end->get());
-    return device::call([&] {
-      rt::event_synchronize(a->event);
-      rt::event_synchronize(b->event);
-      return rt::event_elapsed_time(a->event, b->event) * 1000.0f;  // microseconds
-    });
+    const auto* a = static_cast<const c10::Event*>(start->get());
+    const auto* b = static_cast<const c10::Event*>(end->get());
+    a->synchronize();
+    b->synchronize();
+    return static_cast<float>(a->elapsedTime(*b) * 1000.0);  // microseconds
   }
 
   // Range annotations belong to a tool like NVTX; accel's ranges are torch.profiler's own
