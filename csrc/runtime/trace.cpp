@@ -62,24 +62,13 @@ bool enabled() noexcept {
 
 Task wrap(Task task, Stream stream, const char* label) {
   auto inner = std::make_shared<Task>(std::move(task));
-  // The label is copied: callers may pass a name that does not outlive the launch.
-  return Task([inner, device = stream.device(), id = stream.id(),
-               label = std::make_shared<const std::string>(label != nullptr ? label : "task"),
-               tag = current_tag()] {
-    const int64_t start = now_ns();
-    struct Record {  // also when the task throws
-      int device;
-      uint64_t id;
-      const std::string& label;
-      uint64_t tag;
-      int64_t start;
-      ~Record() {
-        if (!g_enabled.load(std::memory_order_relaxed)) return;
-        TaskRecord r{Kind::Task, device, id, label, start, now_ns(), tag};
-        std::lock_guard<std::mutex> lock(g_mutex);
-        g_records->push_back(std::move(r));
-      }
-    } record{device, id, *label, tag, start};
+  // open() copies the label: callers may pass a name that does not outlive the launch.
+  return Task([inner, record = open(stream, label != nullptr ? label : "task", Kind::Task)] {
+    record->start_ns = now_ns();
+    struct Close {  // also when the task throws
+      TaskRecord& r;
+      ~Close() { close(r); }
+    } close_when_done{*record};
     (*inner)();
   });
 }
