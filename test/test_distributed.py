@@ -29,7 +29,14 @@ from torch_accel import distributed as accel_dist
 
 ROOT = Path(__file__).resolve().parent.parent
 
-pytestmark = pytest.mark.skipif(not accel_dist.is_available(), reason="no Gloo in this torch")
+pytestmark = [
+    pytest.mark.skipif(not accel_dist.is_available(), reason="no Gloo in this torch"),
+    # Two ranks share accel:0 here, which NCCL refuses: test_distributed_cuda.py covers cuda.
+    pytest.mark.skipif(
+        torch_accel.is_available() and torch_accel.driver() == "cuda",
+        reason="the host driver's path (the cuda driver's: test_distributed_cuda.py)",
+    ),
+]
 
 
 def _entry(

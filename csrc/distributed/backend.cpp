@@ -9,10 +9,12 @@
 #include <thread>
 #include <utility>
 
+#include "aten/executor.h"
 #include "aten/host_task.h"
 #include "device/common.h"
 #include "distributed/agreement.h"
 #include "distributed/all_to_all.h"
+#include "distributed/stream_call.h"
 #include "distributed/work.h"
 
 namespace accel::distributed {
@@ -99,8 +101,8 @@ class CommThread {
   std::thread thread_;
 };
 
-// One collective: the accel tensors it touches, the CPU views the inner backend gets, and the
-// call that hands them over.
+// One collective: the accel tensors it touches, the views the inner backend gets (CPU tensors
+// on the host driver, CUDA tensors on the cuda driver), and the call that hands them over.
 struct AccelBackend::Call {
   Call(const char* op_name, c10d::OpType op) : op_name(op_name), op(op) {}
 
@@ -127,7 +129,7 @@ struct AccelBackend::Call {
     if (write) outputs.push_back(t);
     auto layout = aten::Layout::of(t, write);
     memory.emplace_back(layout.base, layout.nbytes);
-    return layout.cpu_view();
+    return layout.view_on(aten::kernel_device(device));
   }
   std::vector<at::Tensor> views(const std::vector<at::Tensor>& ts, bool write) {
     std::vector<at::Tensor> out;
@@ -189,12 +191,20 @@ std::vector<int64_t> split_elements(const at::Tensor& t, const std::vector<int64
 
 }  // namespace
 
-AccelBackend::AccelBackend(c10::intrusive_ptr<c10d::Backend> inner, int rank, int size, bool check)
+AccelBackend::AccelBackend(c10::intrusive_ptr<c10d::Backend> inner,
+                           c10::intrusive_ptr<c10d::Backend> checker, int rank, int size)
     : c10d::Backend(rank, size),
       inner_(std::move(inner)),
-      check_(check),
+      checker_(std::move(checker)),
+      on_host_(aten::executor() == aten::Executor::Host),
       thread_(std::make_unique<CommThread>()) {
   TORCH_CHECK(inner_, "accl: no inner backend");
+  if (!on_host_ && aten::executor() != aten::Executor::Cuda) {
+    TORCH_CHECK_NOT_IMPLEMENTED(false,
+                                "torch.distributed on accel (backend accl) needs the host or the "
+                                "cuda driver: ",
+                                aten::executor_unavailable_reason());
+  }
 }
 
 AccelBackend::~AccelBackend() {
@@ -230,14 +240,21 @@ WorkPtr AccelBackend::endCoalescing() {
   return c10::make_intrusive<AccelWork>(getRank(), c10d::OpType::COALESCED, std::move(calls));
 }
 
+WorkPtr AccelBackend::track(WorkPtr work) {
+  if (coalescing_) coalesced_.push_back(work);
+  return work;
+}
+
 WorkPtr AccelBackend::submit(Call call) {
-  aten::require_host_accessible("torch.distributed on accel (backend accl)");
   const c10::DeviceIndex dev = call.device >= 0 ? call.device : device::current_device();
   aten::refuse_capture(dev, call.op_name,
-                       "collectives run through Gloo on the host, outside the device's streams");
+                       on_host_ ? "collectives run through Gloo on the host, outside the device's "
+                                  "streams"
+                                : "accel graphs do not record NCCL's streams");
+  if (!on_host_) return submit_in_stream_order(std::move(call), dev);
   std::vector<c10::Device> devices;
   if (call.device >= 0) devices.emplace_back(device::kAccel, call.device);
-  auto state = std::make_shared<CallState>(
+  auto state = std::make_shared<HostCallState>(
       std::string(call.op_name) + " on accel:" + std::to_string(int(dev)), std::move(call.keep),
       std::move(call.outputs), std::move(devices));
   // The collective starts once the caller's stream reached this point: at once when that stream
@@ -246,13 +263,13 @@ WorkPtr AccelBackend::submit(Call call) {
   const bool idle = device::call([&] { return rt::stream_query(stream); });
   const bool p2p = call.op == c10d::OpType::SEND || call.op == c10d::OpType::RECV ||
                    call.op == c10d::OpType::RECVANYSOURCE;
-  const bool check = check_ && !p2p;
-  auto job = [state, check, inner = inner_, op = call.op, sig = std::move(call.sig),
-              memory = std::move(call.memory),
+  const bool check = checker_ && !p2p;
+  auto job = [state, check, inner = inner_, checker = checker_, op = call.op,
+              sig = std::move(call.sig), memory = std::move(call.memory),
               issue = std::move(call.issue)](bool cancelled, rt::Event ready) {
     c10::intrusive_ptr<c10d::Work> work;
     std::exception_ptr error;
-    CallState::Access access;
+    HostCallState::Access access;
     try {
       TORCH_CHECK_WITH(DistBackendError, !cancelled,
                        "the process group was shut down before it started");
@@ -262,7 +279,7 @@ WorkPtr AccelBackend::submit(Call call) {
           access.push_back(std::make_unique<rt::HostAccessGuard>(base, nbytes));
         }
       });
-      if (check) agree(*inner, op, sig, state->name);
+      if (check) agree(*checker, op, sig, state->name);
       work = sig.inline_tensor.defined() ? WorkPtr(c10::make_intrusive<DoneWork>()) : issue();
     } catch (...) {
       error = std::current_exception();
@@ -281,10 +298,27 @@ WorkPtr AccelBackend::submit(Call call) {
     });
     thread_->push([job = std::move(job), ready](bool cancelled) { job(cancelled, ready); });
   }
-  auto work = c10::make_intrusive<AccelWork>(getRank(), call.op,
-                                             std::vector<std::shared_ptr<CallState>>{state});
-  if (coalescing_) coalesced_.push_back(work);
-  return work;
+  return track(c10::make_intrusive<AccelWork>(getRank(), call.op,
+                                              std::vector<std::shared_ptr<CallState>>{state}));
+}
+
+WorkPtr AccelBackend::submit_in_stream_order(Call call, c10::DeviceIndex dev) {
+  const std::string name = std::string(call.op_name) + " on accel:" + std::to_string(int(dev));
+  const bool p2p = call.op == c10d::OpType::SEND || call.op == c10d::OpType::RECV ||
+                   call.op == c10d::OpType::RECVANYSOURCE;
+  if (checker_ && !p2p) agree(*checker_, call.op, call.sig, name);
+  auto state =
+      std::make_shared<StreamCallState>(name, std::move(call.keep), std::move(call.outputs), dev);
+  WorkPtr inner;
+  try {
+    aten::KernelScope scope(dev);  // accel's stream is the current CUDA stream
+    inner = call.issue();
+  } catch (...) {
+    rethrow_naming(std::current_exception(), name);
+  }
+  state->issued(std::move(inner));
+  return track(c10::make_intrusive<AccelWork>(getRank(), call.op,
+                                              std::vector<std::shared_ptr<CallState>>{state}));
 }
 
 // Each collective: views of its tensors, then the inner backend's collective on them.
@@ -305,7 +339,7 @@ WorkPtr AccelBackend::allreduce(std::vector<at::Tensor>& tensors,
   auto v = call.views(tensors, true);
   call.sig.reduce_op = opts.reduceOp.op_;
   call.sig.elements = call.elements(tensors);
-  if (check_ && v.size() == 1 && can_inline(v[0], call.sig.reduce_op)) {
+  if (on_host_ && checker_ && v.size() == 1 && can_inline(v[0], call.sig.reduce_op)) {
     call.sig.inline_tensor = v[0];  // done by the agreement itself: one round trip
   }
   call.issue = [inner = inner_, v, opts]() mutable { return inner->allreduce(v, opts); };
@@ -463,8 +497,8 @@ WorkPtr AccelBackend::alltoall_base(at::Tensor& output, at::Tensor& input,
 }
 
 WorkPtr AccelBackend::alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
-                               const c10d::AllToAllOptions& /*opts*/) {
-  // Gloo has no alltoall: point-to-point messages (all_to_all.h).
+                               const c10d::AllToAllOptions& opts) {
+  // Gloo has no alltoall: point-to-point messages on the host (all_to_all.h); NCCL has one.
   Call call("all_to_all", c10d::OpType::ALLTOALL);
   const auto size = static_cast<size_t>(getSize());
   TORCH_CHECK_VALUE(outputs.size() == size && inputs.size() == size,
@@ -484,7 +518,13 @@ WorkPtr AccelBackend::alltoall(std::vector<at::Tensor>& outputs, std::vector<at:
                     "accl: all_to_all: this "
                     "rank's own block has ",
                     in[getRank()].numel(), " elements in and ", out[getRank()].numel(), " out");
-  call.issue = [inner = inner_, out, in]() mutable { return all_to_all_p2p(*inner, out, in); };
+  if (on_host_) {
+    call.issue = [inner = inner_, out, in]() mutable { return all_to_all_p2p(*inner, out, in); };
+  } else {
+    call.issue = [inner = inner_, out, in, opts]() mutable {
+      return inner->alltoall(out, in, opts);
+    };
+  }
   return submit(std::move(call));
 }
 
@@ -515,7 +555,8 @@ WorkPtr AccelBackend::barrier(const c10d::BarrierOptions& opts) {
     call.device = device::resolve_device(opts.device->index());
   }
   c10d::BarrierOptions inner_opts = opts;
-  inner_opts.device = c10::Device(c10::kCPU);  // Gloo's barrier has no tensor
+  // Gloo's barrier has no tensor; NCCL's all_reduces one on the device.
+  inner_opts.device = aten::kernel_device(call.device >= 0 ? call.device : -1);
   call.issue = [inner = inner_, inner_opts]() { return inner->barrier(inner_opts); };
   return submit(std::move(call));
 }

@@ -1,15 +1,19 @@
 // accel's torch.distributed backend ("accl"): collectives on accel tensors, in stream order.
 //
-// On the host driver the collectives run through an inner Gloo backend on CPU views of the accel
-// buffers themselves (no copies). Ordering follows CUDA's NCCL backend: a collective starts
-// once the work already enqueued on the caller's current stream has run (an event recorded on
-// that stream, waited for by the backend's communication thread, not a device-wide synchronize),
-// and work enqueued after Work::wait() (or on a stream that waited on the Work's future) runs
-// after the collective. One thread per backend takes the collectives in call order, so every
-// rank hands them to Gloo in the same order whatever stream each was called from.
+// The inner backend moves the bytes of views of the accel buffers themselves (no copies), on
+// the device whose kernels run for accel (aten/executor.h). Ordering follows CUDA's NCCL
+// backend: a collective starts once the work already enqueued on the caller's current stream
+// has run, and work enqueued after Work::wait() (or on a stream that waited on the Work's
+// future) runs after the collective.
 //
-// Work::wait() blocks the calling thread until the collective finished (Gloo's semantics), so
-// errors and timeouts are raised by the call that waits, naming the collective.
+// - Host driver: Gloo on CPU views. The caller's stream reaching the collective is an event
+//   recorded on it, waited for by the backend's communication thread (not a device-wide
+//   synchronize). That one thread takes the collectives in call order, so every rank hands them
+//   to Gloo in the same order whatever stream each was called from. Work::wait() blocks the
+//   calling thread until the collective finished (Gloo's semantics), so errors and timeouts are
+//   raised by the call that waits, naming the collective.
+// - cuda driver: NCCL on CUDA views, issued with accel's stream as the current CUDA stream;
+//   Work::wait() orders the caller's stream after it without blocking (stream_call.h).
 #pragma once
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
@@ -25,9 +29,12 @@ class CommThread;
 
 class AccelBackend final : public c10d::Backend {
  public:
-  // `inner`: the backend that moves the bytes (Gloo over CPU views of accel memory). `check`:
-  // compare each collective's signature across ranks first (agreement.h).
-  AccelBackend(c10::intrusive_ptr<c10d::Backend> inner, int rank, int size, bool check);
+  // `inner`: the backend that moves the bytes (Gloo over CPU views of accel memory on the host
+  // driver, NCCL over CUDA views on the cuda driver). `checker`: a Gloo backend of the same
+  // group through which each collective's signature is compared across ranks first
+  // (agreement.h), or null for no check.
+  AccelBackend(c10::intrusive_ptr<c10d::Backend> inner, c10::intrusive_ptr<c10d::Backend> checker,
+               int rank, int size);
   ~AccelBackend() override;
 
   const std::string getBackendName() const override { return "accl"; }
@@ -92,9 +99,12 @@ class AccelBackend final : public c10d::Backend {
 
  private:
   c10::intrusive_ptr<c10d::Work> submit(Call call);
+  c10::intrusive_ptr<c10d::Work> submit_in_stream_order(Call call, c10::DeviceIndex device);
+  c10::intrusive_ptr<c10d::Work> track(c10::intrusive_ptr<c10d::Work> work);
 
   c10::intrusive_ptr<c10d::Backend> inner_;
-  bool check_;
+  c10::intrusive_ptr<c10d::Backend> checker_;
+  bool on_host_;  // the host driver's path (else the cuda driver's)
   std::unique_ptr<CommThread> thread_;
   bool coalescing_ = false;
   std::vector<c10::intrusive_ptr<c10d::Work>> coalesced_;

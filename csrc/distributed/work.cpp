@@ -22,6 +22,8 @@ template <class E>
   throw copy;
 }
 
+}  // namespace
+
 [[noreturn]] void rethrow_naming(std::exception_ptr error, const std::string& name) {
   const std::string context = "accl: while running " + name;
   try {
@@ -44,17 +46,18 @@ template <class E>
   }
 }
 
-}  // namespace
-
-CallState::CallState(std::string name, std::vector<at::Tensor> keep,
-                     std::vector<at::Tensor> outputs, std::vector<c10::Device> devices)
+CallState::CallState(std::string name, std::vector<at::Tensor> outputs,
+                     std::vector<c10::Device> devices)
     : name(std::move(name)),
       outputs(std::move(outputs)),
-      future(c10::make_intrusive<c10::ivalue::Future>(tensor_list_type(), std::move(devices))),
-      keep_(std::move(keep)) {}
+      future(c10::make_intrusive<c10::ivalue::Future>(tensor_list_type(), std::move(devices))) {}
 
-void CallState::issued(c10::intrusive_ptr<c10d::Work> inner, std::exception_ptr error,
-                       Access access) {
+HostCallState::HostCallState(std::string name, std::vector<at::Tensor> keep,
+                             std::vector<at::Tensor> outputs, std::vector<c10::Device> devices)
+    : CallState(std::move(name), std::move(outputs), std::move(devices)), keep_(std::move(keep)) {}
+
+void HostCallState::issued(c10::intrusive_ptr<c10d::Work> inner, std::exception_ptr error,
+                           Access access) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     issued_ = true;
@@ -81,7 +84,7 @@ void CallState::issued(c10::intrusive_ptr<c10d::Work> inner, std::exception_ptr 
   }
 }
 
-void CallState::finish(std::exception_ptr error) {
+void HostCallState::finish(std::exception_ptr error) {
   std::vector<at::Tensor> release;
   Access revoke;
   {
@@ -105,7 +108,7 @@ void CallState::finish(std::exception_ptr error) {
   }
 }
 
-void CallState::wait(std::chrono::milliseconds timeout) {
+void HostCallState::wait(std::chrono::milliseconds timeout) {
   std::unique_lock<std::mutex> lock(mu_);
   auto ready = [this] { return issued_; };
   if (timeout == ::kNoTimeout) {
@@ -129,7 +132,7 @@ void CallState::wait(std::chrono::milliseconds timeout) {
   finish(nullptr);
 }
 
-bool CallState::completed() {
+bool HostCallState::completed() {
   std::unique_lock<std::mutex> lock(mu_);
   if (!issued_) return false;
   if (finished_ || error_) return true;
@@ -138,13 +141,13 @@ bool CallState::completed() {
   return inner->isCompleted();
 }
 
-int CallState::source_rank() {
+int HostCallState::source_rank() {
   std::lock_guard<std::mutex> lock(mu_);
   TORCH_CHECK(inner_, "accl: ", name, " has not started; wait() for it first");
   return inner_->sourceRank();
 }
 
-std::exception_ptr CallState::error() {
+std::exception_ptr HostCallState::error() {
   std::lock_guard<std::mutex> lock(mu_);
   if (error_ || !inner_) return error_;
   return inner_->exception();

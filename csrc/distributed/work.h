@@ -1,5 +1,4 @@
-// The Work of accel's torch.distributed backend: one collective (or several, coalesced) that
-// the communication thread hands to the inner backend once the caller's stream reached it.
+// The Work of accel's torch.distributed backend: one collective, or several coalesced.
 #pragma once
 
 #include <ATen/core/ivalue.h>
@@ -16,11 +15,32 @@
 
 namespace accel::distributed {
 
-// What one collective's Work, the communication thread and the inner backend's completion
-// callback share.
-struct CallState : std::enable_shared_from_this<CallState> {
-  CallState(std::string name, std::vector<at::Tensor> keep, std::vector<at::Tensor> outputs,
-            std::vector<c10::Device> devices);
+// One collective as its Work sees it, however it runs (host_call below, stream_call.h).
+struct CallState {
+  CallState(std::string name, std::vector<at::Tensor> outputs, std::vector<c10::Device> devices);
+  virtual ~CallState() = default;
+
+  // Blocks until the collective completed (host) or orders the caller's current stream after
+  // it (stream); rethrows its error, naming it.
+  virtual void wait(std::chrono::milliseconds timeout) = 0;
+  virtual bool completed() = 0;
+  virtual int source_rank() = 0;  // recv from any source: the sender, once waited for
+  virtual std::exception_ptr error() = 0;
+
+  const std::string name;  // "allreduce on accel:0", for messages
+  const std::vector<at::Tensor> outputs;
+  const c10::intrusive_ptr<c10::ivalue::Future> future;
+};
+
+// Rethrows `error` keeping its type, with "accl: while running <name>" added to its message;
+// other exceptions (Gloo's transport errors) become DistBackendError.
+[[noreturn]] void rethrow_naming(std::exception_ptr error, const std::string& name);
+
+// A collective that runs on the host (host driver): the communication thread hands it to the
+// inner backend once the caller's stream reached it, and it is done once the inner backend is.
+struct HostCallState final : CallState, std::enable_shared_from_this<HostCallState> {
+  HostCallState(std::string name, std::vector<at::Tensor> keep, std::vector<at::Tensor> outputs,
+                std::vector<c10::Device> devices);
 
   using Access = std::vector<std::unique_ptr<rt::HostAccessGuard>>;
 
@@ -29,15 +49,10 @@ struct CallState : std::enable_shared_from_this<CallState> {
   void issued(c10::intrusive_ptr<c10d::Work> inner, std::exception_ptr error, Access access);
   // Completes the future (idempotent): with the outputs, or with `error`.
   void finish(std::exception_ptr error);
-  // Blocks until the collective completed; rethrows its error, naming it.
-  void wait(std::chrono::milliseconds timeout);
-  bool completed();
-  int source_rank();  // recv from any source: the sender, once waited for
-  std::exception_ptr error();
-
-  const std::string name;  // "allreduce on accel:0", for messages
-  const std::vector<at::Tensor> outputs;
-  const c10::intrusive_ptr<c10::ivalue::Future> future;
+  void wait(std::chrono::milliseconds timeout) override;
+  bool completed() override;
+  int source_rank() override;
+  std::exception_ptr error() override;
 
  private:
   std::mutex mu_;

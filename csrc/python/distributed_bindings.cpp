@@ -1,8 +1,11 @@
-// torch.distributed's accel backend (torch_accel/distributed): wraps the Gloo backend that
-// PyTorch built for the group into accel's backend (csrc/distributed), which runs Gloo's
-// collectives on CPU views of accel memory in stream order.
+// torch.distributed's accel backend (torch_accel/distributed): wraps the backend built for the
+// group (Gloo on the host driver, NCCL on the cuda driver) into accel's backend
+// (csrc/distributed), which runs its collectives on views of accel memory in stream order.
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
 #include <torch/csrc/utils/pybind.h>
+
+#include <optional>
 
 #include "distributed/backend.h"
 #include "python/bindings.h"
@@ -14,12 +17,15 @@ namespace accel::python {
 void init_distributed_bindings(py::module_& m) {
   m.def(
       "_distributed_backend",
-      [](const c10::intrusive_ptr<c10d::Backend>& inner, int rank, int size, bool check) {
-        return c10::intrusive_ptr<c10d::Backend>(
-            c10::make_intrusive<distributed::AccelBackend>(inner, rank, size, check));
+      [](const c10::intrusive_ptr<c10d::Backend>& inner,
+         const std::optional<c10::intrusive_ptr<c10d::Backend>>& checker, int rank, int size) {
+        return c10::intrusive_ptr<c10d::Backend>(c10::make_intrusive<distributed::AccelBackend>(
+            inner, checker.value_or(nullptr), rank, size));
       },
-      py::arg("inner"), py::arg("rank"), py::arg("size"), py::arg("check") = true,
-      "accel's process-group backend over `inner` (a ProcessGroupGloo of the same group).");
+      py::arg("inner"), py::arg("checker"), py::arg("rank"), py::arg("size"),
+      "accel's process-group backend over `inner` (ProcessGroupGloo on the host driver, "
+      "ProcessGroupNCCL on the cuda driver), comparing each collective across ranks through "
+      "`checker` (a ProcessGroupGloo of the same group) unless it is None.");
   m.def(
       "_distributed_inner_backend",
       [](const c10::intrusive_ptr<c10d::Backend>& backend) {

@@ -1,0 +1,161 @@
+"""torch.distributed on accel on the cuda driver: accl through NCCL on CUDA views of accel memory.
+
+Every test here needs ACCEL_DRIVER=cuda and a GPU (test/gpu_proof.sh runs it); elsewhere the
+module skips, saying why (test_distributed.py covers the host driver). Each rank takes its own
+GPU, as NCCL requires: with one GPU the group has one rank, which still runs every collective
+through NCCL's kernels on the accel stream.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import torch_accel
+from torch_accel import distributed as accel_dist
+
+if not torch.cuda.is_available():
+    pytest.skip("torch sees no CUDA GPU here", allow_module_level=True)
+if not torch_accel.is_available() or torch_accel.driver() != "cuda":
+    pytest.skip(
+        f"accel is not on the cuda driver (driver {torch_accel.driver()!r}, "
+        f"{torch_accel.init_error() or 'run with ACCEL_DRIVER=cuda'})",
+        allow_module_level=True,
+    )
+if not accel_dist.is_available():
+    pytest.skip("this torch has no NCCL or no Gloo", allow_module_level=True)
+
+from test_distributed import ROOT, _free_port, run_ranks  # noqa: E402
+
+WORLD = min(2, torch.cuda.device_count())
+
+
+def _ref(r: int, n: int = 6, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    return (torch.arange(n, dtype=torch.float64) * (r + 1) + r).to(dtype)
+
+
+def _collectives(rank: int, world: int) -> str:
+    dev = torch.device("accel", rank)
+    torch.accel.set_device(dev)
+    ranks = range(world)
+    torch.accel.reset_fallback_stats()
+    for dtype in (torch.float32, torch.bfloat16, torch.int64):
+        for op in (dist.ReduceOp.SUM, dist.ReduceOp.MAX):
+            t = _ref(rank, dtype=dtype).to(dev)
+            dist.all_reduce(t, op=op)
+            stacked = torch.stack([_ref(r, dtype=dtype) for r in ranks])
+            expected = stacked.sum(0) if op == dist.ReduceOp.SUM else stacked.amax(0)
+            torch.testing.assert_close(t.cpu(), expected.to(dtype), msg=f"{op} {dtype}")
+    t = _ref(rank).to(dev)
+    dist.all_reduce(t, op=dist.ReduceOp.AVG)
+    torch.testing.assert_close(t.cpu(), torch.stack([_ref(r) for r in ranks]).mean(0))
+
+    t = _ref(rank).to(dev)
+    dist.broadcast(t, src=world - 1)
+    torch.testing.assert_close(t.cpu(), _ref(world - 1))
+    outs = [torch.empty(6, device=dev) for _ in ranks]
+    dist.all_gather(outs, _ref(rank).to(dev))
+    for r in ranks:
+        torch.testing.assert_close(outs[r].cpu(), _ref(r))
+    out = torch.empty(world * 6, device=dev)
+    dist.all_gather_into_tensor(out, _ref(rank).to(dev))
+    torch.testing.assert_close(out.cpu(), torch.cat([_ref(r) for r in ranks]))
+    full = [_ref(r, n=6 * world) for r in ranks]
+    out = torch.empty(6, device=dev)
+    dist.reduce_scatter_tensor(out, full[rank].to(dev))
+    torch.testing.assert_close(out.cpu(), torch.stack(full).sum(0)[rank * 6 : (rank + 1) * 6])
+    out = torch.empty(4 * world, device=dev)
+    dist.all_to_all_single(out, (torch.arange(4.0 * world) + 100 * rank).to(dev))
+    expected = torch.cat([torch.arange(4.0) + 4 * rank + 100 * r for r in ranks])
+    torch.testing.assert_close(out.cpu(), expected)
+    outs = [torch.empty(3, device=dev) for _ in ranks]
+    dist.all_to_all(outs, [torch.full((3,), 10.0 * rank + j, device=dev) for j in ranks])
+    for j in ranks:
+        torch.testing.assert_close(outs[j].cpu(), torch.full((3,), 10.0 * j + rank))
+    if world > 1:
+        peer, src = (rank + 1) % world, (rank - 1) % world
+        got = torch.empty(6, device=dev)
+        ops = [dist.P2POp(dist.isend, _ref(rank).to(dev), peer)]
+        ops.append(dist.P2POp(dist.irecv, got, src))
+        for w in dist.batch_isend_irecv(ops):
+            w.wait()
+        torch.testing.assert_close(got.cpu(), _ref(src))
+
+    # Async work: the future's value is the accel tensor itself.
+    t = _ref(rank).to(dev)
+    work = dist.all_reduce(t, async_op=True)
+    value = work.get_future().wait()
+    assert value[0].device == dev and value[0].data_ptr() == t.data_ptr()
+    work.wait()
+    torch.testing.assert_close(t.cpu(), torch.stack([_ref(r) for r in ranks]).sum(0))
+    dist.barrier()
+    obj: list[object] = [{"rank": rank}]
+    dist.broadcast_object_list(obj, src=world - 1)
+    assert obj == [{"rank": world - 1}]
+    assert torch.accel.fallback_stats() == {}, torch.accel.fallback_stats()
+    return accel_dist.inner_backend().name()
+
+
+def _stream_order(rank: int, world: int) -> None:
+    """NCCL starts once the caller's accel stream reached the collective (its input comes out of
+    a chain of matmuls still running on a side stream), and work enqueued after wait() or after
+    the future sees the result; the host does not block on the device for either."""
+    dev = torch.device("accel", rank)
+    torch.accel.set_device(dev)
+    a = torch.randn(2048, 2048, device=dev) / 45
+    total = float(sum(r + 1 for r in range(world)))
+    side = torch.accel.Stream()
+    side.wait_stream(torch.accel.current_stream())
+    with torch.accel.stream(side):
+        x = a
+        for _ in range(40):
+            x = x @ a
+        t = torch.full((1 << 20,), float(rank + 1), device=dev) + x.sum() * 0
+        out = torch.empty(world << 20, device=dev)
+        work = dist.all_gather_into_tensor(out, t, async_op=True)
+        work.wait()
+        doubled = out * 2
+        fut = dist.all_reduce(t, async_op=True).get_future()
+        summed = fut.then(lambda f: f.value()[0] + 1).wait()
+    torch.accel.current_stream().wait_stream(side)
+    expected = torch.cat([torch.full((1 << 20,), 2.0 * (r + 1)) for r in range(world)])
+    torch.testing.assert_close(doubled.cpu(), expected)
+    torch.testing.assert_close(summed.cpu(), torch.full((1 << 20,), total + 1))
+
+
+def test_collectives_run_through_nccl_and_match_the_cpu() -> None:
+    assert run_ranks(_collectives, world=WORLD) == ["nccl"] * WORLD
+
+
+def test_nccl_collectives_follow_the_accel_stream() -> None:
+    run_ranks(_stream_order, world=WORLD)
+
+
+@pytest.mark.parametrize("flags", [[], ["--fsdp"]], ids=["ddp", "fsdp2"])
+def test_ddp_example_matches_one_process_on_the_gpus(flags: list[str]) -> None:
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node",
+            str(WORLD),
+            "--master-port",
+            str(_free_port()),
+            str(ROOT / "examples" / "ddp_train.py"),
+            "--steps",
+            "10",
+            *flags,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ, ACCEL_DRIVER="cuda"),
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "OK" in proc.stdout.splitlines()
