@@ -275,12 +275,18 @@ def linked_variants(
     return out_variant, functional
 
 
-# Operators whose CPU kernels make tensors accel cannot hold (not dense and strided): they are
-# left to the CPU fallback, which refuses them with the reason (csrc/aten/fallback.cpp).
+# Operators whose CPU kernels make tensors accel cannot hold (quantized, mkldnn) or nested ones:
+# they are left to the CPU fallback, which refuses the former with the reason and runs the
+# latter on accel memory (csrc/aten/fallback.cpp, direct_call.cpp).
 NOT_DENSE_PREFIXES = (
-    "to_sparse", "_to_sparse", "to_mkldnn", "quantize_per", "_make_per_", "_nested",
-    "fbgemm_", "_fbgemm",
+    "to_mkldnn", "quantize_per", "_make_per_", "_nested", "fbgemm_", "_fbgemm",
 )  # fmt: skip
+# Dense-argument operators that make sparse tensors: the fallback runs the CPU's kernel on accel
+# memory and makes its sparse result an accel one (csrc/aten/sparse.cpp, direct_call.cpp).
+SPARSE_MAKERS = ("to_sparse", "_to_sparse")
+# Sparse tensors' structural operators, registered for accel's sparse keys with ATen's own
+# device-independent kernels in csrc/aten/sparse.cpp.
+SPARSE_STRUCTURAL = {"_sparse_coo_tensor_with_dims", "_sparse_coo_tensor_with_dims_and_tensors"}
 
 
 def unregistered(nf: NativeFunctions, registered: set[str]) -> list[tuple[str, str]]:
@@ -293,11 +299,15 @@ def unregistered(nf: NativeFunctions, registered: set[str]) -> list[tuple[str, s
             continue
         dense = {k for k in keys if not k.startswith(("Sparse", "Quantized", "Nested", "Mkldnn"))}
         if not dense:
-            continue  # kernels for sparse/quantized/nested tensors only: accel has none of those
+            continue  # kernels for sparse/quantized/nested tensors only (see direct_call.cpp)
         if name.startswith("_nested"):
             why = "runs on accel memory through the nested-tensor path (csrc/aten/direct_call.cpp)"
+        elif name in SPARSE_STRUCTURAL:
+            why = "ATen's own kernel, registered for accel's sparse keys (csrc/aten/sparse.cpp)"
+        elif name.startswith(SPARSE_MAKERS) and "CPU" in dense:
+            why = "makes sparse tensors: the executor device's kernel on accel memory (sparse.cpp)"
         elif name.startswith(NOT_DENSE_PREFIXES):
-            why = "makes tensors accel cannot hold (sparse, quantized, mkldnn): refused"
+            why = "makes tensors accel cannot hold (quantized, mkldnn): refused"
         else:
             why = f"no CPU kernel (PyTorch has {', '.join(sorted(dense))}): refused"
         out.append((name, why))
@@ -317,7 +327,7 @@ def default_registrations(nf: NativeFunctions, listed: set[str]) -> list[Registr
             continue
         if keys & COMPOSITE_KEYS and UNDERLYING_KEY["host"] not in keys:
             continue
-        if name.startswith(NOT_DENSE_PREFIXES):
+        if name.startswith(NOT_DENSE_PREFIXES + SPARSE_MAKERS):
             continue
         tiers = {
             d: "underlying" if UNDERLYING_KEY.get(d) in keys else "cpu_fallback" for d in DRIVERS

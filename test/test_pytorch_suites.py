@@ -23,8 +23,9 @@ does not support), "RNG:" (a seeded statistical check that accel's random stream
 
 Modes:
 
-* default (make test): every file, without the few slow tests in SLOW (1.5 min on 2 cores);
-* PYTORCH_SUITES_FULL=1: every test of every file (3 min; with PYTORCH_SUITES_CPU=1, 5 min);
+* default (make test): every file but those in FULL_ONLY, without the slow tests in SLOW
+  (under 3 min on 2 cores);
+* PYTORCH_SUITES_FULL=1: every test of every file (12 min);
 * PYTORCH_SUITES_FILES=test_a.py,test_b.py: those files only (without SLOW unless FULL too);
 * PYTORCH_SUITES_CPU=1 (with any): also runs the files on the CPU (plain torch, no
   torch_accel) as the reference: an accel failure whose CPU twin fails too is drift; checks that
@@ -77,11 +78,29 @@ WITH_CPU = os.environ.get("PYTORCH_SUITES_CPU", "") not in _OFF
 DEFAULT = not (FULL or ONLY)
 # Tests that take seconds each on accel, left out unless PYTORCH_SUITES_FULL: file: test names
 # (every instantiation: dtypes, parameters). Times on accel, 2 cores, host driver.
+_SPARSE_LAYOUTS = ("SparseCOO", "SparseCSR", "SparseCSC", "SparseBSR", "SparseBSC")
 SLOW = {
     # 13-43 s each on accel (1 s on the CPU): all(cond) over a million-element accel tensor, one
     # .item() (a stream synchronization) per element.
     "test_tensor_creation_ops.py": ["test_linspace"],
+    # 1-40 s each (3-4x the CPU's): gradcheck over sparse tensors, a stream synchronization per
+    # sparse operator (sparse kernels run on the calling thread); 5 of the file's 6.5 minutes.
+    "test_sparse.py": [
+        *(f"test_constructor_autograd_{layout}" for layout in _SPARSE_LAYOUTS),
+        *(
+            f"test_as_sparse_gradcheck_{layout}_{masked}_{mode}"
+            for layout in _SPARSE_LAYOUTS
+            for masked in ("masked", "nonmasked")
+            for mode in ("fast", "slow")
+        ),
+        "test_binary_operation_mul_SparseCOO",
+        "test_sparse_matmul",
+        "test_bmm",
+    ],
 }
+# Files that run only with PYTORCH_SUITES_FULL or when named in PYTORCH_SUITES_FILES: their
+# 4700 tests take 3 minutes on accel (2 cores), and test_sparse.py covers the same kernels.
+FULL_ONLY = {"test_sparse_csr.py"}
 EXCLUDE = [f"{f}::*::{name}_{{device}}*" for f, names in SLOW.items() for name in names]
 DEBUG_MODES = ("ACCEL_LAUNCH_BLOCKING", "ACCEL_PROTECT_DEVICE_MEMORY")
 # No test starting or ending for this long is a hang: the subprocess is killed.
@@ -286,7 +305,7 @@ _RUNS: dict[str, dict[str, FileRun]] = {}
 
 
 def _selected_files() -> list[str]:
-    return ONLY or FILES
+    return ONLY or [f for f in FILES if FULL or f not in FULL_ONLY]
 
 
 @pytest.fixture(scope="module")
@@ -310,6 +329,7 @@ def test_known_failures_file(known_failures: dict[str, str]) -> None:
     unknown = sorted(set(ONLY) - set(FILES))
     assert not unknown, f"PYTORCH_SUITES_FILES: not fetched by fetch.py: {unknown}"
     assert set(SLOW) <= set(FILES), "SLOW: not fetched by fetch.py"
+    assert FULL_ONLY <= set(FILES), "FULL_ONLY: not fetched by fetch.py"
 
 
 @pytest.mark.parametrize("name", _selected_files())

@@ -9,6 +9,9 @@
 //   cuda, where they have a CUDA kernel).
 // - Nested tensors (torch.nested with the strided layout, and nn.Transformer's fast path,
 //   which PyTorch takes for PrivateUse1 in eval mode).
+// - Sparse tensors (sparse.h): the executor device's sparse tensor over the same indices and
+//   values; a kernel that changes a sparse argument in place (resizing it, replacing its
+//   members) has its result written back into the accel tensor.
 //
 // A nested accel tensor is ATen's NestedTensorImpl over an accel buffer, with its metadata
 // (sizes, strides, offsets) in CPU tensors as on every device. Operators on it dispatch to the
@@ -36,6 +39,8 @@
 #include "aten/dispatch_util.h"
 #include "aten/executor.h"
 #include "aten/host_task.h"
+#include "aten/results.h"
+#include "aten/sparse.h"
 #include "device/common.h"
 
 namespace accel::aten {
@@ -86,9 +91,16 @@ class Converter {
   explicit Converter(c10::DeviceIndex device)
       : device_(device), storages_(kernel_device(device)), host_(executor() == Executor::Host) {}
 
-  // The tensor of the executor's device over the memory of an accel argument (dense or nested).
+  // The tensor of the executor's device over the memory of an accel argument (dense, nested or
+  // sparse).
   at::Tensor to_cpu(const at::Tensor& t) {
     if (!is_accel(t)) return t;
+    if (is_sparse_any(t)) {
+      at::Tensor mine =
+          sparse_on(t, storages_.device(), [this](const at::Tensor& d) { return to_cpu(d); });
+      sparse_.emplace_back(mine.unsafeGetTensorImpl(), t);
+      return mine;
+    }
     const c10::Storage& s = t.storage();
     memory_.add(s);
     guard(s);
@@ -104,6 +116,13 @@ class Converter {
   // else a copy on the call's device.
   at::Tensor to_accel(const at::Tensor& r, const char* what) {
     if (!r.defined() || r.device().type() != storages_.device().type()) return r;
+    if (is_sparse_any(r)) {
+      for (const auto& [impl, argument] : sparse_) {
+        if (impl == r.unsafeGetTensorImpl()) return argument;  // the argument itself
+      }
+      return sparse_on(r, c10::Device(kAccel, device_),
+                       [&](const at::Tensor& d) { return to_accel(d, what); });
+    }
     TORCH_CHECK_NOT_IMPLEMENTED(r.layout() == c10::Layout::Strided && !r.is_quantized(), what,
                                 " returns a ", r.layout(), " tensor, which accel does not support");
     const c10::Storage storage = accel_storage(r.storage(), what);
@@ -129,10 +148,12 @@ class Converter {
     const size_t bytes = s.nbytes();
     const at::Tensor raw = at::empty({static_cast<int64_t>(bytes)},
                                      at::TensorOptions().dtype(at::kByte).device(kAccel, device_));
-    if (bytes > 0) {  // from the host, or device to device (cuda: pointer attributes tell)
-      device::call([&] { rt::memcpy(raw.data_ptr(), s.data(), bytes, rt::CopyKind::Default); },
-                   what);
-    }
+    // From the host (waiting), or device to device in accel stream order (cuda: the kernel that
+    // made it ran on that stream).
+    const at::Tensor source = whole_buffer(
+        s, c10::DispatchKeySet(c10::computeDispatchKey(at::kByte, c10::kStrided, s.device())),
+        caffe2::TypeMeta::Make<uint8_t>());
+    write_result(raw, source, what);
     copied_.storages.emplace_back(s.data(), raw.storage());  // results sharing it share the copy
     return raw.storage();
   }
@@ -152,9 +173,30 @@ class Converter {
   bool host_;                // the host executor: views are read under host-access guards
   AccelMemory memory_;       // the arguments' memory
   AccelMemory copied_;       // the accel copies of new results' CPU memory, by CPU address
+  // The sparse arguments, by the tensor of the executor's device they were given as.
+  std::vector<std::pair<const c10::TensorImpl*, at::Tensor>> sparse_;
   std::vector<const void*> guarded_;
   std::vector<std::unique_ptr<rt::HostAccessGuard>> access_;
 };
+
+// Arguments a kernel wrote (in place or out=) whose tensor on the executor's device no longer
+// describes them: a sparse tensor's structure, or a dense one resized beyond its memory.
+void write_back(const c10::FunctionSchema& schema, const torch::jit::Stack& stack, size_t begin,
+                const torch::jit::Stack& given, Converter& convert, const char* what) {
+  for (size_t i = 0; i < given.size(); ++i) {
+    const c10::AliasInfo* alias = schema.arguments()[i].alias_info();
+    if (alias == nullptr || !alias->isWrite() || !stack[begin + i].isTensor()) continue;
+    const at::Tensor& target = stack[begin + i].toTensor();
+    if (!is_accel(target) || !given[i].isTensor()) continue;
+    const at::Tensor& used = given[i].toTensor();
+    if (is_sparse_any(target)) {
+      assign_sparse(target, used, [&](const at::Tensor& d) { return convert.to_accel(d, what); });
+    } else if (!target.is_nested() && Layout::of(target, false).changed_in(used)) {
+      target.resize_(used.sizes());
+      target.copy_(used);
+    }
+  }
+}
 
 c10::DeviceIndex nested_call_device(const torch::jit::Stack& stack, size_t begin) {
   for (size_t i = begin; i < stack.size(); ++i) {
@@ -169,6 +211,32 @@ c10::DeviceIndex nested_call_device(const torch::jit::Stack& stack, size_t begin
   return device::current_device();
 }
 
+// Sparse operators take tensors of one device, as on CUDA (CPU scalars aside); a CPU tensor
+// among accel ones would otherwise run the CPU kernel on both. Copies are the exception.
+void check_one_device(const torch::jit::Stack& stack, size_t begin, const std::string& name) {
+  if (name.find("copy") != std::string::npos) return;
+  std::optional<c10::Device> accel, cpu;
+  bool sparse = false;
+  auto see = [&](const at::Tensor& t) {
+    if (!t.defined()) return;
+    sparse = sparse || (is_accel(t) && is_sparse_any(t));
+    if (is_accel(t)) {
+      accel = t.device();
+    } else if (t.is_cpu() && (t.dim() > 0 || is_sparse_any(t))) {
+      cpu = t.device();
+    }
+  };
+  for (size_t i = begin; i < stack.size(); ++i) {
+    if (stack[i].isTensor()) see(stack[i].toTensor());
+    if (stack[i].isTensorList()) {
+      for (const at::Tensor& t : stack[i].toTensorVector()) see(t);
+    }
+  }
+  TORCH_CHECK(!sparse || !accel || !cpu,
+              "Expected all tensors to be on the same device, but found at least two devices, ",
+              *accel, " and cpu! (when checking the arguments of ", name, ")");
+}
+
 }  // namespace
 
 void direct_call(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
@@ -180,6 +248,7 @@ void direct_call(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const size_t n = schema.arguments().size();
   const size_t begin = stack->size() - n;
   const c10::DeviceIndex device = nested_call_device(*stack, begin);
+  check_one_device(*stack, begin, name);
   c10::DeviceGuard device_guard(c10::Device(kAccel, device));
   // The CPU's kernel reads the data on this thread: wait for the work queued on it. CUDA's runs
   // in accel stream order.
@@ -209,10 +278,12 @@ void direct_call(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
       cpu.push_back(v);
     }
   }
+  const torch::jit::Stack given = cpu;  // what the kernel got: in-place kernels change them
   {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     op.callBoxed(&cpu);
   }
+  if (!cpu_target) write_back(schema, *stack, begin, given, convert, name.c_str());
 
   std::vector<c10::IValue> results;
   for (size_t j = 0; j < cpu.size(); ++j) {

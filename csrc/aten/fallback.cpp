@@ -1,5 +1,4 @@
-// The boxed CPU fallback for PrivateUse1, and clear errors for sparse and quantized accel
-// tensors.
+// The boxed CPU fallback for PrivateUse1, and clear errors for quantized accel tensors.
 //
 // On top of at::native::cpu_fallback (inputs to the CPU, the CPU kernel, results and mutated
 // inputs back), this fallback:
@@ -63,8 +62,6 @@ std::string denied(const std::string& name) {
   if (auto it = kExact.find(name); it != kExact.end()) return it->second;
   static const std::pair<const char*, const char*> kPrefixes[] = {
       {"aten::set_", "it changes the storage and must be native"},
-      {"aten::to_sparse", "it produces sparse tensors, which accel does not support"},
-      {"aten::_to_sparse", "it produces sparse tensors, which accel does not support"},
       {"aten::to_mkldnn", "it produces mkldnn tensors, which accel does not support"},
       {"aten::quantize_per", "it produces quantized tensors, which accel does not support"},
       {"aten::_make_per_", "it produces quantized tensors, which accel does not support"},
@@ -211,8 +208,9 @@ void copying_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack,
 
 void accel_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const std::string name = op_name(op);
-  if (name.rfind("aten::_nested", 0) == 0) {
-    // Operators that make or inspect nested tensors from dense ones (direct_call.cpp).
+  if (name.rfind("aten::_nested", 0) == 0 || name.rfind("aten::_to_sparse", 0) == 0) {
+    // Operators that make or inspect nested tensors from dense ones, or make sparse ones
+    // (direct_call.cpp).
     direct_call(op, stack);
     return;
   }
@@ -253,13 +251,11 @@ void accel_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 }
 
 void unsupported_fallback(const char* what, const c10::OperatorHandle& op, torch::jit::Stack*) {
-  TORCH_CHECK_NOT_IMPLEMENTED(false, op_name(op), ": ", what,
-                              " are not supported on accel (accel tensors are dense and strided)");
+  TORCH_CHECK_NOT_IMPLEMENTED(
+      false, op_name(op), ": ", what,
+      " are not supported on accel (accel has dense, nested and sparse tensors)");
 }
 
-void sparse_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  unsupported_fallback("sparse tensors", op, stack);
-}
 void quantized_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   unsupported_fallback("quantized tensors", op, stack);
 }
@@ -328,12 +324,6 @@ void reset_fallback_stats() {
 
 TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&accel_fallback>());
-}
-TORCH_LIBRARY_IMPL(_, SparsePrivateUse1, m) {
-  m.fallback(torch::CppFunction::makeFromBoxedFunction<&sparse_fallback>());
-}
-TORCH_LIBRARY_IMPL(_, SparseCsrPrivateUse1, m) {
-  m.fallback(torch::CppFunction::makeFromBoxedFunction<&sparse_fallback>());
 }
 TORCH_LIBRARY_IMPL(_, QuantizedPrivateUse1, m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&quantized_fallback>());

@@ -42,6 +42,8 @@ FILES: dict[str, str] = {
         "37dfe52ce9dcd2deb4fdb42dcab09779ee3815a4b443c5952c0cbe30ee48dd07"
     ),
     "test_sort_and_select.py": "37cb72f7df04e1c8610d434d82eaa5206b0551e02ab001a161485f5922e69def",
+    "test_sparse.py": "1feb6540813f68fae93b5738590b3e78d02848cbb8eb59c80ffd9eb4c65918e2",
+    "test_sparse_csr.py": "2975fc0af5d6d47149582d24ce345309a7f050926bea70cc74b25db430b45387",
 }
 
 CACHE_ENV = "TORCH_ACCEL_PYTORCH_SRC_CACHE"

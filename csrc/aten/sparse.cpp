@@ -1,0 +1,210 @@
+#include "aten/sparse.h"
+
+#include <ATen/SparseCsrTensorImpl.h>
+#include <ATen/SparseTensorImpl.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/ops/_coalesced_native.h>
+#include <ATen/ops/_dimI_native.h>
+#include <ATen/ops/_dimV_native.h>
+#include <ATen/ops/_embedding_bag_backward_native.h>
+#include <ATen/ops/_indices_native.h>
+#include <ATen/ops/_nnz_native.h>
+#include <ATen/ops/_sparse_coo_tensor_with_dims_and_tensors_native.h>
+#include <ATen/ops/_sparse_coo_tensor_with_dims_native.h>
+#include <ATen/ops/_values_native.h>
+#include <ATen/ops/ccol_indices_native.h>
+#include <ATen/ops/col_indices_native.h>
+#include <ATen/ops/crow_indices_native.h>
+#include <ATen/ops/dense_dim_native.h>
+#include <ATen/ops/empty_native.h>
+#include <ATen/ops/indices_native.h>
+#include <ATen/ops/is_coalesced_native.h>
+#include <ATen/ops/resize_native.h>
+#include <ATen/ops/row_indices_native.h>
+#include <ATen/ops/sparse_dim_native.h>
+#include <ATen/ops/sparse_resize_and_clear_native.h>
+#include <ATen/ops/sparse_resize_native.h>
+#include <ATen/ops/values_native.h>
+#include <c10/core/DeviceGuard.h>
+#include <torch/library.h>
+
+#include <optional>
+#include <string>
+
+#include "AccelNativeFunctions.h"
+#include "aten/direct_call.h"
+
+namespace accel::aten {
+namespace {
+
+at::SparseTensorImpl* coo(const at::Tensor& t) {
+  TORCH_INTERNAL_ASSERT(t.layout() == c10::kSparse);
+  return static_cast<at::SparseTensorImpl*>(t.unsafeGetTensorImpl());
+}
+
+at::SparseCsrTensorImpl* compressed(const at::Tensor& t) {
+  TORCH_INTERNAL_ASSERT(t.layout() != c10::kSparse && is_sparse_any(t));
+  return static_cast<at::SparseCsrTensorImpl*>(t.unsafeGetTensorImpl());
+}
+
+}  // namespace
+
+bool is_sparse_any(const at::Tensor& t) {
+  switch (t.layout()) {
+    case c10::kSparse:
+    case c10::kSparseCsr:
+    case c10::kSparseCsc:
+    case c10::kSparseBsr:
+    case c10::kSparseBsc: return true;
+    default: return false;
+  }
+}
+
+at::Tensor sparse_on(const at::Tensor& t, c10::Device device, const DenseMap& map) {
+  c10::OptionalDeviceGuard guard(device);
+  if (t.layout() == c10::kSparse) {
+    const at::SparseTensorImpl* from = coo(t);
+    at::Tensor out = at::detail::make_tensor<at::SparseTensorImpl>(
+        c10::DispatchKeySet(c10::computeDispatchKey(t.scalar_type(), c10::kSparse, device)),
+        t.dtype());
+    at::SparseTensorImpl* to = coo(out);
+    to->raw_resize_(from->sparse_dim(), from->dense_dim(), t.sizes());
+    to->set_indices_and_values_unsafe(map(from->indices()), map(from->values()));
+    to->set_coalesced(from->coalesced());
+    return out;
+  }
+  // Built directly, not through _sparse_compressed_tensor_unsafe: with invariant checks on
+  // (torch.sparse.check_sparse_tensor_invariants) that validates, and a kernel's own result may
+  // be valid for its device without meeting them (CSR @ CSR on the CPU leaves columns unsorted).
+  const at::SparseCsrTensorImpl* from = compressed(t);
+  at::Tensor out = at::detail::make_tensor<at::SparseCsrTensorImpl>(
+      c10::DispatchKeySet(c10::computeDispatchKey(t.scalar_type(), t.layout(), device)), device,
+      t.layout(), t.dtype());
+  compressed(out)->set_member_tensors(map(from->compressed_indices()), map(from->plain_indices()),
+                                      map(from->values()), t.sizes());
+  return out;
+}
+
+void assign_sparse(const at::Tensor& target, const at::Tensor& source, const DenseMap& map) {
+  TORCH_CHECK(target.layout() == source.layout(), "accel: a kernel changed a sparse tensor's ",
+              "layout from ", target.layout(), " to ", source.layout());
+  if (target.layout() == c10::kSparse) {
+    const at::SparseTensorImpl* from = coo(source);
+    at::SparseTensorImpl* to = coo(target);
+    to->raw_resize_(from->sparse_dim(), from->dense_dim(), source.sizes());
+    to->set_indices_and_values_unsafe(map(from->indices()), map(from->values()));
+    to->set_coalesced(from->coalesced());
+    return;
+  }
+  const at::SparseCsrTensorImpl* from = compressed(source);
+  compressed(target)->set_member_tensors(map(from->compressed_indices()),
+                                         map(from->plain_indices()), map(from->values()),
+                                         source.sizes());
+}
+
+at::Tensor _embedding_bag_backward(const at::Tensor& grad, const at::Tensor& indices,
+                                   const at::Tensor& offsets, const at::Tensor& offset2bag,
+                                   const at::Tensor& bag_size, const at::Tensor& maximum_indices,
+                                   int64_t num_weights, bool scale_grad_by_freq, int64_t mode,
+                                   bool sparse, const std::optional<at::Tensor>& per_sample_weights,
+                                   int64_t padding_idx) {
+  return at::native::_embedding_bag_backward_symint(
+      grad, indices, offsets, offset2bag, bag_size, maximum_indices, num_weights,
+      scale_grad_by_freq, mode, sparse, per_sample_weights, padding_idx);
+}
+
+// ATen's device-independent kernels of the structural operators, as it registers them for
+// SparseCPU, SparseCUDA and SparseMeta: they read or set the tensor's metadata and members only.
+TORCH_LIBRARY_IMPL(aten, SparsePrivateUse1, m) {
+  m.impl("empty.memory_format", TORCH_FN(at::native::empty_sparse_symint));
+  m.impl("_sparse_coo_tensor_with_dims", TORCH_FN(at::native::new_with_dims_sparse));
+  m.impl("_sparse_coo_tensor_with_dims_and_tensors",
+         TORCH_FN(at::native::new_with_dims_and_tensor_sparse_symint));
+  m.impl("sparse_resize_", TORCH_FN(at::native::sparse_resize_));
+  m.impl("sparse_resize_and_clear_", TORCH_FN(at::native::sparse_resize_and_clear_));
+  m.impl("sparse_dim", TORCH_FN(at::native::sparse_dim_sparse));
+  m.impl("dense_dim", TORCH_FN(at::native::dense_dim_sparse));
+  m.impl("_dimI", TORCH_FN(at::native::sparse_dim_sparse));
+  m.impl("_dimV", TORCH_FN(at::native::dense_dim_sparse));
+  m.impl("_nnz", TORCH_FN(at::native::_nnz_sparse));
+  m.impl("is_coalesced", TORCH_FN(at::native::is_coalesced_sparse));
+  m.impl("_coalesced_", TORCH_FN(at::native::_coalesced_sparse_));
+  m.impl("_indices", TORCH_FN(at::native::_indices_sparse));
+  m.impl("_values", TORCH_FN(at::native::_values_sparse));
+  m.impl("indices", TORCH_FN(at::native::indices_sparse));
+  m.impl("values", TORCH_FN(at::native::values_sparse));
+}
+
+TORCH_LIBRARY_IMPL(aten, SparseCsrPrivateUse1, m) {
+  m.impl("empty.memory_format", TORCH_FN(at::native::empty_sparse_compressed_symint));
+  m.impl("resize_", TORCH_FN(at::native::resize_sparse_csr_));
+  m.impl("sparse_dim", TORCH_FN(at::native::sparse_dim_sparse_csr));
+  m.impl("dense_dim", TORCH_FN(at::native::dense_dim_sparse_csr));
+  m.impl("_nnz", TORCH_FN(at::native::_nnz_sparse_csr));
+  m.impl("values", TORCH_FN(at::native::values_sparse_csr));
+  m.impl("crow_indices", TORCH_FN(at::native::crow_indices_sparse_csr));
+  m.impl("col_indices", TORCH_FN(at::native::col_indices_sparse_csr));
+  m.impl("ccol_indices", TORCH_FN(at::native::ccol_indices_sparse_csr));
+  m.impl("row_indices", TORCH_FN(at::native::row_indices_sparse_csr));
+}
+
+// The checks of sparse_coo_tensor(..., check_invariants=True) and its compressed twins read the
+// dense indices through CPU/CUDA dispatch stubs (flatten_indices): they run as the executor
+// device's on the same memory too.
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  for (const char* name :
+       {"_validate_sparse_coo_tensor_args", "_validate_sparse_compressed_tensor_args",
+        "_validate_sparse_csr_tensor_args", "_validate_sparse_csc_tensor_args",
+        "_validate_sparse_bsr_tensor_args", "_validate_sparse_bsc_tensor_args"}) {
+    m.impl(name, torch::CppFunction::makeFromBoxedFunction<&direct_call>());
+  }
+}
+
+// Every other operator ATen has a sparse CPU kernel for runs that kernel (or CUDA's) on the same
+// memory: registered for each such operator, since a CompositeExplicitAutograd kernel (clone,
+// copy_, sum, the pointwise operators) would otherwise take precedence over a fallback and treat
+// the sparse tensor as a dense one. Operators with no sparse kernel on the CPU either reach the
+// fallback, which gives the CPU's own error.
+namespace {
+
+void register_sparse_kernels() {
+  static const struct Registrations {
+    torch::Library coo{torch::Library::IMPL, "aten", c10::DispatchKey::SparsePrivateUse1, __FILE__,
+                       __LINE__};
+    torch::Library compressed{torch::Library::IMPL, "aten", c10::DispatchKey::SparseCsrPrivateUse1,
+                              __FILE__, __LINE__};
+    Registrations() {
+      auto& dispatcher = c10::Dispatcher::singleton();
+      for (const c10::OperatorName& name : dispatcher.getAllOpNames()) {
+        if (name.name.rfind("aten::", 0) != 0) continue;
+        const std::optional<c10::OperatorHandle> op = dispatcher.findOp(name);
+        if (!op) continue;
+        const std::string qualified =
+            name.overload_name.empty() ? name.name : name.name + "." + name.overload_name;
+        const std::string local = qualified.substr(6);  // without "aten::"
+        if (op->hasKernelForDispatchKey(c10::DispatchKey::SparseCPU) &&
+            !op->hasKernelForDispatchKey(c10::DispatchKey::SparsePrivateUse1)) {
+          coo.impl(local.c_str(), torch::CppFunction::makeFromBoxedFunction<&direct_call>());
+        }
+        if (op->hasKernelForDispatchKey(c10::DispatchKey::SparseCsrCPU) &&
+            !op->hasKernelForDispatchKey(c10::DispatchKey::SparseCsrPrivateUse1)) {
+          compressed.impl(local.c_str(), torch::CppFunction::makeFromBoxedFunction<&direct_call>());
+        }
+      }
+    }
+  } registrations;
+}
+
+// After the static registrations above (same translation unit: initialized in order).
+const bool g_registered = (register_sparse_kernels(), true);
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(_, SparsePrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&direct_call>());
+}
+TORCH_LIBRARY_IMPL(_, SparseCsrPrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&direct_call>());
+}
+
+}  // namespace accel::aten
