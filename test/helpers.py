@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
+import pytest
 import torch
 
 
@@ -54,3 +55,17 @@ def capture_while_another_thread_runs(
         torch.testing.assert_close(y.cpu(), torch.full((3,), 2.0))
 
     return capture_error, (thread_errors[0] if thread_errors else None), replay_matches_eager
+
+
+def skip_unless_cuda_driver() -> None:
+    """Skips the calling test module unless accel runs on the cuda driver over a GPU, saying why."""
+    import torch_accel
+
+    if not torch.cuda.is_available():
+        pytest.skip("torch sees no CUDA GPU here", allow_module_level=True)
+    if not torch_accel.is_available() or torch_accel.driver() != "cuda":
+        pytest.skip(
+            f"accel is not on the cuda driver (driver {torch_accel.driver()!r}, "
+            f"{torch_accel.init_error() or 'run with ACCEL_DRIVER=cuda'})",
+            allow_module_level=True,
+        )

@@ -14,17 +14,11 @@ import pytest
 import torch
 
 import torch_accel
+from helpers import skip_unless_cuda_driver
 
 ROOT = Path(__file__).resolve().parent.parent
 
-if not torch.cuda.is_available():
-    pytest.skip("torch sees no CUDA GPU here", allow_module_level=True)
-if not torch_accel.is_available() or torch_accel.driver() != "cuda":
-    pytest.skip(
-        f"accel is not on the cuda driver (driver {torch_accel.driver()!r}, "
-        f"{torch_accel.init_error() or 'run with ACCEL_DRIVER=cuda'})",
-        allow_module_level=True,
-    )
+skip_unless_cuda_driver()
 
 
 @pytest.fixture(autouse=True)

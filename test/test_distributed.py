@@ -114,12 +114,33 @@ def run_ranks(
 # Workers (module level: the spawned processes import them).
 
 
+def ref(r: int, n: int = 6, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """What rank r contributes to a collective (distinct per rank and element)."""
+    return (torch.arange(n, dtype=torch.float64) * (r + 1) + r).to(dtype)
+
+
+def check_broadcast_gathers_and_reduce_scatter(rank: int, world: int, dev: torch.device) -> None:
+    """broadcast, all_gather, all_gather_into_tensor and reduce_scatter_tensor on `dev` against
+    the values the CPU computes."""
+    ranks = range(world)
+    t = ref(rank).to(dev)
+    dist.broadcast(t, src=world - 1)
+    torch.testing.assert_close(t.cpu(), ref(world - 1))
+    outs = [torch.empty(6, device=dev) for _ in ranks]
+    dist.all_gather(outs, ref(rank).to(dev))
+    for r in ranks:
+        torch.testing.assert_close(outs[r].cpu(), ref(r))
+    out = torch.empty(world * 6, device=dev)
+    dist.all_gather_into_tensor(out, ref(rank).to(dev))
+    torch.testing.assert_close(out.cpu(), torch.cat([ref(r) for r in ranks]))
+    full = [ref(r, n=6 * world) for r in ranks]
+    out = torch.empty(6, device=dev)
+    dist.reduce_scatter_tensor(out, full[rank].to(dev))
+    torch.testing.assert_close(out.cpu(), torch.stack(full).sum(0)[rank * 6 : (rank + 1) * 6])
+
+
 def _collectives(rank: int, world: int) -> None:
     dev = torch.device("accel", 0)
-
-    def ref(r: int, n: int = 6, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        return (torch.arange(n, dtype=torch.float64) * (r + 1) + r).to(dtype)
-
     ranks = range(world)
     for dtype in (torch.float32, torch.float64, torch.bfloat16, torch.int64, torch.int32):
         for op, combine in (
@@ -163,22 +184,8 @@ def _collectives(rank: int, world: int) -> None:
             expected = stacked.sum(0) if op == dist.ReduceOp.SUM else stacked.amax(0)
             torch.testing.assert_close(t.cpu(), expected.to(dtype), msg=f"{n} {dtype} {op}")
 
-    t = ref(rank).to(dev)
-    dist.broadcast(t, src=world - 1)
-    torch.testing.assert_close(t.cpu(), ref(world - 1))
-
-    outs = [torch.empty(6, device=dev) for _ in ranks]
-    dist.all_gather(outs, ref(rank).to(dev))
-    for r in ranks:
-        torch.testing.assert_close(outs[r].cpu(), ref(r))
-    out = torch.empty(world * 6, device=dev)
-    dist.all_gather_into_tensor(out, ref(rank).to(dev))
-    torch.testing.assert_close(out.cpu(), torch.cat([ref(r) for r in ranks]))
-
+    check_broadcast_gathers_and_reduce_scatter(rank, world, dev)
     full = [ref(r, n=6 * world) for r in ranks]
-    out = torch.empty(6, device=dev)
-    dist.reduce_scatter_tensor(out, full[rank].to(dev))
-    torch.testing.assert_close(out.cpu(), torch.stack(full).sum(0)[rank * 6 : (rank + 1) * 6])
     out = torch.empty(6, device=dev)
     dist.reduce_scatter(out, [c.to(dev) for c in full[rank].chunk(world)])
     torch.testing.assert_close(out.cpu(), torch.stack(full).sum(0)[rank * 6 : (rank + 1) * 6])

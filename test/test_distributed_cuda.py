@@ -16,27 +16,22 @@ import pytest
 import torch
 import torch.distributed as dist
 
-import torch_accel
+from helpers import skip_unless_cuda_driver
 from torch_accel import distributed as accel_dist
 
-if not torch.cuda.is_available():
-    pytest.skip("torch sees no CUDA GPU here", allow_module_level=True)
-if not torch_accel.is_available() or torch_accel.driver() != "cuda":
-    pytest.skip(
-        f"accel is not on the cuda driver (driver {torch_accel.driver()!r}, "
-        f"{torch_accel.init_error() or 'run with ACCEL_DRIVER=cuda'})",
-        allow_module_level=True,
-    )
+skip_unless_cuda_driver()
 if not accel_dist.is_available():
     pytest.skip("this torch has no NCCL or no Gloo", allow_module_level=True)
 
-from test_distributed import ROOT, _free_port, run_ranks  # noqa: E402
+from test_distributed import (  # noqa: E402
+    ROOT,
+    _free_port,
+    check_broadcast_gathers_and_reduce_scatter,
+    run_ranks,
+)
+from test_distributed import ref as _ref  # noqa: E402
 
 WORLD = min(2, torch.cuda.device_count())
-
-
-def _ref(r: int, n: int = 6, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    return (torch.arange(n, dtype=torch.float64) * (r + 1) + r).to(dtype)
 
 
 def _collectives(rank: int, world: int) -> str:
@@ -55,20 +50,7 @@ def _collectives(rank: int, world: int) -> str:
     dist.all_reduce(t, op=dist.ReduceOp.AVG)
     torch.testing.assert_close(t.cpu(), torch.stack([_ref(r) for r in ranks]).mean(0))
 
-    t = _ref(rank).to(dev)
-    dist.broadcast(t, src=world - 1)
-    torch.testing.assert_close(t.cpu(), _ref(world - 1))
-    outs = [torch.empty(6, device=dev) for _ in ranks]
-    dist.all_gather(outs, _ref(rank).to(dev))
-    for r in ranks:
-        torch.testing.assert_close(outs[r].cpu(), _ref(r))
-    out = torch.empty(world * 6, device=dev)
-    dist.all_gather_into_tensor(out, _ref(rank).to(dev))
-    torch.testing.assert_close(out.cpu(), torch.cat([_ref(r) for r in ranks]))
-    full = [_ref(r, n=6 * world) for r in ranks]
-    out = torch.empty(6, device=dev)
-    dist.reduce_scatter_tensor(out, full[rank].to(dev))
-    torch.testing.assert_close(out.cpu(), torch.stack(full).sum(0)[rank * 6 : (rank + 1) * 6])
+    check_broadcast_gathers_and_reduce_scatter(rank, world, dev)
     out = torch.empty(4 * world, device=dev)
     dist.all_to_all_single(out, (torch.arange(4.0 * world) + 100 * rank).to(dev))
     expected = torch.cat([torch.arange(4.0) + 4 * rank + 100 * r for r in ranks])

@@ -148,9 +148,11 @@ TORCH_LIBRARY_IMPL(aten, SparseCsrPrivateUse1, m) {
   m.impl("row_indices", TORCH_FN(at::native::row_indices_sparse_csr));
 }
 
-// The checks of sparse_coo_tensor(..., check_invariants=True) and its compressed twins read the
-// dense indices through CPU/CUDA dispatch stubs (flatten_indices): they run as the executor
-// device's on the same memory too.
+// The checks of sparse tensors' members (torch._validate_sparse_coo_tensor_args and its
+// compressed twins) read the dense indices through CPU/CUDA dispatch stubs (flatten_indices):
+// called through the dispatcher they run as the executor device's on the same memory.
+// sparse_coo_tensor(..., check_invariants=True, is_coalesced=True) calls the COO one directly,
+// past the dispatcher, and so fails with DispatchStub's "missing kernel for accel".
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   for (const char* name :
        {"_validate_sparse_coo_tensor_args", "_validate_sparse_compressed_tensor_args",

@@ -83,6 +83,9 @@ def inner_backend(group: dist.ProcessGroup | None = None) -> object:
 
 
 def _register() -> None:
-    if not is_available() or BACKEND.upper() in dist.Backend._plugins:
+    # Not is_available(): asking for the driver here would start the runtime at import.
+    if not (dist.is_available() and dist.is_gloo_available()):
+        return
+    if BACKEND.upper() in dist.Backend._plugins:
         return
     dist.Backend.register_backend(BACKEND, _create_backend, devices=["accel"])
