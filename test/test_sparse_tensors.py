@@ -205,6 +205,34 @@ def test_mismatched_sparse_calls_raise_like_the_cpu() -> None:
         a.copy_(
             torch.ones(5, 7, device=ACCEL)
         )  # dense into sparse: not implemented on the CPU either
-    with pytest.raises(RuntimeError, match="device"):
+    with pytest.raises(RuntimeError, match="at least two devices, accel:0 and cpu"):
         torch.sparse.mm(a, torch.ones(7, 2))  # a CPU operand
+    if torch.accel.device_count() > 1:
+        with pytest.raises(RuntimeError, match="at least two devices, accel:. and accel:."):
+            torch.sparse.mm(a, torch.ones(7, 2, device="accel:1"))
+        with pytest.raises(RuntimeError, match="at least two devices, accel:. and accel:."):
+            a + _coo().to("accel:1")
     torch.testing.assert_close((a * 2).to_dense().cpu(), _coo().to_dense() * 2)  # still usable
+
+
+def test_sparse_tensors_on_another_device_stay_there() -> None:
+    if torch.accel.device_count() < 2:
+        pytest.skip("one accel device")
+    dev = torch.device("accel", 1)
+    s = _coo()
+    for got in (
+        s.to(dev),
+        torch.sparse_coo_tensor(s._indices(), s._values(), s.shape, device=dev),
+        s.to_dense().to(dev).to_sparse(),
+        torch.empty(5, 7, layout=torch.sparse_coo, device=dev).sparse_resize_and_clear_(
+            (5, 7), 2, 0
+        )
+        + s.to(dev),
+    ):
+        assert got.device == dev and got._values().device == dev and got._indices().device == dev
+        _same((got * 2).coalesce(), (s * 2).coalesce())
+        assert (got * 2).device == dev
+    csr = s.to_dense().to(dev).to_sparse_csr()
+    assert csr.device == dev and csr.col_indices().device == dev
+    _same(csr @ torch.ones(7, 2, device=dev), s.to_dense() @ torch.ones(7, 2))
+    assert torch.accel.current_device() == 0

@@ -211,19 +211,21 @@ c10::DeviceIndex nested_call_device(const torch::jit::Stack& stack, size_t begin
   return device::current_device();
 }
 
-// Sparse operators take tensors of one device, as on CUDA (CPU scalars aside); a CPU tensor
-// among accel ones would otherwise run the CPU kernel on both. Copies are the exception.
+// Sparse operators take tensors of one device, as on CUDA (CPU scalars aside): a CPU tensor
+// among accel ones would otherwise run the CPU kernel on both, and two accel devices would mix.
+// Copies are the exception.
 void check_one_device(const torch::jit::Stack& stack, size_t begin, const std::string& name) {
   if (name.find("copy") != std::string::npos) return;
-  std::optional<c10::Device> accel, cpu;
+  std::optional<c10::Device> first, other;  // the first accel device, and another device
   bool sparse = false;
   auto see = [&](const at::Tensor& t) {
     if (!t.defined()) return;
     sparse = sparse || (is_accel(t) && is_sparse_any(t));
-    if (is_accel(t)) {
-      accel = t.device();
-    } else if (t.is_cpu() && (t.dim() > 0 || is_sparse_any(t))) {
-      cpu = t.device();
+    if (is_accel(t) && !first) {
+      first = t.device();
+    } else if ((is_accel(t) && t.device() != *first) ||
+               (t.is_cpu() && (t.dim() > 0 || is_sparse_any(t)))) {
+      if (!other) other = t.device();
     }
   };
   for (size_t i = begin; i < stack.size(); ++i) {
@@ -232,9 +234,9 @@ void check_one_device(const torch::jit::Stack& stack, size_t begin, const std::s
       for (const at::Tensor& t : stack[i].toTensorVector()) see(t);
     }
   }
-  TORCH_CHECK(!sparse || !accel || !cpu,
+  TORCH_CHECK(!sparse || !first || !other,
               "Expected all tensors to be on the same device, but found at least two devices, ",
-              *accel, " and cpu! (when checking the arguments of ", name, ")");
+              *first, " and ", *other, "! (when checking the arguments of ", name, ")");
 }
 
 }  // namespace

@@ -6,8 +6,8 @@
 //   LSTM workspace [B, 4H]: the gates after activation, i f g o;
 //   GRU workspace  [B, 5H]: r, z, n, hx, and the hidden gates' n part (with its bias).
 #include <ATen/TensorOperators.h>
-#include <ATen/core/Tensor.h>
 #include <ATen/core/LegacyTypeDispatch.h>
+#include <ATen/core/Tensor.h>
 #include <ATen/ops/cat.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/sigmoid.h>
@@ -43,8 +43,7 @@ c10::DeviceIndex check_cell(const char* op, std::initializer_list<const at::Tens
   return first.device().index();
 }
 
-void check_size(const char* op, const char* what, const at::Tensor& t,
-                c10::IntArrayRef expected) {
+void check_size(const char* op, const char* what, const at::Tensor& t, c10::IntArrayRef expected) {
   if (!t.defined()) return;
   TORCH_CHECK(t.sizes() == expected, op, ": ", what, " has size ", t.sizes(), ", expected ",
               expected);

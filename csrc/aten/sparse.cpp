@@ -113,15 +113,71 @@ at::Tensor _embedding_bag_backward(const at::Tensor& grad, const at::Tensor& ind
       scale_grad_by_freq, mode, sparse, per_sample_weights, padding_idx);
 }
 
+namespace {
+
+// ATen's structural kernels that allocate members, under a guard for the tensor's device (the
+// wrappers ATen generates for SparseCPU/SparseCUDA have one; the kernels themselves allocate on
+// the current device).
+at::Tensor empty_coo(c10::SymIntArrayRef size, std::optional<at::ScalarType> dtype,
+                     std::optional<at::Layout> layout, std::optional<at::Device> device,
+                     std::optional<bool> pin, std::optional<at::MemoryFormat> format) {
+  c10::OptionalDeviceGuard guard(device);
+  return at::native::empty_sparse_symint(size, dtype, layout, device, pin, format);
+}
+
+at::Tensor empty_compressed(c10::SymIntArrayRef size, std::optional<at::ScalarType> dtype,
+                            std::optional<at::Layout> layout, std::optional<at::Device> device,
+                            std::optional<bool> pin, std::optional<at::MemoryFormat> format) {
+  c10::OptionalDeviceGuard guard(device);
+  return at::native::empty_sparse_compressed_symint(size, dtype, layout, device, pin, format);
+}
+
+at::Tensor coo_with_dims(int64_t sparse_dim, int64_t dense_dim, at::IntArrayRef size,
+                         std::optional<at::ScalarType> dtype, std::optional<at::Layout> layout,
+                         std::optional<at::Device> device, std::optional<bool> pin) {
+  c10::OptionalDeviceGuard guard(device);
+  return at::native::new_with_dims_sparse(sparse_dim, dense_dim, size, dtype, layout, device, pin);
+}
+
+at::Tensor coo_with_dims_and_tensors(int64_t sparse_dim, int64_t dense_dim,
+                                     c10::SymIntArrayRef size, const at::Tensor& indices,
+                                     const at::Tensor& values, std::optional<at::ScalarType> dtype,
+                                     std::optional<at::Layout> layout,
+                                     std::optional<at::Device> device, std::optional<bool> pin,
+                                     std::optional<bool> is_coalesced) {
+  c10::OptionalDeviceGuard guard(device ? device : std::optional<at::Device>(values.device()));
+  return at::native::new_with_dims_and_tensor_sparse_symint(
+      sparse_dim, dense_dim, size, indices, values, dtype, layout, device, pin, is_coalesced);
+}
+
+const at::Tensor& resize_coo_(const at::Tensor& self, at::IntArrayRef size, int64_t sparse_dim,
+                              int64_t dense_dim) {
+  c10::DeviceGuard guard(self.device());
+  return at::native::sparse_resize_(self, size, sparse_dim, dense_dim);
+}
+
+const at::Tensor& resize_and_clear_coo_(const at::Tensor& self, at::IntArrayRef size,
+                                        int64_t sparse_dim, int64_t dense_dim) {
+  c10::DeviceGuard guard(self.device());
+  return at::native::sparse_resize_and_clear_(self, size, sparse_dim, dense_dim);
+}
+
+const at::Tensor& resize_compressed_(const at::Tensor& self, at::IntArrayRef size,
+                                     std::optional<at::MemoryFormat> format) {
+  c10::DeviceGuard guard(self.device());
+  return at::native::resize_sparse_csr_(self, size, format);
+}
+
+}  // namespace
+
 // ATen's device-independent kernels of the structural operators, as it registers them for
 // SparseCPU, SparseCUDA and SparseMeta: they read or set the tensor's metadata and members only.
 TORCH_LIBRARY_IMPL(aten, SparsePrivateUse1, m) {
-  m.impl("empty.memory_format", TORCH_FN(at::native::empty_sparse_symint));
-  m.impl("_sparse_coo_tensor_with_dims", TORCH_FN(at::native::new_with_dims_sparse));
-  m.impl("_sparse_coo_tensor_with_dims_and_tensors",
-         TORCH_FN(at::native::new_with_dims_and_tensor_sparse_symint));
-  m.impl("sparse_resize_", TORCH_FN(at::native::sparse_resize_));
-  m.impl("sparse_resize_and_clear_", TORCH_FN(at::native::sparse_resize_and_clear_));
+  m.impl("empty.memory_format", TORCH_FN(empty_coo));
+  m.impl("_sparse_coo_tensor_with_dims", TORCH_FN(coo_with_dims));
+  m.impl("_sparse_coo_tensor_with_dims_and_tensors", TORCH_FN(coo_with_dims_and_tensors));
+  m.impl("sparse_resize_", TORCH_FN(resize_coo_));
+  m.impl("sparse_resize_and_clear_", TORCH_FN(resize_and_clear_coo_));
   m.impl("sparse_dim", TORCH_FN(at::native::sparse_dim_sparse));
   m.impl("dense_dim", TORCH_FN(at::native::dense_dim_sparse));
   m.impl("_dimI", TORCH_FN(at::native::sparse_dim_sparse));
@@ -136,8 +192,8 @@ TORCH_LIBRARY_IMPL(aten, SparsePrivateUse1, m) {
 }
 
 TORCH_LIBRARY_IMPL(aten, SparseCsrPrivateUse1, m) {
-  m.impl("empty.memory_format", TORCH_FN(at::native::empty_sparse_compressed_symint));
-  m.impl("resize_", TORCH_FN(at::native::resize_sparse_csr_));
+  m.impl("empty.memory_format", TORCH_FN(empty_compressed));
+  m.impl("resize_", TORCH_FN(resize_compressed_));
   m.impl("sparse_dim", TORCH_FN(at::native::sparse_dim_sparse_csr));
   m.impl("dense_dim", TORCH_FN(at::native::dense_dim_sparse_csr));
   m.impl("_nnz", TORCH_FN(at::native::_nnz_sparse_csr));

@@ -2,10 +2,10 @@
 // native (DESIGN.md): empty, empty_strided, the view operators, resize_, set_, record_stream.
 #include <ATen/Context.h>
 #include <ATen/EmptyTensor.h>
-#include <ATen/native/ResizeCommon.h>
-#include <ATen/native/TensorFactories.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/detail/PrivateUse1HooksInterface.h>
+#include <ATen/native/ResizeCommon.h>
+#include <ATen/native/TensorFactories.h>
 #include <ATen/ops/_reshape_alias_native.h>
 #include <ATen/ops/_unsafe_view_native.h>
 #include <ATen/ops/as_strided_native.h>
@@ -70,9 +70,9 @@ at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride,
   const c10::ScalarType st = dtype.value_or(c10::get_default_dtype_as_scalartype());
   check_creatable(layout, pin_memory, st, "empty_strided");
   c10::DeviceGuard guard(c10::Device(kAccel, index_of(device)));
-  return filled_if_deterministic(at::detail::empty_strided_generic(
-      size, stride, device::device_allocator(),
-      c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), st));
+  return filled_if_deterministic(
+      at::detail::empty_strided_generic(size, stride, device::device_allocator(),
+                                        c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), st));
 }
 
 namespace {
@@ -118,8 +118,8 @@ const at::Tensor& resize_(const at::Tensor& self, c10::IntArrayRef size,
 }
 
 at::Tensor& set_source_Storage_storage_offset(at::Tensor& self, c10::Storage source,
-                                              int64_t storage_offset,
-                        c10::IntArrayRef size, c10::IntArrayRef stride) {
+                                              int64_t storage_offset, c10::IntArrayRef size,
+                                              c10::IntArrayRef stride) {
   TORCH_CHECK(source.device() == self.device(), "set_: the storage is on ", source.device(),
               " but the tensor is on ", self.device());
   TORCH_CHECK(storage_offset >= 0, "set_: storage_offset must be non-negative, got ",
@@ -153,7 +153,7 @@ at::Tensor& set_source_Tensor(at::Tensor& self, const at::Tensor& source) {
   TORCH_CHECK(self.dtype() == source.dtype(), "set_: the source tensor has dtype ", source.dtype(),
               " but the tensor has ", self.dtype());
   return set_source_Storage_storage_offset(self, source.storage(), source.storage_offset(),
-                                          source.sizes(), source.strides());
+                                           source.sizes(), source.strides());
 }
 
 at::Tensor& set_(at::Tensor& self) {
@@ -214,8 +214,7 @@ class ZeroTensorAllocator final : public c10::Allocator {
 
 at::Tensor _efficientzerotensor(c10::IntArrayRef size, std::optional<c10::ScalarType> dtype,
                                 std::optional<c10::Layout> layout,
-                                std::optional<c10::Device> device,
-                                std::optional<bool> pin_memory) {
+                                std::optional<c10::Device> device, std::optional<bool> pin_memory) {
   const c10::ScalarType st = dtype.value_or(c10::get_default_dtype_as_scalartype());
   check_creatable(layout, pin_memory, st, "_efficientzerotensor");
   c10::DeviceGuard guard(c10::Device(kAccel, index_of(device)));
