@@ -518,16 +518,16 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-@pytest.mark.parametrize("flags", [[], ["--fsdp"]], ids=["ddp", "fsdp2"])
-def test_ddp_example_matches_one_process(flags: list[str]) -> None:
-    env = dict(os.environ, GLOO_SOCKET_IFNAME="lo")
+def run_ddp_example(nproc: int, flags: list[str], timeout_s: float, **env: str) -> str:
+    """Runs examples/ddp_train.py under torchrun with `nproc` ranks (and `env` added to this
+    environment); checks that it exits cleanly and reports OK. Returns its output."""
     proc = subprocess.run(
         [
             sys.executable,
             "-m",
             "torch.distributed.run",
             "--nproc-per-node",
-            "2",
+            str(nproc),
             "--master-port",
             str(_free_port()),
             str(ROOT / "examples" / "ddp_train.py"),
@@ -537,9 +537,15 @@ def test_ddp_example_matches_one_process(flags: list[str]) -> None:
         ],
         capture_output=True,
         text=True,
-        timeout=180,
-        env=env,
+        timeout=timeout_s,
+        env=dict(os.environ, **env),
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "OK" in proc.stdout.splitlines()
-    assert "CPU fallback" not in proc.stdout
+    return proc.stdout
+
+
+@pytest.mark.parametrize("flags", [[], ["--fsdp"]], ids=["ddp", "fsdp2"])
+def test_ddp_example_matches_one_process(flags: list[str]) -> None:
+    out = run_ddp_example(2, flags, 180, GLOO_SOCKET_IFNAME="lo")
+    assert "CPU fallback" not in out

@@ -8,10 +8,6 @@ through NCCL's kernels on the accel stream.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 import torch.distributed as dist
@@ -24,9 +20,8 @@ if not accel_dist.is_available():
     pytest.skip("this torch has no NCCL or no Gloo", allow_module_level=True)
 
 from test_distributed import (  # noqa: E402
-    ROOT,
-    _free_port,
     check_broadcast_gathers_and_reduce_scatter,
+    run_ddp_example,
     run_ranks,
 )
 from test_distributed import ref as _ref  # noqa: E402
@@ -120,24 +115,4 @@ def test_nccl_collectives_follow_the_accel_stream() -> None:
 
 @pytest.mark.parametrize("flags", [[], ["--fsdp"]], ids=["ddp", "fsdp2"])
 def test_ddp_example_matches_one_process_on_the_gpus(flags: list[str]) -> None:
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nproc-per-node",
-            str(WORLD),
-            "--master-port",
-            str(_free_port()),
-            str(ROOT / "examples" / "ddp_train.py"),
-            "--steps",
-            "10",
-            *flags,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=dict(os.environ, ACCEL_DRIVER="cuda"),
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "OK" in proc.stdout.splitlines()
+    run_ddp_example(WORLD, flags, 300, ACCEL_DRIVER="cuda")

@@ -211,34 +211,6 @@ c10::DeviceIndex nested_call_device(const torch::jit::Stack& stack, size_t begin
   return device::current_device();
 }
 
-// Sparse operators take tensors of one device, as on CUDA (CPU scalars aside): a CPU tensor
-// among accel ones would otherwise run the CPU kernel on both, and two accel devices would mix.
-// Copies are the exception.
-void check_one_device(const torch::jit::Stack& stack, size_t begin, const std::string& name) {
-  if (name.find("copy") != std::string::npos) return;
-  std::optional<c10::Device> first, other;  // the first accel device, and another device
-  bool sparse = false;
-  auto see = [&](const at::Tensor& t) {
-    if (!t.defined()) return;
-    sparse = sparse || (is_accel(t) && is_sparse_any(t));
-    if (is_accel(t) && !first) {
-      first = t.device();
-    } else if ((is_accel(t) && t.device() != *first) ||
-               (t.is_cpu() && (t.dim() > 0 || is_sparse_any(t)))) {
-      if (!other) other = t.device();
-    }
-  };
-  for (size_t i = begin; i < stack.size(); ++i) {
-    if (stack[i].isTensor()) see(stack[i].toTensor());
-    if (stack[i].isTensorList()) {
-      for (const at::Tensor& t : stack[i].toTensorVector()) see(t);
-    }
-  }
-  TORCH_CHECK(!sparse || !first || !other,
-              "Expected all tensors to be on the same device, but found at least two devices, ",
-              *first, " and ", *other, "! (when checking the arguments of ", name, ")");
-}
-
 }  // namespace
 
 void direct_call(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
@@ -250,7 +222,6 @@ void direct_call(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const size_t n = schema.arguments().size();
   const size_t begin = stack->size() - n;
   const c10::DeviceIndex device = nested_call_device(*stack, begin);
-  check_one_device(*stack, begin, name);
   c10::DeviceGuard device_guard(c10::Device(kAccel, device));
   // The CPU's kernel reads the data on this thread: wait for the work queued on it. CUDA's runs
   // in accel stream order.

@@ -33,6 +33,7 @@
 
 #include "AccelNativeFunctions.h"
 #include "aten/direct_call.h"
+#include "aten/dispatch_util.h"
 
 namespace accel::aten {
 namespace {
@@ -60,31 +61,6 @@ bool is_sparse_any(const at::Tensor& t) {
   }
 }
 
-at::Tensor sparse_on(const at::Tensor& t, c10::Device device, const DenseMap& map) {
-  c10::OptionalDeviceGuard guard(device);
-  if (t.layout() == c10::kSparse) {
-    const at::SparseTensorImpl* from = coo(t);
-    at::Tensor out = at::detail::make_tensor<at::SparseTensorImpl>(
-        c10::DispatchKeySet(c10::computeDispatchKey(t.scalar_type(), c10::kSparse, device)),
-        t.dtype());
-    at::SparseTensorImpl* to = coo(out);
-    to->raw_resize_(from->sparse_dim(), from->dense_dim(), t.sizes());
-    to->set_indices_and_values_unsafe(map(from->indices()), map(from->values()));
-    to->set_coalesced(from->coalesced());
-    return out;
-  }
-  // Built directly, not through _sparse_compressed_tensor_unsafe: with invariant checks on
-  // (torch.sparse.check_sparse_tensor_invariants) that validates, and a kernel's own result may
-  // be valid for its device without meeting them (CSR @ CSR on the CPU leaves columns unsorted).
-  const at::SparseCsrTensorImpl* from = compressed(t);
-  at::Tensor out = at::detail::make_tensor<at::SparseCsrTensorImpl>(
-      c10::DispatchKeySet(c10::computeDispatchKey(t.scalar_type(), t.layout(), device)), device,
-      t.layout(), t.dtype());
-  compressed(out)->set_member_tensors(map(from->compressed_indices()), map(from->plain_indices()),
-                                      map(from->values()), t.sizes());
-  return out;
-}
-
 void assign_sparse(const at::Tensor& target, const at::Tensor& source, const DenseMap& map) {
   TORCH_CHECK(target.layout() == source.layout(), "accel: a kernel changed a sparse tensor's ",
               "layout from ", target.layout(), " to ", source.layout());
@@ -100,6 +76,21 @@ void assign_sparse(const at::Tensor& target, const at::Tensor& source, const Den
   compressed(target)->set_member_tensors(map(from->compressed_indices()),
                                          map(from->plain_indices()), map(from->values()),
                                          source.sizes());
+}
+
+at::Tensor sparse_on(const at::Tensor& t, c10::Device device, const DenseMap& map) {
+  c10::OptionalDeviceGuard guard(device);
+  // An empty sparse tensor of `device`, then t's structure. Built directly, not through
+  // _sparse_compressed_tensor_unsafe: with invariant checks on
+  // (torch.sparse.check_sparse_tensor_invariants) that validates, and a kernel's own result may
+  // be valid for its device without meeting them (CSR @ CSR on the CPU leaves columns unsorted).
+  const c10::DispatchKeySet keys(c10::computeDispatchKey(t.scalar_type(), t.layout(), device));
+  at::Tensor out =
+      t.layout() == c10::kSparse
+          ? at::detail::make_tensor<at::SparseTensorImpl>(keys, t.dtype())
+          : at::detail::make_tensor<at::SparseCsrTensorImpl>(keys, device, t.layout(), t.dtype());
+  assign_sparse(out, t, map);
+  return out;
 }
 
 at::Tensor _embedding_bag_backward(const at::Tensor& grad, const at::Tensor& indices,
@@ -218,12 +209,22 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   }
 }
 
+namespace {
+
+// An operator on sparse accel tensors: its tensors on one device, as on CUDA (call_device:
+// CPU tensors only as 0-dim scalars, one accel device), copies between devices excepted; then
+// the executor device's kernel on the same memory.
+void sparse_call(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const std::string& name = op.operator_name().name;
+  if (name.find("copy") == std::string::npos) call_device(op, *stack, name);
+  direct_call(op, stack);
+}
+
 // Every other operator ATen has a sparse CPU kernel for runs that kernel (or CUDA's) on the same
 // memory: registered for each such operator, since a CompositeExplicitAutograd kernel (clone,
 // copy_, sum, the pointwise operators) would otherwise take precedence over a fallback and treat
 // the sparse tensor as a dense one. Operators with no sparse kernel on the CPU either reach the
 // fallback, which gives the CPU's own error.
-namespace {
 
 void register_sparse_kernels() {
   static const struct Registrations {
@@ -237,16 +238,14 @@ void register_sparse_kernels() {
         if (name.name.rfind("aten::", 0) != 0) continue;
         const std::optional<c10::OperatorHandle> op = dispatcher.findOp(name);
         if (!op) continue;
-        const std::string qualified =
-            name.overload_name.empty() ? name.name : name.name + "." + name.overload_name;
-        const std::string local = qualified.substr(6);  // without "aten::"
+        const std::string local = op_name(*op).substr(6);  // without "aten::"
         if (op->hasKernelForDispatchKey(c10::DispatchKey::SparseCPU) &&
             !op->hasKernelForDispatchKey(c10::DispatchKey::SparsePrivateUse1)) {
-          coo.impl(local.c_str(), torch::CppFunction::makeFromBoxedFunction<&direct_call>());
+          coo.impl(local.c_str(), torch::CppFunction::makeFromBoxedFunction<&sparse_call>());
         }
         if (op->hasKernelForDispatchKey(c10::DispatchKey::SparseCsrCPU) &&
             !op->hasKernelForDispatchKey(c10::DispatchKey::SparseCsrPrivateUse1)) {
-          compressed.impl(local.c_str(), torch::CppFunction::makeFromBoxedFunction<&direct_call>());
+          compressed.impl(local.c_str(), torch::CppFunction::makeFromBoxedFunction<&sparse_call>());
         }
       }
     }
@@ -259,10 +258,10 @@ const bool g_registered = (register_sparse_kernels(), true);
 }  // namespace
 
 TORCH_LIBRARY_IMPL(_, SparsePrivateUse1, m) {
-  m.fallback(torch::CppFunction::makeFromBoxedFunction<&direct_call>());
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&sparse_call>());
 }
 TORCH_LIBRARY_IMPL(_, SparseCsrPrivateUse1, m) {
-  m.fallback(torch::CppFunction::makeFromBoxedFunction<&direct_call>());
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&sparse_call>());
 }
 
 }  // namespace accel::aten

@@ -251,19 +251,19 @@ WorkPtr AccelBackend::submit(Call call) {
                        on_host_ ? "collectives run through Gloo on the host, outside the device's "
                                   "streams"
                                 : "accel graphs do not record NCCL's streams");
-  if (!on_host_) return submit_in_stream_order(std::move(call), dev);
+  std::string name = std::string(call.op_name) + " on accel:" + std::to_string(int(dev));
+  // Point-to-point messages are not compared: only the two ranks involved take part.
+  const bool check = checker_ && call.op != c10d::OpType::SEND && call.op != c10d::OpType::RECV &&
+                     call.op != c10d::OpType::RECVANYSOURCE;
+  if (!on_host_) return submit_in_stream_order(std::move(call), dev, name, check);
   std::vector<c10::Device> devices;
   if (call.device >= 0) devices.emplace_back(device::kAccel, call.device);
-  auto state = std::make_shared<HostCallState>(
-      std::string(call.op_name) + " on accel:" + std::to_string(int(dev)), std::move(call.keep),
-      std::move(call.outputs), std::move(devices));
+  auto state = std::make_shared<HostCallState>(std::move(name), std::move(call.keep),
+                                               std::move(call.outputs), std::move(devices));
   // The collective starts once the caller's stream reached this point: at once when that stream
   // is idle (and no collective waits before it), else after an event recorded on it.
   const rt::Stream stream = device::call([&] { return rt::current_stream(dev); });
   const bool idle = device::call([&] { return rt::stream_query(stream); });
-  const bool p2p = call.op == c10d::OpType::SEND || call.op == c10d::OpType::RECV ||
-                   call.op == c10d::OpType::RECVANYSOURCE;
-  const bool check = checker_ && !p2p;
   auto job = [state, check, inner = inner_, checker = checker_, op = call.op,
               sig = std::move(call.sig), memory = std::move(call.memory),
               issue = std::move(call.issue)](bool cancelled, rt::Event ready) {
@@ -302,11 +302,9 @@ WorkPtr AccelBackend::submit(Call call) {
                                               std::vector<std::shared_ptr<CallState>>{state}));
 }
 
-WorkPtr AccelBackend::submit_in_stream_order(Call call, c10::DeviceIndex dev) {
-  const std::string name = std::string(call.op_name) + " on accel:" + std::to_string(int(dev));
-  const bool p2p = call.op == c10d::OpType::SEND || call.op == c10d::OpType::RECV ||
-                   call.op == c10d::OpType::RECVANYSOURCE;
-  if (checker_ && !p2p) agree(*checker_, call.op, call.sig, name);
+WorkPtr AccelBackend::submit_in_stream_order(Call call, c10::DeviceIndex dev,
+                                             const std::string& name, bool check) {
+  if (check) agree(*checker_, call.op, call.sig, name);
   auto state =
       std::make_shared<StreamCallState>(name, std::move(call.keep), std::move(call.outputs), dev);
   WorkPtr inner;

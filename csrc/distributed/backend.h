@@ -99,7 +99,9 @@ class AccelBackend final : public c10d::Backend {
 
  private:
   c10::intrusive_ptr<c10d::Work> submit(Call call);
-  c10::intrusive_ptr<c10d::Work> submit_in_stream_order(Call call, c10::DeviceIndex device);
+  // The cuda driver's path of submit: `name` for messages, `check`: compare signatures first.
+  c10::intrusive_ptr<c10d::Work> submit_in_stream_order(Call call, c10::DeviceIndex device,
+                                                        const std::string& name, bool check);
   c10::intrusive_ptr<c10d::Work> track(c10::intrusive_ptr<c10d::Work> work);
 
   c10::intrusive_ptr<c10d::Backend> inner_;
