@@ -4,7 +4,7 @@ loopback, measured in the same run (issue 13's goals).
   all_reduce <size>  bus bandwidth of all_reduce (sum, float32) on accel tensors through accl
                      against the same all_reduce on CPU tensors through Gloo, same process group
                      (goal: at least 0.9 of Gloo's), from 4 KiB (latency-bound: accl's
-                     agreement check is one more small round trip, see ACCEL_DIST_CHECK) to
+                     agreement check is one small point-to-point exchange, see ACCEL_DIST_CHECK) to
                      64 MiB
   ddp step           one training step of the quickstart transformer under DDP, accel against
                      CPU (ratio of step times; the issue sets no goal, 0.9 is shown as parity)

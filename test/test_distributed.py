@@ -342,6 +342,29 @@ def _mismatch(rank: int, world: int) -> list[str]:
     return messages
 
 
+def _three_ranks(rank: int, world: int) -> str:
+    """Three ranks: the agreement messages go to every peer point to point, on a tag of their own
+    (a user's send still pending on tag 0 is not taken for one); a mismatch on one rank raises on
+    all three."""
+    dev = torch.device("accel", 0)
+    pending = dist.isend(torch.full((4,), 7.0, device=dev), dst=1) if rank == 0 else None
+    t = torch.full((1 << 16,), float(rank + 1), device=dev)  # above the inline size
+    dist.all_reduce(t)
+    torch.testing.assert_close(t.cpu(), torch.full((1 << 16,), 6.0))
+    if rank == 1:
+        got = torch.empty(4, device=dev)
+        dist.recv(got, src=0)
+        torch.testing.assert_close(got.cpu(), torch.full((4,), 7.0))
+    if pending is not None:
+        pending.wait()
+    _collectives(rank, world)
+    try:
+        dist.all_reduce(torch.ones(8 if rank == 2 else 4, device=dev))
+        raise AssertionError("no error for a mismatch on rank 2")
+    except ValueError as e:
+        return str(e)
+
+
 def _failing_all_reduce() -> tuple[str, str, float]:
     """The error type, message and seconds of an all_reduce expected to fail."""
     start = time.monotonic()
@@ -469,6 +492,16 @@ def test_mismatches_and_misuse_raise_clear_errors_on_every_rank() -> None:
         assert "PREMUL_SUM" in premul
         assert "split sizes" in splits and "sends [2,2] elements" in splits, splits
         assert "allreduce" in capture and "captur" in capture
+
+
+def test_three_ranks_agree_and_disagree() -> None:
+    for message in run_ranks(_three_ranks, world=3):
+        assert "rank 0: allreduce (SUM) of Float, 4 elements" in message.replace(
+            "ALLREDUCE", "allreduce"
+        ), message
+        assert "rank 2: allreduce (SUM) of Float, 8 elements" in message.replace(
+            "ALLREDUCE", "allreduce"
+        ), message
 
 
 def test_a_peer_that_left_fails_the_collective() -> None:

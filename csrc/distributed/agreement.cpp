@@ -22,6 +22,8 @@ namespace {
 
 constexpr int64_t kMagic = 0x6163636c;  // "accl"
 constexpr int64_t kHeader = 8;  // then per rank the elements sent to it, then received from it
+// The agreement's point-to-point messages: a tag of their own, apart from the user's send/recv.
+constexpr int kAgreementTag = 0x6163636c;
 
 enum Field : int64_t { kTag, kOp, kReduceOp, kRoot, kDtype, kElements, kPairwise, kInline };
 enum RedOp : int64_t { kSum, kAvg, kProduct, kMin, kMax, kBand, kBor, kBxor };
@@ -65,6 +67,38 @@ at::Tensor reduce_rows(const at::Tensor& rows, int64_t op) {
   }
 }
 
+// Every rank's message in `out[0]`, in rank order: each rank sends its message to every other
+// one, point to point. One round trip, where Gloo's allgather costs about three times as much
+// and, put in front of a Gloo all_reduce, slows that down too (measured on loopback, 1 MiB
+// float32: allgather then all_reduce 1.73 ms, the messages sent point to point then all_reduce
+// 0.57 ms, all_reduce alone 0.69 ms). The bytes each rank sends are those of a ring allgather.
+void exchange(c10d::Backend& inner, const at::Tensor& mine,
+              std::vector<std::vector<at::Tensor>>& out) {
+  const int size = inner.getSize();
+  const int rank = inner.getRank();
+  std::memcpy(out[0][rank].data_ptr(), mine.const_data_ptr(), mine.nbytes());
+  std::vector<c10::intrusive_ptr<c10d::Work>> works;
+  std::vector<std::vector<at::Tensor>> slots;  // send and recv take a list they may keep
+  slots.reserve(2 * size);
+  for (int r = 0; r < size; ++r) {
+    if (r == rank) continue;
+    slots.push_back({out[0][r]});
+    works.push_back(inner.recv(slots.back(), r, kAgreementTag));
+    slots.push_back({mine});
+    works.push_back(inner.send(slots.back(), r, kAgreementTag));
+  }
+  // Every message is waited for, even after one failed: Gloo may still write into the others.
+  std::exception_ptr first;
+  for (auto& w : works) {
+    try {
+      w->wait();
+    } catch (...) {
+      if (!first) first = std::current_exception();
+    }
+  }
+  if (first) std::rethrow_exception(first);
+}
+
 }  // namespace
 
 bool can_inline(const at::Tensor& t, int64_t reduce_op) {
@@ -89,7 +123,6 @@ bool can_inline(const at::Tensor& t, int64_t reduce_op) {
 
 void agree(c10d::Backend& inner, c10d::OpType op, const Signature& sig, const std::string& name) {
   const int size = inner.getSize();
-  const int rank = inner.getRank();
   const bool pairwise = !sig.send.empty();
   const bool inlined = sig.inline_tensor.defined();
   // Every message has the same size, inline payload or not: a rank that disagrees must still
@@ -115,10 +148,9 @@ void agree(c10d::Backend& inner, c10d::OpType op, const Signature& sig, const st
     m[kHeader + size + j] = sig.recv.at(j);
   }
 
-  std::vector<at::Tensor> in{mine};
   std::vector<std::vector<at::Tensor>> out(1);
   for (int r = 0; r < size; ++r) out[0].push_back(at::empty({width}, at::kLong));
-  inner.allgather(out, in)->wait();
+  exchange(inner, mine, out);
 
   bool same = true;
   for (int r = 0; r < size && same; ++r) {

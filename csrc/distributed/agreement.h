@@ -1,8 +1,8 @@
 // Checking that every rank called the same collective on matching tensors before the bytes
 // move: Gloo aborts the process when a peer's message has an unexpected size (a shape or dtype
 // mismatch across ranks), so accl compares a small signature of each collective first, through
-// one small allgather, and raises the same ValueError on every rank instead. ACCEL_DIST_CHECK=0
-// turns it off (one round trip less per collective).
+// one small exchange of messages, and raises the same ValueError on every rank instead.
+// ACCEL_DIST_CHECK=0 turns it off (one round trip less per collective).
 //
 // A small all_reduce (at most kInlineBytes of one tensor) travels inside the agreement message
 // itself: every rank then reduces the gathered copies locally, in rank order (the same result
