@@ -7,7 +7,7 @@ buffers themselves on the host driver). Rank 0 then trains the same model in one
 the combined batches and checks that the losses agree (averaged over the ranks) within floating
 point tolerance.
 
-    torchrun --nproc-per-node 2 examples/ddp_train.py [--steps 20] [--fsdp]
+    torchrun --nproc-per-node 2 examples/ddp_train.py [--steps 20] [--fsdp] [--backend gloo]
 """
 
 from __future__ import annotations
@@ -81,6 +81,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--fsdp", action="store_true", help="FSDP2 (fully_shard) instead of DDP")
+    parser.add_argument(
+        "--backend",
+        default="cpu:gloo,accel:accl",
+        help='process-group backend ("gloo" alone works too: accl joins at the first collective)',
+    )
     args = parser.parse_args()
 
     import torch_accel  # noqa: F401  (torch's autoload imports it too)
@@ -88,7 +93,11 @@ def main() -> int:
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     device = torch.device("accel", local_rank % torch.accel.device_count())
     torch.accel.set_device(device)
-    dist.init_process_group(backend="cpu:gloo,accel:accl", device_id=device)
+    # With a backend string that names nothing for accel ("gloo"), accl joins the group at its
+    # first collective on accel tensors; device_id would make PyTorch ask the group for its accel
+    # backend before that, so it is passed only where the string names accel's.
+    named = "accel:" in args.backend
+    dist.init_process_group(backend=args.backend, device_id=device if named else None)
     rank, world = dist.get_rank(), dist.get_world_size()
     kind = "FSDP2" if args.fsdp else "DDP"
 

@@ -1,6 +1,7 @@
 // torch.distributed's accel backend (torch_accel/distributed): wraps the backend built for the
 // group (Gloo on the host driver, NCCL on the cuda driver) into accel's backend
 // (csrc/distributed), which runs its collectives on views of accel memory in stream order.
+#include <pybind11/chrono.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 #include <torch/csrc/utils/pybind.h>
@@ -8,6 +9,7 @@
 #include <optional>
 
 #include "distributed/backend.h"
+#include "distributed/gloo_groups.h"
 #include "python/bindings.h"
 
 namespace py = pybind11;
@@ -34,6 +36,21 @@ void init_distributed_bindings(py::module_& m) {
         return accel->inner();
       },
       "The backend that moves the bytes for an accl backend.");
+  m.def(
+      "_distributed_set_group_backend_creator",
+      [](py::object create) {
+        // Kept until exit: collectives may run until the interpreter is gone.
+        auto* held = new py::object(std::move(create));
+        distributed::set_group_backend_creator([held](c10::intrusive_ptr<c10d::Store> store,
+                                                      int rank, int size,
+                                                      std::chrono::milliseconds timeout) {
+          py::gil_scoped_acquire gil;
+          return (*held)(std::move(store), rank, size, timeout)
+              .cast<c10::intrusive_ptr<c10d::Backend>>();
+        });
+      },
+      "Sets the creator called with (store, rank, size, timeout) for the accel backend of a "
+      "process group created without one, at its first collective on accel tensors.");
 }
 
 }  // namespace accel::python

@@ -3,16 +3,21 @@
 ``import torch_accel`` registers it for the ``accel`` device type, so
 ``init_process_group(backend="cpu:gloo,accel:accl")`` works, and so does a plain
 ``init_process_group()`` in a process whose accelerator is accel (collectives on accel tensors
-then go through ``accl``). On the host driver ``accl`` runs Gloo's collectives on the accel
-buffers themselves (CPU views of the same memory, no copies), in stream order: a collective
-starts once the work already enqueued on the caller's current stream has run, and
-``Work.wait()`` returns once it finished, raising its error (a timeout, a closed connection)
-naming it. On the cuda driver NCCL runs them on CUDA views of the accel buffers, from accel's
-stream, and ``Work.wait()`` orders the caller's stream after the collective without blocking,
-as torch.cuda's NCCL backend does. Before each collective the ranks compare what they are about
-to do (collective, dtype, element counts; one small Gloo allgather on the host): a mismatch
-raises the same ValueError on every rank instead of Gloo aborting the process or NCCL hanging
-(``ACCEL_DIST_CHECK=0`` skips it). Collectives cannot be captured into an accel graph.
+then go through ``accl``). A group created with ``"gloo"`` alone gets ``accl`` for accel at its
+first collective on accel tensors (PyTorch 2.11 maps "gloo" to cpu and cuda only; see
+csrc/distributed/gloo_groups.h for how, and what this does not cover).
+
+On the host driver ``accl`` runs Gloo's collectives on the accel buffers themselves (CPU views
+of the same memory, no copies), in stream order: a collective starts once the work already
+enqueued on the caller's current stream has run, and ``Work.wait()`` returns once it finished,
+raising its error (a timeout, a closed connection) naming it. On the cuda driver NCCL runs them
+on CUDA views of the accel buffers, from accel's stream, and ``Work.wait()`` orders the
+caller's stream after the collective without blocking, as torch.cuda's NCCL backend does.
+
+Before each collective the ranks compare what they are about to do (collective, dtype, element
+counts; a small message from each rank to every other, point to point over Gloo on the host): a
+mismatch raises the same ValueError on every rank instead of Gloo aborting the process or NCCL
+hanging (``ACCEL_DIST_CHECK=0`` skips it). Collectives cannot be captured into an accel graph.
 """
 
 from __future__ import annotations
@@ -89,3 +94,6 @@ def _register() -> None:
     if BACKEND.upper() in dist.Backend._plugins:
         return
     dist.Backend.register_backend(BACKEND, _create_backend, devices=["accel"])
+    # Groups whose backend string names nothing for accel ("gloo"): accl joins them at their
+    # first collective on accel tensors (csrc/distributed/gloo_groups.h says why and how).
+    _C._distributed_set_group_backend_creator(_create_backend)
