@@ -25,7 +25,7 @@ pytestmark = [
     ),
 ]
 
-from test_distributed import _collectives, ref, run_ddp_example, run_ranks  # noqa: E402
+from test_distributed import _collectives, _dtensor, ref, run_ddp_example, run_ranks  # noqa: E402
 
 TIMEOUT_S = 17.0
 
@@ -61,6 +61,17 @@ def _gloo_alone(rank: int, world: int) -> None:
     assert accel_dist.inner_backend(sub) is not inner
 
 
+def _send_first(rank: int, world: int) -> list[float] | None:
+    """A send/recv pair as the group's first accel call (both ranks of the group take part)."""
+    dev = torch.device("accel", 0)
+    if rank == 0:
+        dist.send(torch.full((3,), 5.0, device=dev), dst=1)
+        return None
+    t = torch.empty(3, device=dev)
+    dist.recv(t, src=0)
+    return t.cpu().tolist()
+
+
 def _creator_fails(rank: int, world: int) -> str:
     """An error while accl's backend is created reaches the caller; the group stays usable and
     the next collective creates it."""
@@ -80,6 +91,11 @@ def _creator_fails(rank: int, world: int) -> str:
 
 def test_gloo_alone_gives_accel_collectives_to_accl() -> None:
     run_ranks(_gloo_alone, backend="gloo", timeout_s=TIMEOUT_S)
+
+
+def test_point_to_point_first_and_dtensor_on_a_gloo_group() -> None:
+    assert run_ranks(_send_first, backend="gloo") == [None, [5.0, 5.0, 5.0]]
+    run_ranks(_dtensor, backend="gloo")
 
 
 def test_an_error_creating_the_backend_reaches_the_caller() -> None:
