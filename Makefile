@@ -90,19 +90,21 @@ test-cpp: build-cpp
 # The Python suites run as configured by default, then with launch blocking, then with device
 # memory protected (a stray host access to device memory crashes there instead of passing).
 # torch.compile's suite is test-compile's.
+COMPILE_TESTS := test/test_compile.py test/test_compile_fused.py test/test_compile_models.py
+NOT_COMPILE := $(addprefix --ignore=,$(COMPILE_TESTS))
 test-python: install
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
-	$(PY) -m pytest -q --ignore=test/test_compile.py --ignore=test/test_compile_fused.py test
-	ACCEL_LAUNCH_BLOCKING=1 $(PY) -m pytest -q -p no:cacheprovider --ignore=test/test_compile.py --ignore=test/test_compile_fused.py test
-	ACCEL_PROTECT_DEVICE_MEMORY=1 $(PY) -m pytest -q -p no:cacheprovider --ignore=test/test_compile.py --ignore=test/test_compile_fused.py test
+	$(PY) -m pytest -q $(NOT_COMPILE) test
+	ACCEL_LAUNCH_BLOCKING=1 $(PY) -m pytest -q -p no:cacheprovider $(NOT_COMPILE) test
+	ACCEL_PROTECT_DEVICE_MEMORY=1 $(PY) -m pytest -q -p no:cacheprovider $(NOT_COMPILE) test
 	$(MAKE) --no-print-directory opinfo-sweep
 
 # torch.compile's suite, once, in the default configuration (compiled kernels are stream tasks
 # like any other: the other configurations add little to what test-python covers). Inductor's
 # caches (TORCHINDUCTOR_CACHE_DIR, /tmp/torchinductor_$USER by default) serve later runs.
 test-compile: install
-	$(PY) -m pytest -q -p no:cacheprovider test/test_compile.py test/test_compile_fused.py
+	$(PY) -m pytest -q -p no:cacheprovider $(COMPILE_TESTS)
 
 # Every suite on the cuda driver (ACCEL_DRIVER=cuda) where this build has one and a GPU is
 # present; elsewhere it says why it skipped (the runtime's reason) and succeeds.

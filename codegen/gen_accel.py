@@ -31,7 +31,8 @@ DRIVERS = ("host", "cuda", "level_zero")
 VARIANTS = ("functional", "inplace", "mutable", "out")
 KEYS = {
     "op", "tier", "kernel", "variants", "drivers", "dtypes", "cpu_op", "sync", "metadata_only",
-    "out_equivalent", "structured_meta", "into", "widen", "cuda_like", "reason",
+    "out_equivalent", "structured_meta", "into", "widen", "cuda_like", "contiguous_results",
+    "reason",
 }  # fmt: skip
 # c10::ScalarType values.
 DTYPES = {
@@ -60,6 +61,7 @@ class Registration:
     meta_header: str = ""
     sync: bool = False
     metadata_only: bool = False
+    contiguous_results: bool = False  # results contiguous, whatever layout the CPU kernel chose
     dtypes: list[str] = field(default_factory=list)
     reason: str = ""
     signature: str = ""  # native: the C++ declaration
@@ -376,6 +378,9 @@ def expand(entry: dict[str, Any], nf: NativeFunctions, torch_dir: Path) -> list[
     cpu_op = entry.get("cpu_op", "")
     sync = bool(entry.get("sync", False))
     metadata_only = bool(entry.get("metadata_only", False))
+    contiguous_results = bool(entry.get("contiguous_results", False))
+    if contiguous_results and tier != "underlying":
+        raise EntryError("'contiguous_results' applies to underlying operators")
     out_equivalent = bool(entry.get("out_equivalent", False))
     structured_meta = bool(entry.get("structured_meta", True))
     into = entry.get("into", "")
@@ -486,6 +491,7 @@ def expand(entry: dict[str, Any], nf: NativeFunctions, torch_dir: Path) -> list[
                 functional=functional,
                 sync=sync,
                 metadata_only=metadata_only,
+                contiguous_results=contiguous_results,
                 meta=meta_body,
                 meta_header=meta_header,
                 into=into if v == "functional" else "",
@@ -571,7 +577,8 @@ def render_cpp(regs: list[Registration], own: list[OwnOperator]) -> tuple[str, s
             f"{CPP_TIER[t['cuda']]}, {CPP_TIER[t['level_zero']]}, {cpp_string(r.cpu_op)}, "
             f"{cpp_string(r.out_variant)}, {cpp_string(r.functional)}, "
             f"{'true' if r.sync else 'false'}, "
-            f"{'true' if r.metadata_only else 'false'}, {mask}ull, {meta}, "
+            f"{'true' if r.metadata_only else 'false'}, "
+            f"{'true' if r.contiguous_results else 'false'}, {mask}ull, {meta}, "
             f"{'&' + r.into if r.into else 'nullptr'}, "
             f"{f'widen_{i}' if r.widen else 'nullptr'}, "
             f"{'&' + r.cuda_like if r.cuda_like else 'nullptr'}, {cpp_string(r.reason)}}},"
@@ -580,7 +587,7 @@ def render_cpp(regs: list[Registration], own: list[OwnOperator]) -> tuple[str, s
         # C++ has no empty arrays: one unused entry.
         tiers = ", ".join(["Tier::CpuFallback"] * 3)
         cpp.append(
-            f'    {{"", {tiers}, "", "", "", false, false, 0ull, nullptr, nullptr, nullptr, '
+            f'    {{"", {tiers}, "", "", "", false, false, false, 0ull, nullptr, nullptr, nullptr, '
             'nullptr, ""}},'
         )
     cpp += ["};", "", "}  // namespace", "", "TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {"]
@@ -663,6 +670,8 @@ def render_docs(
             notes.append("data-dependent result shape: synchronizes")
         if r.metadata_only:
             notes.append("reads metadata only: runs on the caller")
+        if r.contiguous_results:
+            notes.append("results contiguous (what PyTorch's meta functions say for accel)")
         if r.dtypes:
             notes.append("dtypes: " + ", ".join(r.dtypes) + " (others: cpu_fallback)")
         if r.widen:

@@ -48,6 +48,10 @@ MALFORMED = [
     ("{op: transpose.int, tier: underlying}", "view operators must be native"),
     ("{op: add.Tensor, tier: underlying, variants: [sideways]}", "unknown variant 'sideways'"),
     ("{op: relu, tier: cpu_fallback, sync: true, reason: x}", "apply to underlying operators"),
+    (
+        "{op: relu, tier: cpu_fallback, contiguous_results: true, reason: x}",
+        "'contiguous_results' applies to underlying operators",
+    ),
     ("{op: mm, tier: underlying, cpu_op: add.Tensor}", "takes other arguments"),
     ("{op: nonzero, tier: underlying, sync: true, metadata_only: true}", "exclude each other"),
     ("{op: add.Tensor, tier: underlying, out_equivalent: true}", "'out_equivalent' is implied"),

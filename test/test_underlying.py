@@ -201,6 +201,45 @@ def test_conv2d_backward_matches_cpu(no_fallback: None) -> None:
         assert_same(a, c, exact=False)
 
 
+def test_conv_results_have_the_layout_torch_compile_expects(no_fallback: None) -> None:
+    # PyTorch's fake and meta convolutions give accel (ATen's overrideable backend) contiguous
+    # results; the CPU kernel underneath gives channels-last ones for channels-last arguments.
+    # Compiled code checks the fake layout (a ConvNeXt block failed), so accel's are contiguous.
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    g = torch.Generator().manual_seed(5)
+    x0 = torch.randn(2, 8, 6, 6, generator=g).contiguous(memory_format=torch.channels_last)
+    for w0, groups in (
+        (torch.randn(8, 1, 3, 3, generator=g), 8),
+        (torch.randn(4, 8, 3, 3, generator=g), 1),
+    ):
+        w0 = w0.contiguous(memory_format=torch.channels_last)
+        grad0 = torch.randn(2, w0.shape[0], 6, 6, generator=g)
+        args = ([1, 1], [1, 1], [1, 1], False, [0, 0], groups)
+        x, w, grad = x0.to("accel"), w0.to("accel"), grad0.to("accel")
+        fake = FakeTensorMode()
+        fx, fw, fg = fake.from_tensor(x), fake.from_tensor(w), fake.from_tensor(grad)
+        with fake:
+            f_out = torch.ops.aten.convolution(fx, fw, None, *args)
+            f_gx, f_gw, _ = torch.ops.aten.convolution_backward(
+                fg, fx, fw, [w0.shape[0]], *args, [True, True, True]
+            )
+        for _ in range(2):  # the first call runs on the caller, later ones as stream tasks
+            out = torch.ops.aten.convolution(x, w, None, *args)
+            gx, gw, gb = torch.ops.aten.convolution_backward(
+                grad, x, w, [w0.shape[0]], *args, [True, True, True]
+            )
+            assert out.stride() == f_out.stride() and gx.stride() == f_gx.stride()
+            assert gw.is_contiguous() and f_gw.is_contiguous()
+            ref = torch.ops.aten.convolution(x0, w0, None, *args)
+            ref_grads = torch.ops.aten.convolution_backward(
+                grad0, x0, w0, [w0.shape[0]], *args, [True, True, True]
+            )
+            assert_same(out, ref, exact=False)
+            for a, c in zip((gx, gw, gb), ref_grads, strict=True):
+                assert_same(a, c, exact=False)
+
+
 def test_inplace_and_out_variants_write_into_their_arguments(no_fallback: None) -> None:
     a = torch.arange(6.0, device="accel").view(2, 3)
     ptr = a.data_ptr()

@@ -276,6 +276,18 @@ void MetaCache::insert(const std::string& key, std::shared_ptr<const CachedResul
   entries_.insert_or_assign(key, std::move(value));
 }
 
+void make_contiguous(CachedResult& r) {
+  for (auto& metas : r.results) {
+    for (TensorMeta& m : metas) {
+      int64_t stride = 1;
+      for (size_t d = m.sizes.size(); d-- > 0;) {
+        m.strides[d] = stride;
+        stride *= std::max<int64_t>(m.sizes[d], 1);
+      }
+    }
+  }
+}
+
 std::shared_ptr<CachedResult> meta_results(const c10::OperatorHandle& op,
                                            void (*meta)(torch::jit::Stack*),
                                            const torch::jit::Stack& stack, size_t begin) {

@@ -105,6 +105,9 @@ std::shared_ptr<CachedResult> meta_results(const c10::OperatorHandle& op,
                                            void (*meta)(torch::jit::Stack*),
                                            const torch::jit::Stack& stack, size_t begin);
 
+// Gives every result in `r` contiguous strides (OpConfig::contiguous_results).
+void make_contiguous(CachedResult& r);
+
 // Whether `v` is a Tensor?[] (indices).
 bool is_optional_tensor_list(const c10::IValue& v);
 

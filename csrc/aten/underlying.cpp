@@ -230,6 +230,7 @@ class UnderlyingKernel final : public c10::OperatorKernel {
       const std::string miss_key = key;  // the meta pass below may run operators on this thread
       std::shared_ptr<CachedResult> computed =
           meta_results(cpu_op_ ? *cpu_op_ : op, config_->meta, *stack, begin);
+      if (computed && config_->contiguous_results) make_contiguous(*computed);
       if (!computed) {
         // No meta kernel, or a result shape that depends on the data: always synchronous.
         if (cacheable) {
@@ -533,7 +534,9 @@ class UnderlyingKernel final : public c10::OperatorKernel {
         seen->results.push_back({TensorMeta::of(results.back().toTensor())});
         seen->result_is_list.push_back(false);
       } else if (r.isTensor()) {
-        results.emplace_back(to_accel(r.toTensor(), config_->name));
+        const at::Tensor& t = r.toTensor();
+        results.emplace_back(to_accel(
+            config_->contiguous_results && t.defined() ? t.contiguous() : t, config_->name));
         seen->results.push_back({TensorMeta::of(results.back().toTensor())});
         seen->result_is_list.push_back(false);
       } else if (r.isTensorList()) {

@@ -33,6 +33,7 @@ struct OpConfig {
                             // overload to run, copying into the outputs ("" = none)
   bool sync;                // underlying: the result shapes depend on the data
   bool metadata_only;       // underlying: reads no tensor data (runs on the caller, no wait)
+  bool contiguous_results;  // underlying: results contiguous, whatever the CPU kernel returns
   uint64_t dtypes;          // bit i: ScalarType i of the first tensor argument runs underlying;
                             // 0 = every dtype; other dtypes take the CPU fallback
   // Computes the results on meta tensors through the C++ meta function (a boxed call on the
