@@ -69,3 +69,31 @@ def skip_unless_cuda_driver() -> None:
             f"{torch_accel.init_error() or 'run with ACCEL_DRIVER=cuda'})",
             allow_module_level=True,
         )
+
+
+def train_classifier_like_the_cpu(
+    make_model: Callable[[], torch.nn.Module],
+    batch: Callable[[int], tuple[torch.Tensor, torch.Tensor]],
+    steps: int,
+    compile_fn: Callable[[torch.nn.Module], Callable[..., torch.Tensor]] = torch.compile,
+) -> tuple[torch.nn.Module, Callable[..., torch.Tensor], torch.nn.Module]:
+    """Trains make_model() on accel through compile_fn(model) and a copy on the CPU eagerly (SGD
+    with momentum, cross-entropy on batch(step) = (inputs, labels)), checking each step's loss;
+    returns (accel model, its compiled form, CPU model)."""
+    torch.manual_seed(0)
+    model, reference = make_model(), make_model()
+    reference.load_state_dict(model.state_dict())
+    model.to("accel")
+    compiled = compile_fn(model)
+    opts = [torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9) for m in (model, reference)]
+    for step in range(steps):
+        x, y = batch(step)
+        losses = []
+        for m, o, dev in ((compiled, opts[0], "accel"), (reference, opts[1], "cpu")):
+            loss = torch.nn.functional.cross_entropy(m(x.to(dev)), y.to(dev))
+            loss.backward()
+            o.step()
+            o.zero_grad()
+            losses.append(loss.item())
+        torch.testing.assert_close(losses[0], losses[1], atol=1e-5, rtol=1e-5)
+    return model, compiled, reference

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 import torch_accel  # noqa: F401
+from helpers import train_classifier_like_the_cpu
 
 ACCEL = torch.device("accel")
 
@@ -511,24 +512,13 @@ class _ConvNet(torch.nn.Module):
         return self.head(self.features(x).mean((2, 3)))
 
 
+def _conv_batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(step)
+    return torch.randn(4, 3, 16, 16, generator=g), torch.randint(0, 10, (4,), generator=g)
+
+
 def test_a_conv_net_with_batch_norm_trains_like_eager() -> None:
-    torch.manual_seed(0)
-    model, reference = _ConvNet(), _ConvNet()
-    reference.load_state_dict(model.state_dict())
-    model.to(ACCEL)
-    compiled = torch.compile(model)
-    opts = [torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9) for m in (model, reference)]
-    for step in range(3):
-        g = torch.Generator().manual_seed(step)
-        x, y = torch.randn(4, 3, 16, 16, generator=g), torch.randint(0, 10, (4,), generator=g)
-        losses = []
-        for m, o, dev in ((compiled, opts[0], ACCEL), (reference, opts[1], "cpu")):
-            loss = torch.nn.functional.cross_entropy(m(x.to(dev)), y.to(dev))
-            loss.backward()
-            o.step()
-            o.zero_grad()
-            losses.append(loss.item())
-        torch.testing.assert_close(losses[0], losses[1], atol=1e-5, rtol=1e-5)
+    model, compiled, reference = train_classifier_like_the_cpu(_ConvNet, _conv_batch, 3)
     # BatchNorm's running statistics were updated in place, as in eager mode.
     for name, buf in reference.named_buffers():
         torch.testing.assert_close(

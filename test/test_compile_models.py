@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 import torch_accel  # noqa: F401
+from helpers import train_classifier_like_the_cpu
 
 ACCEL = torch.device("accel")
 
@@ -44,27 +45,16 @@ class _ConvNeXtBlock(nn.Module):
         return self.head(x.mean((2, 3)))
 
 
+def _batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(step)
+    return torch.randn(2, 3, 32, 32, generator=g), torch.randint(0, 10, (2,), generator=g)
+
+
 def test_a_convnext_block_compiles_and_trains_like_the_cpu() -> None:
     # Convolutions fed channels-last views: the compiled code checks each convolution's result
     # against the layout PyTorch's fake kernels give accel (it failed before accel's results
     # were made to agree).
-    torch.manual_seed(0)
-    model, reference = _ConvNeXtBlock(), _ConvNeXtBlock()
-    reference.load_state_dict(model.state_dict())
-    model.to(ACCEL)
-    compiled = torch.compile(model)
-    opts = [torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9) for m in (model, reference)]
-    for step in range(2):
-        g = torch.Generator().manual_seed(step)
-        x, y = torch.randn(2, 3, 32, 32, generator=g), torch.randint(0, 10, (2,), generator=g)
-        losses = []
-        for m, o, dev in ((compiled, opts[0], ACCEL), (reference, opts[1], "cpu")):
-            loss = nn.functional.cross_entropy(m(x.to(dev)), y.to(dev))
-            loss.backward()
-            o.step()
-            o.zero_grad()
-            losses.append(loss.item())
-        torch.testing.assert_close(losses[0], losses[1], atol=1e-5, rtol=1e-5)
+    model, compiled, reference = train_classifier_like_the_cpu(_ConvNeXtBlock, _batch, 2)
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
         torch.testing.assert_close(compiled(x.to(ACCEL)).cpu(), reference(x), atol=1e-5, rtol=1e-5)
