@@ -160,6 +160,9 @@ void copy_within_accel(const at::Tensor& dst, const at::Tensor& src) {
 }
 
 void copy_host_to_accel(const at::Tensor& dst, const at::Tensor& src, bool non_blocking) {
+  // As CUDA's: a blocking copy reports; a non-blocking one from pageable memory waits too (the
+  // bytes must be read before the call returns) but does not.
+  if (!non_blocking) warn_or_error_on_sync("copy_ (host to accel)", "a blocking copy");
   c10::DeviceGuard guard(dst.device());
   const rt::Stream stream = device::call([&] { return rt::current_stream(dst.device().index()); });
   at::Tensor host = src;
@@ -184,6 +187,7 @@ void copy_host_to_accel(const at::Tensor& dst, const at::Tensor& src, bool non_b
 }
 
 void copy_accel_to_host(const at::Tensor& dst, const at::Tensor& src, bool non_blocking) {
+  if (!non_blocking) warn_or_error_on_sync("copy_ (accel to host)", "a blocking copy");
   c10::DeviceGuard guard(src.device());
   const rt::Stream stream = device::call([&] { return rt::current_stream(src.device().index()); });
   if (same_bytes(dst, src)) {
@@ -335,6 +339,8 @@ at::Tensor& zero_(at::Tensor& self) {
 c10::Scalar _local_scalar_dense(const at::Tensor& self) {
   TORCH_CHECK(self.numel() == 1, "a Tensor with ", self.numel(),
               " elements cannot be converted to Scalar");
+  warn_or_error_on_sync("Tensor.item() (aten::_local_scalar_dense)",
+                        "it reads a value on the host");
   c10::DeviceGuard guard(self.device());
   at::Tensor host = cpu_like(self.is_non_overlapping_and_dense() ? self : self.contiguous());
   const rt::Stream stream = device::call([&] { return rt::current_stream(self.device().index()); });

@@ -228,8 +228,10 @@ void direct_call(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   if (executor() == Executor::Host) {
     refuse_capture(device, name.c_str(),
                    "it runs its CPU kernel on the calling thread once the stream has drained");
+    warn_or_error_on_sync(name.c_str(), "its CPU kernel runs on the calling thread");
     device::call([&] { rt::stream_synchronize(rt::current_stream(device)); }, name.c_str());
   }
+  const QuietSyncs quiet;  // the copies of its arguments and results do not report again
   KernelScope scope(device);
   Converter convert(device);
   bool cpu_target = false;  // an explicit CPU device argument: the results stay on the CPU

@@ -247,6 +247,8 @@ void accel_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   refuse_capture(call_device(op, *stack, name), name.c_str(),
                  "it has no accel kernel and runs through the CPU fallback, which copies its "
                  "arguments to the host");
+  warn_or_error_on_sync(name.c_str(), "it has no accel kernel and runs through the CPU fallback");
+  const QuietSyncs quiet;  // reported once: not each copy it makes
   copying_fallback(op, stack, name, mode);
 }
 
@@ -337,6 +339,9 @@ void host_round_trip(const std::string& name, c10::DeviceIndex device) {
                               "host. Set ACCEL_FALLBACK=warn (the default) or silent to allow it.");
   refuse_capture(device, name.c_str(),
                  "it has no accel kernel on this driver and copies through the host");
+  warn_or_error_on_sync(name.c_str(),
+                        "it has no accel kernel on this driver and copies through "
+                        "the host");
   count_and_warn(name, mode);
 }
 

@@ -2,6 +2,9 @@
 
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/TensorImpl.h>
+#include <c10/util/Exception.h>
+
+#include <atomic>
 
 namespace accel::aten {
 namespace {
@@ -68,6 +71,39 @@ bool Layout::changed_in(const at::Tensor& v) const {
 
 void refuse_capture(c10::DeviceIndex device, const char* what, const char* why) {
   device::call([&] { rt::capture_refuse(rt::current_stream(device), what, why); });
+}
+
+namespace {
+std::atomic<int> g_sync_debug_mode{0};
+thread_local bool t_quiet_syncs = false;
+}  // namespace
+
+QuietSyncs::QuietSyncs() : was_(t_quiet_syncs) {
+  t_quiet_syncs = true;
+}
+QuietSyncs::~QuietSyncs() {
+  t_quiet_syncs = was_;
+}
+
+SyncDebugMode sync_debug_mode() {
+  return static_cast<SyncDebugMode>(g_sync_debug_mode.load(std::memory_order_relaxed));
+}
+
+void set_sync_debug_mode(SyncDebugMode mode) {
+  g_sync_debug_mode.store(static_cast<int>(mode), std::memory_order_relaxed);
+}
+
+void warn_or_error_on_sync(const char* what, const char* why) {
+  const SyncDebugMode mode = sync_debug_mode();
+  if (C10_LIKELY(mode == SyncDebugMode::Disabled) || t_quiet_syncs) return;
+  if (mode == SyncDebugMode::Error) {
+    TORCH_CHECK(false, "called a synchronizing accel operation: ", what,
+                " waits for the accel "
+                "stream (",
+                why, "); torch.accel.set_sync_debug_mode('error') forbids it");
+  }
+  TORCH_WARN("called a synchronizing accel operation: ", what, " waits for the accel stream (", why,
+             ")");
 }
 
 bool host_accessible() {

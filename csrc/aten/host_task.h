@@ -69,6 +69,32 @@ void require_host_accessible(const char* what);
 // torch_accel.CaptureError saying that `what` cannot be captured, and why.
 void refuse_capture(c10::DeviceIndex device, const char* what, const char* why);
 
+// torch.accel.set_sync_debug_mode, as torch.cuda's: what a call that makes the calling thread
+// wait for the accel stream's work does (0: nothing, 1: warn, 2: raise).
+enum class SyncDebugMode : int { Disabled = 0, Warn = 1, Error = 2 };
+SyncDebugMode sync_debug_mode();
+void set_sync_debug_mode(SyncDebugMode mode);
+
+// Called before `what` waits on the host for the stream (a blocking copy to or from the host,
+// Tensor.item(), an operator whose result shape depends on the data, one accel runs on the
+// calling thread): warns, or raises before anything ran, per the sync debug mode; `why` says
+// why it waits. Explicit waits (synchronize(), Stream/Event.synchronize()) do not report, as
+// on CUDA, and neither does the first call of an operator signature (accel's warm-up).
+void warn_or_error_on_sync(const char* what, const char* why);
+
+// While one lives, the calling thread reports no synchronizing call: an operator that reported
+// its own wait (the CPU fallback) does not report each copy it makes through the host.
+class QuietSyncs {
+ public:
+  QuietSyncs();
+  ~QuietSyncs();
+  QuietSyncs(const QuietSyncs&) = delete;
+  QuietSyncs& operator=(const QuietSyncs&) = delete;
+
+ private:
+  bool was_;
+};
+
 // Enqueues f() on the current stream of `device`.
 template <class F>
 void launch(c10::DeviceIndex device, const char* what, F&& f) {

@@ -422,6 +422,18 @@ class UnderlyingKernel final : public c10::OperatorKernel {
       refuse_capture(device, config_->name,
                      "it runs on the calling thread once the stream has drained (its result "
                      "shape depends on the data, or it returns a value to the host)");
+      // The first call of a signature (expected: its meta results) is accel's warm-up, not
+      // the operator's wait: it does not report. CUDA's kernels run without waiting where
+      // only the host's need the stream drained (no meta function for the results).
+      if (expected == nullptr && (config_->sync || !info_.tensor_returns_only || host)) {
+        warn_or_error_on_sync(config_->name,
+                              config_->sync ? "its result shape depends on the data"
+                              : !info_.tensor_returns_only
+                                  ? "it returns a value to the host"
+                                  : "accel cannot know its results before it runs: their "
+                                    "shape depends on the data, or no meta function describes "
+                                    "them for these arguments");
+      }
       if (host) {
         device::call([&] { rt::stream_synchronize(rt::current_stream(device)); }, config_->name);
       }

@@ -8,6 +8,7 @@
 #include "aten/executor.h"
 #include "aten/fallback.h"
 #include "aten/fused_linear.h"
+#include "aten/host_task.h"
 #include "aten/underlying.h"
 #include "device/common.h"
 #include "device/generator.h"
@@ -107,6 +108,18 @@ void init_torch_bindings(py::module_& m, PyObject* capture_error) {
                                 "'");
         }
         aten::set_fallback_mode(parsed);
+      },
+      py::arg("mode"));
+  // torch.accel.set_sync_debug_mode / get_sync_debug_mode (the Python side parses names).
+  m.def("_get_sync_debug_mode", [] { return static_cast<int>(aten::sync_debug_mode()); });
+  m.def(
+      "_set_sync_debug_mode",
+      [](int mode) {
+        if (mode < 0 || mode > 2) {
+          throw py::value_error("invalid value of debug_mode " + std::to_string(mode) +
+                                ", expected one of 0 (default), 1 (warn), 2 (error)");
+        }
+        aten::set_sync_debug_mode(static_cast<aten::SyncDebugMode>(mode));
       },
       py::arg("mode"));
   // Benchmarks and tests compare the underlying tier with the copying CPU fallback.

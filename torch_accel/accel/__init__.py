@@ -91,6 +91,8 @@ __all__ = [
     "set_rng_state",
     "set_rng_state_all",
     "set_stream",
+    "set_sync_debug_mode",
+    "get_sync_debug_mode",
     "stream",
     "synchronize",
     "amp",
@@ -201,6 +203,35 @@ class device_of(device):
 def synchronize(device: Any = None) -> None:
     """Waits for all work on an accel device."""
     _C.synchronize(_lazy_device_index(device))
+
+
+_SYNC_DEBUG_MODES = {"default": 0, "warn": 1, "error": 2}
+
+
+def set_sync_debug_mode(debug_mode: int | str) -> None:
+    """What an operation that makes the host wait for accel's work does, as
+    ``torch.cuda.set_sync_debug_mode``: ``"default"``/0 nothing, ``"warn"``/1 a warning,
+    ``"error"``/2 a RuntimeError before it runs. Reported: blocking copies to and from the host,
+    ``Tensor.item()`` (and ``bool()``, ``tolist()``), operators whose result shapes depend on the
+    data (``nonzero``, boolean masks), the CPU fallback, and operators accel cannot run ahead of
+    the host. ``synchronize()`` and ``Stream``/``Event.synchronize()`` are explicit and are not
+    reported, nor is the first call of each operator signature (accel computes its result shapes
+    then). The setting is process-wide."""
+    if isinstance(debug_mode, str):
+        if debug_mode not in _SYNC_DEBUG_MODES:
+            raise RuntimeError(
+                f"invalid value of debug_mode {debug_mode!r}, expected one of `default`, "
+                "`warn`, `error`"
+            )
+        debug_mode = _SYNC_DEBUG_MODES[debug_mode]
+    if isinstance(debug_mode, bool) or not isinstance(debug_mode, int):
+        raise TypeError(f"debug_mode must be an int or a str, not {type(debug_mode).__name__}")
+    _C._set_sync_debug_mode(debug_mode)
+
+
+def get_sync_debug_mode() -> int:
+    """The sync debug mode: 0 (default), 1 (warn) or 2 (error)."""
+    return _C._get_sync_debug_mode()
 
 
 @dataclass(frozen=True)
