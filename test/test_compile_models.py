@@ -6,9 +6,12 @@ Compiled C++ kernels are cached on disk by Inductor, as for test_compile.py.
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from torch import nn
+from torch._dynamo.utils import counters
 
 import torch_accel  # noqa: F401
 from helpers import train_classifier_like_the_cpu
@@ -58,3 +61,39 @@ def test_a_convnext_block_compiles_and_trains_like_the_cpu() -> None:
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
         torch.testing.assert_close(compiled(x.to(ACCEL)).cpu(), reference(x), atol=1e-5, rtol=1e-5)
+
+
+class _HandWrittenAttention(nn.Module):
+    """Attention written out as GPT-J and older transformers models write it (matmul, scale,
+    softmax, matmul), which Inductor's fuse_attention pass rewrites into
+    scaled_dot_product_attention."""
+
+    def __init__(self, dim: int = 32, heads: int = 4) -> None:
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.head = nn.Linear(dim, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, d = x.shape
+        q, k, v = (
+            t.view(b, s, self.heads, d // self.heads).transpose(1, 2)
+            for t in self.qkv(x).chunk(3, dim=-1)
+        )
+        scores = torch.matmul(q, k.transpose(-2, -1)).div(math.sqrt(d // self.heads))
+        out = scores.softmax(dim=-1).matmul(v)
+        return self.head(out.transpose(1, 2).reshape(b, s, d).mean(1))
+
+
+def _sequences(step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(step)
+    return torch.randn(2, 16, 32, generator=g), torch.randint(0, 10, (2,), generator=g)
+
+
+def test_hand_written_attention_compiles_and_trains_like_the_cpu() -> None:
+    # Inductor traces scaled_dot_product_attention for accel tensors while it rewrites: accel's
+    # backend choice was recorded as a graph node returning an int, and AOT autograd's
+    # partitioner refused the graph ("Expected _fused_sdp_choice to be a tensor"; GPT-J).
+    counters.clear()
+    train_classifier_like_the_cpu(_HandWrittenAttention, _sequences, 2)
+    assert counters["inductor"]["fuse_attention"] > 0, "the rewrite this test is about did not run"

@@ -10,6 +10,7 @@
 #include <ATen/native/transformers/attention.h>
 #include <ATen/native/transformers/sdp_utils_cpp.h>
 #include <ATen/ops/_fused_sdp_choice.h>
+#include <ATen/ops/_fused_sdp_choice_cpu_dispatch.h>
 
 #include "aten/executor.h"
 #include "device/common.h"
@@ -20,9 +21,21 @@ namespace {
 int64_t fused_sdp_choice(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
                          const std::optional<at::Tensor>& attn_mask, double dropout_p,
                          bool is_causal, std::optional<double> scale, bool enable_gqa) {
-  // Without an executor the fused kernels cannot run on accel memory.
-  if (executor() == Executor::None) return static_cast<int64_t>(sdp::SDPBackend::math);
-  // The _fused_sdp_choice operator on accel tensors runs the underlying device's rule (yaml).
+  switch (executor()) {
+    case Executor::None:  // the fused kernels cannot run on accel memory
+      return static_cast<int64_t>(sdp::SDPBackend::math);
+    case Executor::Host:
+      // The CPU's kernel, called directly as CPU tensors get it: not an operator call. Through
+      // the dispatcher, tracing (torch.compile) would record the choice as a graph node
+      // returning an int, which AOT autograd's partitioner refuses ("Expected
+      // _fused_sdp_choice to be a tensor") where Inductor rewrites attention into
+      // scaled_dot_product_attention. The rule reads metadata only.
+      return at::cpu::_fused_sdp_choice(query, key, value, attn_mask, dropout_p, is_causal, scale,
+                                        enable_gqa);
+    case Executor::Cuda: break;
+  }
+  // CUDA's rule refuses tensors of other devices: the _fused_sdp_choice operator on accel
+  // tensors runs it on their CUDA views (yaml). Under tracing this records a node (see above).
   return at::_fused_sdp_choice(query, key, value, attn_mask, dropout_p, is_causal, scale,
                                enable_gqa);
 }
