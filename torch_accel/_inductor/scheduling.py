@@ -4,9 +4,10 @@ limits on arguments and unique buffers (``max_kernel_args``/``max_kernel_buffers
 
 Inductor's own guard (``max_fusion_unique_io_buffers``) only vetoes fusing two nodes, and the
 C++ backend then packs unfused nodes into one function anyway (up to 500 arguments). Here the
-veto applies per device by default (the user's ``max_fusion_unique_io_buffers``, when set, is
-used instead, as Inductor uses it), and the kernel group is flushed before a node would take it
-past the device's limits; a single node that alone exceeds them is an error that says so.
+veto applies per device by default, counting every buffer the fused nodes touch (the user's
+``max_fusion_unique_io_buffers``, when set, is used instead, as Inductor uses it), and the
+kernel group is flushed before a node would take it past the device's limits; a single node
+that alone exceeds them is an error that says so.
 
 Generated loops go parallel only for as much work as an eager accel kernel needs before it uses
 intra-op threads (``torch_accel._C._serial_numel``): kernels run on a stream worker, whose
@@ -107,14 +108,16 @@ class AccelCppScheduling(CppScheduling):
         finally:
             wrapper.accel_kernel_definition = False
 
-    def _fusion_limit(self, node: Any) -> int:
-        user = config.max_fusion_unique_io_buffers
-        return user if user is not None else _limits(node)[1]
-
     def _too_many(self, node1: Any, node2: Any) -> bool:
-        return self.scheduler.fusion_prevent_too_many_reads_and_writes(
-            node1, node2, self._fusion_limit(node1)
-        )
+        if config.max_fusion_unique_io_buffers is not None:  # the user's limit, as Inductor counts
+            return self.scheduler.fusion_prevent_too_many_reads_and_writes(
+                node1, node2, config.max_fusion_unique_io_buffers
+            )
+        # Inductor's count credits the buffers fusion makes internal, but the C++ backend keeps
+        # some of them as kernel arguments (one written in one loop nest of the fused kernel and
+        # read in another): a fusion it allowed at 64 of 64 became a 68-buffer kernel (RWKV's
+        # backward). Counting every buffer the fused nodes touch keeps the device's limit.
+        return len(_node_buffers(node1) | _node_buffers(node2)) > _limits(node1)[1]
 
     def can_fuse_vertical(self, node1: Any, node2: Any) -> bool:
         return not self._too_many(node1, node2) and super().can_fuse_vertical(node1, node2)
