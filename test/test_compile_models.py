@@ -97,3 +97,41 @@ def test_hand_written_attention_compiles_and_trains_like_the_cpu() -> None:
     counters.clear()
     train_classifier_like_the_cpu(_HandWrittenAttention, _sequences, 2)
     assert counters["inductor"]["fuse_attention"] > 0, "the rewrite this test is about did not run"
+
+
+def _position_to_content(q: torch.Tensor, k: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """DeBERTa's disentangled attention term: scores gathered along the last dim, transposed."""
+    scores = torch.bmm(k, q.transpose(-1, -2)) * 0.2
+    return torch.gather(scores, -1, idx.expand(q.shape[0], -1, -1)).transpose(-1, -2)
+
+
+def _scatter_add_transposed(q: torch.Tensor, k: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    src = torch.bmm(k, q.transpose(-1, -2)).transpose(-1, -2)
+    return torch.zeros_like(src).scatter_add(-1, idx.expand(q.shape[0], -1, -1), src)
+
+
+def _scatter_reduce_sum_excluding_self(q: torch.Tensor, k: torch.Tensor, idx: torch.Tensor):
+    src = torch.bmm(k, q.transpose(-1, -2))
+    base = torch.ones_like(src)
+    return base.scatter_reduce(-1, idx.expand(q.shape[0], -1, -1), src, "sum", include_self=False)
+
+
+@pytest.mark.parametrize(
+    "fn", [_position_to_content, _scatter_add_transposed, _scatter_reduce_sum_excluding_self]
+)
+def test_sum_scatters_compile_like_the_cpu(fn) -> None:
+    # Gather's backward is a sum scatter. Inductor's 2D-tiled C++ kernels wrote its atomic adds
+    # out of bounds (pytorch/pytorch#191837), which the CPU avoids by running ATen's kernel:
+    # DeBERTa's gradients were wrong on accel until accel followed the CPU's rule.
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.randn(8, 16, 8, generator=g), torch.randn(8, 16, 8, generator=g)
+    idx = torch.randint(0, 16, (1, 16, 16), generator=g)
+    weight = torch.randn(8, 16, 16, generator=g)
+
+    def grads(f, device: str) -> list[torch.Tensor]:
+        a, b = (t.to(device).requires_grad_() for t in (q, k))
+        (f(a, b, idx.to(device)) * weight.to(device)).sum().backward()
+        return [a.grad.cpu(), b.grad.cpu()]
+
+    for got, want in zip(grads(torch.compile(fn), "accel"), grads(fn, "cpu"), strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)

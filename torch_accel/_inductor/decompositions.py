@@ -1,5 +1,5 @@
 """Operators accel keeps whole under torch.compile (MTIA's rule for ``native_layer_norm``), and
-how accel lowers ``cat``.
+how accel lowers ``cat`` and sum scatters.
 
 Inductor decomposes ``aten.native_layer_norm`` into pointwise and reduction steps. Accel keeps
 the operators listed in ``KEEP_WHOLE`` as one call of accel's own operator instead: their
@@ -19,6 +19,16 @@ masked loads on every other device. The C++ backend miscompiles the latter in 2.
 ``split``, e.g. any attention block's ``qkv.split``), and the CPU path is what C++ kernels are
 tuned for. Accel's ``cat`` lowers as the CPU's: the lowering-table entry is wrapped, other
 devices keep theirs.
+
+Sum scatters (``scatter_add``, ``scatter_reduce(..., "sum")``, ``scatter_(..., reduce="add")``;
+gather's backward): on the CPU, Inductor runs ATen's kernel for them when its loops run
+parallel (``cpp.fallback_scatter_reduce_sum``, a rule written for ``device.type == "cpu"``), and
+generates atomic adds elsewhere. In 2.11 the C++ backend's 2D-tiled kernels apply the inner
+loop's offset twice to an atomic add's index, writing out of bounds (pytorch/pytorch#191837,
+fixed by #191861 after 2.11): DeBERTa's gradients came out wrong on accel, and the CPU without
+the rule corrupts its heap. Accel's sum scatters follow the CPU's rule: the lowering-table
+entries are wrapped, other devices keep theirs. (``index_put`` with ``accumulate=True`` takes
+the atomic path on the CPU as well, and is exposed to the same bug on both.)
 """
 
 from __future__ import annotations
@@ -82,14 +92,71 @@ def _accel_cat(original: Any) -> Any:
     return cat
 
 
+def _sum_scatter_falls_back(src: Any) -> bool:
+    """The CPU's rule for sum scatters (Inductor's use_scatter_fallback), for accel sources."""
+    from torch._inductor import config, ir
+    from torch._inductor.utils import parallel_num_threads
+
+    if not isinstance(src, ir.TensorBox):
+        return False
+    device = src.get_device()
+    return (
+        device is not None
+        and device.type == "accel"
+        and config.cpp.fallback_scatter_reduce_sum
+        and (config.cpp.dynamic_threads or parallel_num_threads() != 1)
+    )
+
+
+def _accel_sum_scatter(original: Any, packet: str) -> Any:
+    """Wraps the lowering of ``packet``: ATen's scatter_reduce_ for accel sum scatters."""
+    from torch._inductor import ir, lowering
+
+    functional = not packet.endswith("_")
+
+    def scatter(self: Any, dim: int, index: Any, src: Any, *args: Any, **kwargs: Any) -> Any:
+        if packet.startswith("scatter_add"):
+            reduce = "sum"
+        elif packet.startswith("scatter_reduce"):
+            reduce = args[0] if args else kwargs.get("reduce", kwargs.get("reduction_type"))
+        else:  # scatter_: only its reduce="add" form sums
+            reduce = "sum" if kwargs.get("reduce") == "add" else None
+        if reduce != "sum" or not _sum_scatter_falls_back(src):
+            return original(self, dim, index, src, *args, **kwargs)
+        target = lowering.clone(self) if functional else self
+        ir.ScatterFallback(
+            torch.ops.aten.scatter_reduce_.two,
+            target,
+            dim,
+            index,
+            src,
+            reduce="sum",
+            include_self=kwargs.get("include_self", True),
+        )
+        return target
+
+    return scatter
+
+
+_SUM_SCATTERS = ("scatter_add", "scatter_add_", "scatter_reduce", "scatter_reduce_", "scatter_")
+
+
 def apply_lowerings() -> None:
-    """Lowers ``cat`` on accel as on the CPU (idempotent)."""
+    """Lowers ``cat`` and sum scatters on accel as on the CPU (idempotent)."""
     from torch._inductor import lowering
 
-    if "cat" in _applied:
-        return
-    for name in torch.ops.aten.cat.overloads():
-        overload = getattr(torch.ops.aten.cat, name)
-        if overload in lowering.lowerings:
-            lowering.lowerings[overload] = _accel_cat(lowering.lowerings[overload])
-    _applied.add("cat")
+    if "cat" not in _applied:
+        for name in torch.ops.aten.cat.overloads():
+            overload = getattr(torch.ops.aten.cat, name)
+            if overload in lowering.lowerings:
+                lowering.lowerings[overload] = _accel_cat(lowering.lowerings[overload])
+        _applied.add("cat")
+    if "scatter" not in _applied:
+        for packet in _SUM_SCATTERS:
+            for name in getattr(torch.ops.aten, packet).overloads():
+                overload = getattr(getattr(torch.ops.aten, packet), name)
+                if overload in lowering.lowerings:
+                    lowering.lowerings[overload] = _accel_sum_scatter(
+                        lowering.lowerings[overload], packet
+                    )
+        _applied.add("scatter")
