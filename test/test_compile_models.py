@@ -6,6 +6,7 @@ Compiled C++ kernels are cached on disk by Inductor, as for test_compile.py.
 
 from __future__ import annotations
 
+import copy
 import math
 
 import pytest
@@ -135,3 +136,33 @@ def test_sum_scatters_compile_like_the_cpu(fn) -> None:
 
     for got, want in zip(grads(torch.compile(fn), "accel"), grads(fn, "cpu"), strict=True):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_mamba_mixer_trains_like_the_cpu_with_loops_reordered() -> None:
+    # Inductor reorders a node's loops to match a fusion partner, except on devices of type
+    # "cpu": the C++ backend then ran the loops of the old order around the reordered body (out
+    # of bounds: Mamba's backward crashed, or its gradients were wrong), until accel's scheduling
+    # made the loop ranges follow the body.
+    import transformers
+    from torch._inductor import metrics
+    from transformers.models.mamba.modeling_mamba import MambaMixer
+
+    config = transformers.MambaConfig(
+        hidden_size=32, state_size=8, expand=2, conv_kernel=4, time_step_rank=4
+    )
+    torch.manual_seed(0)
+    mixer = MambaMixer(config, 0)
+    x = torch.randn(2, 8, 32)
+    weight = torch.randn(2, 8, 32)
+
+    def grads(module: nn.Module, device: str) -> list[torch.Tensor]:
+        inp = x.to(device).requires_grad_()
+        (module(inp) * weight.to(device)).sum().backward()
+        return [inp.grad.cpu()] + [p.grad.cpu() for p in module.parameters()]
+
+    metrics.reset()
+    on_accel = copy.deepcopy(mixer).to(ACCEL)
+    got = grads(torch.compile(on_accel), "accel")
+    assert metrics.num_loop_reordering > 0, "Inductor reordered no loops: not what this tests"
+    for g, want in zip(got, grads(mixer, "cpu"), strict=True):
+        torch.testing.assert_close(g, want, rtol=1e-4, atol=1e-5)

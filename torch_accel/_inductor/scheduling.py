@@ -13,6 +13,10 @@ Generated loops go parallel only for as much work as an eager accel kernel needs
 intra-op threads (``torch_accel._C._serial_numel``): kernels run on a stream worker, whose
 OpenMP threads sleep between parallel regions (a second OpenMP team in the process), so a
 parallel region costs tens of microseconds there. A user's ``cpp.min_chunk_size`` is kept.
+
+Inductor reorders loops to enable fusions on every device type but "cpu", and the C++ backend
+reads loop ranges from a field the reordering leaves stale: each node's ranges are made to
+follow its reordered body before the C++ backend looks at them (``_follow_loop_order``).
 """
 
 from __future__ import annotations
@@ -119,13 +123,46 @@ class AccelCppScheduling(CppScheduling):
         # backward). Counting every buffer the fused nodes touch keeps the device's limit.
         return len(_node_buffers(node1) | _node_buffers(node2)) > _limits(node1)[1]
 
+    def _follow_loop_order(self, *nodes: Any) -> None:
+        """Makes each node's ``group`` (the loop ranges the C++ backend generates) follow its
+        loop body again after Inductor's loop reordering.
+
+        ``Scheduler.can_fuse`` reorders a node's loops to match a fusion partner
+        (``loop_ordering_after_fusion``, on by default) and skips that only for nodes whose
+        device type is "cpu": ``apply_new_loop_order`` permutes the body and ``_sizes`` but
+        leaves ``group``, which the C++ backend reads for its loop ranges and fusion checks (the
+        Triton backend's group, numel and rnumel, does not change with the order). The kernel
+        then ran the loops in the old order around the new body's indexing: out-of-bounds
+        reads and writes (Mamba's backward crashed, its compiled gradients were wrong).
+        """
+        from torch._inductor.scheduler import FusedSchedulerNode, SchedulerNode
+
+        for node in nodes:
+            followed = False
+            for snode in node.get_nodes():
+                if not isinstance(snode, SchedulerNode) or snode.is_template():
+                    continue
+                ranges = self.group_fn(snode._sizes)
+                if ranges != snode.group[1]:
+                    snode.group = (snode.group[0], ranges)
+                    followed = True
+            if followed and isinstance(node, FusedSchedulerNode) and not node.is_foreach():
+                node.group = max(node.snodes, key=lambda n: int(n.is_reduction())).group
+
     def can_fuse_vertical(self, node1: Any, node2: Any) -> bool:
+        self._follow_loop_order(node1, node2)
         return not self._too_many(node1, node2) and super().can_fuse_vertical(node1, node2)
 
     def can_fuse_horizontal(self, node1: Any, node2: Any) -> bool:
+        self._follow_loop_order(node1, node2)
         return not self._too_many(node1, node2) and super().can_fuse_horizontal(node1, node2)
 
+    def fuse(self, node1: Any, node2: Any) -> Any:
+        self._follow_loop_order(node1, node2)
+        return super().fuse(node1, node2)
+
     def codegen_node(self, node: Any) -> None:
+        self._follow_loop_order(node)
         max_args, max_buffers = _limits(node)
         max_args -= _ARG_HEADROOM
         group = self.kernel_group
