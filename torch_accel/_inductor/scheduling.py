@@ -135,19 +135,31 @@ class AccelCppScheduling(CppScheduling):
         then ran the loops in the old order around the new body's indexing: out-of-bounds
         reads and writes (Mamba's backward crashed, its compiled gradients were wrong).
         """
+        for node in nodes:
+            self._follow(node)
+
+    def _follow(self, node: Any) -> bool:
+        from torch._inductor.codegen.cpp import OuterLoopFusedSchedulerNode
         from torch._inductor.scheduler import FusedSchedulerNode, SchedulerNode
 
-        for node in nodes:
-            followed = False
-            for snode in node.get_nodes():
-                if not isinstance(snode, SchedulerNode) or snode.is_template():
-                    continue
-                ranges = self.group_fn(snode._sizes)
-                if ranges != snode.group[1]:
-                    snode.group = (snode.group[0], ranges)
-                    followed = True
-            if followed and isinstance(node, FusedSchedulerNode) and not node.is_foreach():
-                node.group = max(node.snodes, key=lambda n: int(n.is_reduction())).group
+        if isinstance(node, SchedulerNode):
+            if node.is_template():
+                return False
+            ranges = self.group_fn(node._sizes)
+            if ranges == node.group[1]:
+                return False
+            node.group = (node.group[0], ranges)
+            return True
+        if isinstance(node, OuterLoopFusedSchedulerNode):
+            parts = node.get_outer_nodes()
+        else:  # a fused node's nodes, a foreach node's subkernels
+            parts = getattr(node, "snodes", ())
+        followed = False
+        for part in parts:
+            followed = self._follow(part) or followed
+        if followed and isinstance(node, FusedSchedulerNode) and not node.is_foreach():
+            node.group = max(node.snodes, key=lambda n: int(n.is_reduction())).group
+        return followed
 
     def can_fuse_vertical(self, node1: Any, node2: Any) -> bool:
         self._follow_loop_order(node1, node2)
