@@ -337,11 +337,9 @@ void host_round_trip(const std::string& name, c10::DeviceIndex device) {
                               rt::driver_name(),
                               " driver, and ACCEL_FALLBACK=error forbids copying through the "
                               "host. Set ACCEL_FALLBACK=warn (the default) or silent to allow it.");
-  refuse_capture(device, name.c_str(),
-                 "it has no accel kernel on this driver and copies through the host");
-  warn_or_error_on_sync(name.c_str(),
-                        "it has no accel kernel on this driver and copies through "
-                        "the host");
+  const char* why = "it has no accel kernel on this driver and copies through the host";
+  refuse_capture(device, name.c_str(), why);
+  warn_or_error_on_sync(name.c_str(), why);
   count_and_warn(name, mode);
 }
 

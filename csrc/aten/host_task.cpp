@@ -5,6 +5,7 @@
 #include <c10/util/Exception.h>
 
 #include <atomic>
+#include <string>
 
 namespace accel::aten {
 namespace {
@@ -96,14 +97,11 @@ void set_sync_debug_mode(SyncDebugMode mode) {
 void warn_or_error_on_sync(const char* what, const char* why) {
   const SyncDebugMode mode = sync_debug_mode();
   if (C10_LIKELY(mode == SyncDebugMode::Disabled) || t_quiet_syncs) return;
-  if (mode == SyncDebugMode::Error) {
-    TORCH_CHECK(false, "called a synchronizing accel operation: ", what,
-                " waits for the accel "
-                "stream (",
-                why, "); torch.accel.set_sync_debug_mode('error') forbids it");
-  }
-  TORCH_WARN("called a synchronizing accel operation: ", what, " waits for the accel stream (", why,
-             ")");
+  const std::string message = c10::str("called a synchronizing accel operation: ", what,
+                                       " waits for the accel stream (", why, ")");
+  TORCH_CHECK(mode != SyncDebugMode::Error, message,
+              "; torch.accel.set_sync_debug_mode('error') forbids it");
+  TORCH_WARN(message);
 }
 
 bool host_accessible() {

@@ -33,6 +33,7 @@ the atomic path on the CPU as well, and is exposed to the same bug on both.)
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -141,22 +142,23 @@ def _accel_sum_scatter(original: Any, packet: str) -> Any:
 _SUM_SCATTERS = ("scatter_add", "scatter_add_", "scatter_reduce", "scatter_reduce_", "scatter_")
 
 
-def apply_lowerings() -> None:
-    """Lowers ``cat`` and sum scatters on accel as on the CPU (idempotent)."""
+def _wrap_lowerings(packet: str, wrap: Any) -> None:
+    """Replaces the lowering of each overload of ``aten.<packet>`` with ``wrap(lowering)``."""
     from torch._inductor import lowering
 
+    op = getattr(torch.ops.aten, packet)
+    for name in op.overloads():
+        overload = getattr(op, name)
+        if overload in lowering.lowerings:
+            lowering.lowerings[overload] = wrap(lowering.lowerings[overload])
+
+
+def apply_lowerings() -> None:
+    """Lowers ``cat`` and sum scatters on accel as on the CPU (idempotent)."""
     if "cat" not in _applied:
-        for name in torch.ops.aten.cat.overloads():
-            overload = getattr(torch.ops.aten.cat, name)
-            if overload in lowering.lowerings:
-                lowering.lowerings[overload] = _accel_cat(lowering.lowerings[overload])
+        _wrap_lowerings("cat", _accel_cat)
         _applied.add("cat")
     if "scatter" not in _applied:
         for packet in _SUM_SCATTERS:
-            for name in getattr(torch.ops.aten, packet).overloads():
-                overload = getattr(getattr(torch.ops.aten, packet), name)
-                if overload in lowering.lowerings:
-                    lowering.lowerings[overload] = _accel_sum_scatter(
-                        lowering.lowerings[overload], packet
-                    )
+            _wrap_lowerings(packet, functools.partial(_accel_sum_scatter, packet=packet))
         _applied.add("scatter")
