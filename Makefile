@@ -36,6 +36,12 @@ JOBS ?= $(shell nproc)
 # Tools installed into the venv (cmake, ninja) come first on PATH.
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 export CMAKE_BUILD_PARALLEL_LEVEL := $(JOBS)
+# ccache hashes paths inside the checkout (sources, build tree, the venv's torch headers) relative
+# to it, so a fresh clone anywhere on the machine reuses what another clone compiled (a cold
+# build is most of a fresh clone's `make test` on 2 cores). Debug info of a cached sanitizer
+# object may then name the other clone's directory.
+export CCACHE_BASEDIR := $(CURDIR)
+export CCACHE_NOHASHDIR := 1
 
 # Debian packages the build and the tests use (GoogleTest sources for sanitizer builds).
 APT_PACKAGES := g++ ccache googletest libgtest-dev
