@@ -49,12 +49,14 @@ REQUIREMENTS := requirements-dev.txt
 DEPS_STAMP := $(VENV)/.deps-$(shell sha1sum $(REQUIREMENTS) | cut -c1-12)
 
 .PHONY: demo test install sanitize bench opinfo opinfo-sweep pytorch-suites system-deps deps test-cpp \
-        test-python test-compile test-cuda bench-cuda build-cpp clean
+        test-python test-python-default test-python-debug test-lane-default test-lane-debug \
+        test-compile test-cuda bench-cuda build-cpp clean
 
 demo: install
 	$(PY) examples/transformer_lm.py
 
-test: test-cpp test-python test-compile
+test: test-cpp
+	$(MAKE) --no-print-directory -j $(TEST_LANES) --output-sync=target test-lane-default test-lane-debug
 
 install: system-deps deps
 	$(PIP) install -q --no-build-isolation --no-deps -e .
@@ -95,13 +97,18 @@ test-cpp: build-cpp
 
 # The Python suites run as configured by default, then with launch blocking, then with device
 # memory protected (a stray host access to device memory crashes there instead of passing).
-# torch.compile's suite is test-compile's.
+# torch.compile's suite is test-compile's. The debug configurations skip the tests they cannot
+# change (test/conftest.py: config_independent, and run_python's fresh interpreters).
 COMPILE_TESTS := test/test_compile.py test/test_compile_fused.py test/test_compile_models.py
 NOT_COMPILE := $(addprefix --ignore=,$(COMPILE_TESTS))
-test-python: install
+test-python: test-python-default test-python-debug
+
+test-python-default: install
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 	$(PY) -m pytest -q $(NOT_COMPILE) test
+
+test-python-debug: install
 	ACCEL_LAUNCH_BLOCKING=1 $(PY) -m pytest -q -p no:cacheprovider $(NOT_COMPILE) test
 	ACCEL_PROTECT_DEVICE_MEMORY=1 $(PY) -m pytest -q -p no:cacheprovider $(NOT_COMPILE) test
 	$(MAKE) --no-print-directory opinfo-sweep
@@ -109,9 +116,18 @@ test-python: install
 # torch.compile's suite, once, in the default configuration (compiled kernels are stream tasks
 # like any other: the other configurations add little to what test-python covers). Inductor's
 # caches (TORCHINDUCTOR_CACHE_DIR, /tmp/torchinductor_$USER by default) serve later runs.
+COMPILE_SUITE := $(PY) -m pytest -q -p no:cacheprovider $(COMPILE_TESTS)
 test-compile: install
-	$(PY) -m pytest -q -p no:cacheprovider $(COMPILE_TESTS)
+	$(COMPILE_SUITE)
 
+# make test: after the C++ suites, two lanes side by side (each keeps about one core busy, so two
+# cores finish both in little more than the longer one's time); each lane's output is printed
+# whole when it ends. TEST_LANES=1 runs them one after the other.
+TEST_LANES ?= 2
+test-lane-default: test-python-default
+	$(COMPILE_SUITE)
+
+test-lane-debug: test-python-debug
 # Every suite on the cuda driver (ACCEL_DRIVER=cuda) where this build has one and a GPU is
 # present; elsewhere it says why it skipped (the runtime's reason) and succeeds.
 test-cuda: install build-cpp

@@ -28,6 +28,31 @@ for _name in [n for n in os.environ if n.startswith("ACCEL_") and n not in _KEPT
 
 import torch_accel  # noqa: E402  (after the environment is cleaned)
 
+DEBUG_MODES = ("ACCEL_LAUNCH_BLOCKING", "ACCEL_PROTECT_DEVICE_MEMORY")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "config_independent: checks nothing the debug modes change (generated code, Triton's "
+        "interpreter on CPU tensors); runs in the default configuration only",
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under a debug mode, skips the tests whose outcome cannot depend on it: those marked
+    config_independent, and those that use run_python (their subject runs in a fresh interpreter
+    without the ACCEL_* settings, the same in every configuration)."""
+    modes = [m for m in DEBUG_MODES if os.environ.get(m, "") not in ("", "0")]
+    if not modes:
+        return
+    skip = pytest.mark.skip(reason=f"unaffected by {'/'.join(modes)}: the default run has it")
+    for item in items:
+        if item.get_closest_marker("config_independent") or "run_python" in getattr(
+            item, "fixturenames", ()
+        ):
+            item.add_marker(skip)
+
 
 @pytest.fixture(autouse=True)
 def _silent_fallback() -> Iterator[None]:

@@ -7,7 +7,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
+
+# The generator's output does not depend on the runtime's debug modes (conftest.py).
+pytestmark = pytest.mark.config_independent
 
 ROOT = Path(__file__).resolve().parent.parent
 GENERATOR = ROOT / "codegen" / "gen_accel.py"

@@ -24,6 +24,7 @@ inside = pytest.mark.skipif(
 )
 
 
+@pytest.mark.config_independent  # CPU tensors only
 @pytest.mark.skipif(triton_interpreter.active(), reason="this is the interpreter's process")
 def test_the_kernels_in_triton_interpreter():
     env = {**os.environ, "TRITON_INTERPRET": "1"}
