@@ -121,13 +121,16 @@ test-compile: install
 	$(COMPILE_SUITE)
 
 # make test: after the C++ suites, two lanes side by side (each keeps about one core busy, so two
-# cores finish both in little more than the longer one's time); each lane's output is printed
-# whole when it ends. TEST_LANES=1 runs them one after the other.
+# cores finish both in little more than the longer one's time); each target's output is printed
+# whole when it ends. torch.compile's suite is split between the lanes to even them out (about
+# 14 minutes each from a fresh clone, 2 cores). TEST_LANES=1 runs them one after the other.
 TEST_LANES ?= 2
 test-lane-default: test-python-default
-	$(COMPILE_SUITE)
+	$(PY) -m pytest -q -p no:cacheprovider $(filter-out test/test_compile_models.py,$(COMPILE_TESTS))
 
 test-lane-debug: test-python-debug
+	$(PY) -m pytest -q -p no:cacheprovider test/test_compile_models.py
+
 # Every suite on the cuda driver (ACCEL_DRIVER=cuda) where this build has one and a GPU is
 # present; elsewhere it says why it skipped (the runtime's reason) and succeeds.
 test-cuda: install build-cpp

@@ -25,6 +25,10 @@ _KEPT = (
 )
 for _name in [n for n in os.environ if n.startswith("ACCEL_") and n not in _KEPT]:
     del os.environ[_name]
+# Inductor's C++ backend checks the CPU's vector ISAs once per process by importing torch in a
+# subprocess per ISA (about 10 s on 2 cores); the test processes (and the fresh interpreters they
+# start) trust the CPU's flags instead. Inductor picks the same ISA where the check passes.
+os.environ.setdefault("TORCHINDUCTOR_VEC_ISA_OK", "1")
 
 import torch_accel  # noqa: E402  (after the environment is cleaned)
 
