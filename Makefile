@@ -14,6 +14,9 @@
 #   make bench     set up, then run the benchmarks (tables on stdout, JSON in benchmarks/results)
 #   make opinfo    set up, then PyTorch's whole OpInfo database on accel against the CPU
 #                  (make test runs it once, and a fast subset in each configuration)
+#   make compile-sweep
+#                  set up, then one compiled training step of tiny transformers models on accel
+#                  against the CPU, eager and compiled (test/compile_sweep.py)
 #   make pytorch-suites
 #                  set up, then PyTorch's own device-generic test files (v2.6.0) on accel,
 #                  every test, with a CPU reference run (make test runs them without the
@@ -48,7 +51,7 @@ APT_PACKAGES := g++ ccache googletest libgtest-dev
 REQUIREMENTS := requirements-dev.txt
 DEPS_STAMP := $(VENV)/.deps-$(shell sha1sum $(REQUIREMENTS) | cut -c1-12)
 
-.PHONY: demo test install sanitize bench opinfo opinfo-sweep pytorch-suites system-deps deps test-cpp \
+.PHONY: demo test install sanitize bench opinfo opinfo-sweep pytorch-suites compile-sweep system-deps deps test-cpp \
         test-python test-python-default test-python-debug test-lane-default test-lane-debug \
         test-compile test-cuda bench-cuda build-cpp clean
 
@@ -169,6 +172,11 @@ opinfo: install opinfo-sweep
 
 opinfo-sweep:
 	OPINFO_FULL=1 $(PY) -m pytest -q -p no:cacheprovider test/test_opinfo.py
+
+# torch.compile over tiny transformers models, one training step each, accel against the CPU
+# (about a minute per architecture; ARCHS="gpt2 mamba" for some of them).
+compile-sweep: install
+	$(PY) test/compile_sweep.py $(ARCHS)
 
 # PyTorch's test files, every test, and the same files on the CPU to tell drift from defects.
 pytorch-suites: install

@@ -170,3 +170,21 @@ def test_mamba_mixer_trains_like_the_cpu_with_loops_reordered() -> None:
     assert metrics.num_loop_reordering > 0, "Inductor reordered no loops: not what this tests"
     for g, want in zip(got, grads(mixer, "cpu"), strict=True):
         torch.testing.assert_close(g, want, rtol=1e-4, atol=1e-5)
+
+
+def test_the_compile_sweep_blames_accel_only_for_what_the_cpu_gets_right() -> None:
+    # make compile-sweep's verdict (test/compile_sweep.py), on measured shapes of results.
+    import compile_sweep
+
+    def result(cpu_off, accel_off, cpu_loss=1e-7, accel_loss=1e-7):  # type: ignore[no-untyped-def]
+        return {
+            "cpu": {"loss_error": cpu_loss, "off": cpu_off},
+            "accel": {"loss_error": accel_loss, "off": accel_off},
+        }
+
+    key_bias = {"layer.0.key.bias": 0.68}  # about zero in truth: off on both
+    assert compile_sweep._verdict(result(key_bias, {"layer.0.key.bias": 0.34}))[0]
+    ok, detail = compile_sweep._verdict(result(key_bias, {**key_bias, "A_log": 0.43}))
+    assert not ok and "off on accel only: 1, worst A_log 0.43" in detail
+    assert not compile_sweep._verdict(result({}, {}, accel_loss=4.8e-4))[0]
+    assert compile_sweep._verdict(result({}, {}, cpu_loss=1e-3, accel_loss=2e-3))[0]

@@ -1,0 +1,181 @@
+"""torch.compile over tiny transformers models: one training step on accel against the CPU.
+
+For each architecture (a tiny configuration built from transformers' AutoConfig, never
+downloaded), one forward and backward runs eagerly on the CPU (the reference), compiled with
+Inductor on the CPU, and compiled on accel. An architecture passes when accel's loss and every
+gradient match the reference as closely as the compiled CPU's do: a gradient more than 1e-3
+(relative to its largest element) off the reference counts against accel only where the compiled
+CPU's is not off too (gradients whose true value is about zero, such as attention key biases,
+differ on both), and the loss may not be more than ten times (or 1e-5) further off than the CPU's.
+
+    python test/compile_sweep.py [ARCH ...]      (make compile-sweep: all of them, ~1 min each)
+
+Each architecture runs in its own process; the exit status is 1 if any failed or crashed.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import sys
+import time
+from typing import Any
+
+SMALL: dict[str, Any] = dict(
+    vocab_size=64,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=64,
+    head_dim=8,
+    embedding_size=32,
+    d_model=32,
+    encoder_layers=2,
+    decoder_layers=2,
+    encoder_attention_heads=4,
+    decoder_attention_heads=4,
+    encoder_ffn_dim=64,
+    decoder_ffn_dim=64,
+    n_embd=32,
+    n_layer=2,
+    n_head=4,
+    n_positions=64,
+    pad_token_id=0,
+    bos_token_id=1,
+    eos_token_id=2,
+    decoder_start_token_id=1,
+    # Dropout off: the reference and the compiled runs draw different random numbers.
+    **{
+        k: 0.0
+        for k in (
+            "hidden_dropout_prob attention_probs_dropout_prob attention_dropout dropout"
+            " resid_pdrop embd_pdrop attn_pdrop summary_first_dropout activation_dropout"
+            " classifier_dropout hidden_dropout mlp_dropout embedding_dropout"
+        ).split()
+    },
+)
+# Architectures (transformers model types) and what their tiny configuration adds to SMALL.
+ARCHITECTURES: dict[str, dict[str, Any]] = {
+    **{
+        name: {}
+        for name in (
+            "llama qwen2_moe mixtral olmoe granitemoe gpt_oss llama4_text bert roberta"
+            " distilbert albert electra mpnet modernbert bart mbart xglm gpt2 starcoder2 olmo2"
+            " nemotron glm smollm3 lfm2"
+        ).split()
+    },
+    "mamba": dict(state_size=8, expand=2, conv_kernel=4, time_step_rank=4, use_mambapy=False),
+    "mamba2": dict(
+        state_size=8, expand=2, conv_kernel=4, n_groups=1, num_heads=4, head_dim=16, chunk_size=4
+    ),
+    "jamba": dict(
+        mamba_d_state=8,
+        mamba_d_conv=4,
+        mamba_expand=2,
+        mamba_dt_rank=4,
+        attn_layer_period=2,
+        attn_layer_offset=1,
+        expert_layer_period=2,
+        expert_layer_offset=1,
+        num_experts=2,
+        use_mamba_kernels=False,
+    ),
+}
+GRAD_TOLERANCE = 1e-3
+
+
+def _measure(name: str) -> dict[str, Any]:
+    """In the worker: the compiled CPU's and accel's errors against the eager CPU."""
+    import torch
+    from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForMaskedLM
+
+    import torch_accel  # noqa: F401
+
+    torch.manual_seed(0)
+    config = AutoConfig.for_model(name, **{**SMALL, **ARCHITECTURES[name]})
+    for auto in (AutoModelForCausalLM, AutoModelForMaskedLM, AutoModel):
+        try:
+            model = auto.from_config(config)
+            break
+        except ValueError:  # no such head for this architecture
+            continue
+    model.train()
+    ids = torch.randint(3, 64, (2, 16), generator=torch.Generator().manual_seed(1))
+
+    def run(device: str, compiled: bool) -> tuple[float, dict[str, torch.Tensor]]:
+        m = copy.deepcopy(model).to(device)
+        torch._dynamo.reset()
+        f = torch.compile(m) if compiled else m
+        kwargs = {"input_ids": ids.to(device)}
+        if config.is_encoder_decoder:
+            kwargs["decoder_input_ids"] = ids.to(device)
+        try:
+            out = f(**kwargs, labels=ids.to(device))
+        except TypeError:  # no labels: a base model
+            out = f(**kwargs)
+        loss = out.loss if getattr(out, "loss", None) is not None else out[0].square().mean()
+        loss.backward()
+        grads = {n: p.grad.cpu() for n, p in m.named_parameters() if p.grad is not None}
+        return float(loss), grads
+
+    ref_loss, ref_grads = run("cpu", False)
+    result: dict[str, Any] = {}
+    for device in ("cpu", "accel"):
+        loss, grads = run(device, True)
+        off = {}
+        for n, g in ref_grads.items():
+            h = grads.get(n)
+            err = (
+                float("inf") if h is None else float((g - h).abs().max() / (g.abs().max() + 1e-12))
+            )
+            if err > GRAD_TOLERANCE:
+                off[n] = err
+        result[device] = {"loss_error": abs(loss - ref_loss) / (abs(ref_loss) + 1e-12), "off": off}
+    return result
+
+
+def _verdict(result: dict[str, Any]) -> tuple[bool, str]:
+    cpu, accel = result["cpu"], result["accel"]
+    only_accel = sorted(set(accel["off"]) - set(cpu["off"]))
+    loss_ok = accel["loss_error"] <= max(1e-5, 10 * cpu["loss_error"])
+    detail = f"loss {accel['loss_error']:.1e} (cpu {cpu['loss_error']:.1e})"
+    detail += f", gradients off {len(accel['off'])} (cpu {len(cpu['off'])})"
+    if only_accel:
+        worst = max(only_accel, key=lambda n: accel["off"][n])
+        detail += f"; off on accel only: {len(only_accel)}, worst {worst} {accel['off'][worst]:.2g}"
+    return loss_ok and not only_accel, detail
+
+
+def main(argv: list[str]) -> int:
+    if argv[:1] == ["--one"]:
+        print("RESULT " + json.dumps(_measure(argv[1])))
+        return 0
+    names = argv or list(ARCHITECTURES)
+    unknown = [n for n in names if n not in ARCHITECTURES]
+    if unknown:
+        print(f"unknown architectures {unknown}; known: {' '.join(ARCHITECTURES)}")
+        return 2
+    failed = []
+    for name in names:
+        start = time.perf_counter()
+        proc = subprocess.run(
+            [sys.executable, __file__, "--one", name], capture_output=True, text=True, timeout=900
+        )
+        lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+        if proc.returncode != 0 or not lines:
+            ok, detail = False, "crashed: " + " / ".join(proc.stderr.strip().splitlines()[-3:])
+        else:
+            ok, detail = _verdict(json.loads(lines[-1][len("RESULT ") :]))
+        took = time.perf_counter() - start
+        print(f"{'ok  ' if ok else 'FAIL'} {name:14} {took:5.0f} s  {detail}", flush=True)
+        if not ok:
+            failed.append(name)
+    print(f"{len(names) - len(failed)} of {len(names)} architectures match the compiled CPU")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
