@@ -119,9 +119,8 @@ test-python-debug: install
 # torch.compile's suite, once, in the default configuration (compiled kernels are stream tasks
 # like any other: the other configurations add little to what test-python covers). Inductor's
 # caches (TORCHINDUCTOR_CACHE_DIR, /tmp/torchinductor_$USER by default) serve later runs.
-COMPILE_SUITE := $(PY) -m pytest -q -p no:cacheprovider $(COMPILE_TESTS)
 test-compile: install
-	$(COMPILE_SUITE)
+	$(PY) -m pytest -q -p no:cacheprovider $(COMPILE_TESTS)
 
 # make test: after the C++ suites, two lanes side by side (each keeps about one core busy, so two
 # cores finish both in little more than the longer one's time); each target's output is printed

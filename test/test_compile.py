@@ -20,12 +20,6 @@ from helpers import train_classifier_like_the_cpu
 
 ACCEL = torch.device("accel")
 
-# Tests that start their own processes run them in the default configuration: once is enough.
-_DEFAULT_RUN_ONLY = pytest.mark.skipif(
-    any(os.environ.get(v) == "1" for v in ("ACCEL_PROTECT_DEVICE_MEMORY", "ACCEL_LAUNCH_BLOCKING")),
-    reason="its processes run the default configuration, tested in the default run",
-)
-
 
 @pytest.fixture(autouse=True)
 def _fresh_dynamo() -> None:
@@ -161,7 +155,7 @@ def test_compiled_kernels_are_captured_into_graphs() -> None:
         torch.testing.assert_close(out.cpu(), (x.cpu().sin() * 3).sum(0))
 
 
-@_DEFAULT_RUN_ONLY
+@pytest.mark.config_independent  # its processes run without the ACCEL_* settings
 def test_a_second_process_compiles_from_the_cache(tmp_path: Path) -> None:
     code = textwrap.dedent(
         """
@@ -187,7 +181,6 @@ def test_a_second_process_compiles_from_the_cache(tmp_path: Path) -> None:
     assert "hits 1" in runs[1].stdout
 
 
-@_DEFAULT_RUN_ONLY
 def test_kernels_stay_within_the_device_limits(run_python) -> None:
     # ACCEL_MAX_KERNEL_BUFFERS is read when the runtime starts: a fresh process.
     code = textwrap.dedent(
@@ -281,7 +274,6 @@ _LAYER_NORM = textwrap.dedent(
 )
 
 
-@_DEFAULT_RUN_ONLY
 def test_a_driver_whose_memory_the_host_cannot_touch_refuses_compiled_kernels(
     run_python, test_driver
 ) -> None:
