@@ -389,6 +389,34 @@ def test_cpu_arguments_are_read_when_the_call_is_made() -> None:
     assert_same(r, torch.full((3,), 2.0))
 
 
+def test_python_numbers_keep_their_weak_type_on_0_dim_tensors(no_fallback: None) -> None:
+    # A Python number promotes more weakly than a 0-dim tensor: float32 0-dim + 0.37 computes in
+    # float32 on the CPU, float32 0-dim + a float64 0-dim tensor in float64. Queued behind other
+    # work, the call's task keeps its own copy of the number, which must stay a wrapped number
+    # (PyTorch's test_scatter_gather_ops.py found accel computing the first in float64 there:
+    # results one ulp off in about a fifth of the elements).
+    x = torch.randn(50, generator=torch.Generator().manual_seed(0))
+    ops = [
+        lambda t: t + 0.37,
+        lambda t: t * 0.37,
+        lambda t: t / 0.37,
+        lambda t: t.sub_(0.37),
+        lambda t: t + torch.tensor(0.37, dtype=torch.float64),  # a tensor: computes in float64
+    ]
+    s = torch.accel.Stream()
+    with torch.accel.stream(s):
+        acc = x.to("accel")
+        big = torch.randn(1024, 1024, device="accel")
+        big.matmul(big)  # what follows waits behind it, as tasks
+        got = [[op(acc[i].clone()) for op in ops] for i in range(len(x))]
+    s.synchronize()
+    for i in range(len(x)):
+        for op, r in zip(ops, got[i], strict=True):
+            assert_same(r, op(x[i].clone()))
+    narrowed = [(x[i] + 0.37).item() != (x[i].double() + 0.37).float().item() for i in range(50)]
+    assert any(narrowed)  # the float32 and float64 computations do differ for these elements
+
+
 def test_random_ops_use_the_accel_generator(no_fallback: None) -> None:
     def draw() -> list[torch.Tensor]:
         torch.accel.manual_seed(123)

@@ -117,7 +117,19 @@ void Arg::stash(const c10::IValue& v, bool write) {
       kind = Kind::Tensor;
       tensor = Layout::of(t, write);
     } else {
-      value = t.defined() ? c10::IValue(t.clone()) : v;
+      // A CPU tensor here is a 0-dim scalar; the task gets its own copy (the caller may change
+      // the original before the task runs). A Python number stays one: a wrapped number takes
+      // part in type promotion more weakly than a 0-dim tensor (0-dim float + 0.37 computes in
+      // float, 0-dim float + 0-dim double in double).
+      if (t.defined()) {
+        at::Tensor copy = t.clone();
+        if (t.unsafeGetTensorImpl()->is_wrapped_number()) {
+          copy.unsafeGetTensorImpl()->set_wrapped_number(true);
+        }
+        value = std::move(copy);
+      } else {
+        value = v;
+      }
     }
   } else if (v.isTensorList()) {
     // Lists with CPU tensors never get here: the meta pass refuses them.
