@@ -473,7 +473,9 @@ def render_docs(
         if r.into:
             notes.append(f"task `{r.into}` writes the results")
         if r.sync:
-            notes.append("data-dependent result shape: synchronizes")
+            notes.append(
+                "synchronizes: a data-dependent result shape, or data checks raised at the call"
+            )
         if r.metadata_only:
             notes.append("reads metadata only: runs on the caller")
         if r.contiguous_results:

@@ -128,6 +128,37 @@ def test_half_precision_kernels_the_cpu_lacks(dtype: torch.dtype, fallback_mode)
     torch.testing.assert_close(loss.float().cpu(), expected, rtol=1e-2, atol=1e-2)
 
 
+def test_float16_with_complex_numbers_computes_in_complex32_like_cuda(fallback_mode) -> None:
+    # pow of a float16 tensor and a complex Python number (or a complex32 tensor) computes in
+    # complex32: CUDA's kernel takes it, the CPU's refuses it (PyTorch's test_binary_ufuncs.py).
+    fallback_mode("error")
+    x = torch.rand(8, generator=torch.Generator().manual_seed(0)).half() + 0.5
+    acc = x.to(ACCEL)
+    wide = x.to(torch.complex64)
+    cases = [
+        (lambda t: torch.pow(1j, t), lambda w: torch.pow(1j, w)),
+        (lambda t: t ** (2.2 - 1.6j), lambda w: w ** (2.2 - 1.6j)),
+        (
+            lambda t: torch.tensor(1.5j, dtype=torch.complex32, device=t.device) ** t,
+            lambda w: torch.tensor(1.5j) ** w,
+        ),
+    ]
+    for f, ref in cases:
+        got = f(acc)
+        assert got.dtype == torch.complex32
+        torch.testing.assert_close(
+            got.cpu().to(torch.complex64), ref(wide).to(torch.complex32).to(torch.complex64)
+        )
+    out = torch.empty(8, dtype=torch.complex32, device=ACCEL)
+    assert torch.pow(1j, acc, out=out) is out
+    torch.testing.assert_close(
+        out.cpu().to(torch.complex64), torch.pow(1j, wide), atol=2e-3, rtol=2e-3
+    )
+    with pytest.raises(RuntimeError, match="ComplexHalf can't be cast to the desired output type"):
+        acc.clone().pow_(1j)  # a float16 tensor cannot hold the result, as on CUDA and the CPU
+    assert torch.pow(2.0, acc).dtype == torch.float16  # real numbers: float16, as before
+
+
 def test_abs_of_bool_like_cuda() -> None:
     x = torch.tensor([True, False, True], device=ACCEL)
     assert torch.abs(x).dtype == torch.bool

@@ -340,6 +340,38 @@ def test_data_dependent_ops_wait_for_pending_work(no_fallback: None) -> None:
     assert torch.equal(uniq.cpu(), torch.tensor([1, 2, 3]))
 
 
+def test_data_checks_cuda_makes_on_the_host_raise_at_the_call(no_fallback: None) -> None:
+    # segment_reduce (unsafe=False) checks that the lengths cover the data; CUDA reads them on
+    # the host, so the error raises at the call, not at a later synchronization. Here too, even
+    # queued behind other work, after a first call of the same signature (found by PyTorch's
+    # test_segment_reductions.py).
+    data = torch.arange(6.0, device="accel")
+    first = torch.segment_reduce(data, "sum", lengths=torch.tensor([1, 2, 3], device="accel"))
+    assert_same(first, torch.tensor([0.0, 3.0, 12.0]))
+    short = torch.tensor([1, 2, 2], device="accel")
+    s = torch.accel.Stream()
+    with torch.accel.stream(s):
+        big = torch.randn(512, 512, device="accel")
+        big.matmul(big)
+        with pytest.raises(RuntimeError, match="Expected all rows of lengths along axis to sum"):
+            torch.segment_reduce(data, "sum", lengths=short)
+    s.synchronize()  # nothing left to raise
+    assert_same(data + 1, torch.arange(1.0, 7.0))
+
+
+def test_explicit_composites_that_refuse_other_devices_run_the_cpus(no_fallback: None) -> None:
+    # torch.mode(out=) is an explicit composite whose device check takes CPU, CUDA and XPU only
+    # (found by PyTorch's test_reductions.py): the CPU's runs on accel memory instead.
+    x = torch.randint(0, 3, (4, 7), generator=torch.Generator().manual_seed(0)).float()
+    values = torch.empty(0, device="accel")
+    indices = torch.empty(0, dtype=torch.long, device="accel")
+    r = torch.mode(x.to("accel"), 1, out=(values, indices))
+    assert r.values is values and r.indices is indices
+    expected = torch.mode(x, 1)
+    assert_same(values, expected.values)
+    assert_same(indices, expected.indices)
+
+
 def test_kernels_run_in_stream_order_and_asynchronously() -> None:
     s1, s2 = torch.accel.Stream(), torch.accel.Stream()
     big = torch.randn(1024, 1024, device="accel")

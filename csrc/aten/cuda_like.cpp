@@ -62,6 +62,33 @@ bool widened_call(const OpConfig& config, const c10::OperatorHandle& op, torch::
       }
     }
   });
+  // A float16 tensor with a complex Python number or a complex32 tensor computes in complex32
+  // (pow(1j, x) of a float16 x; CUDA's kernels take it): its float16 tensors are widened to
+  // complex64 as well, and complex64 results go back to complex32. Not where a float16 tensor
+  // is written: the CPU kernel raises that complex results cannot be cast to it, as CUDA's does.
+  const std::pair<c10::ScalarType, c10::ScalarType> complex_half{c10::kComplexHalf,
+                                                                 c10::kComplexFloat};
+  if (std::find(table.begin(), table.end(), complex_half) != table.end()) {
+    bool complex_number = false;
+    bool half_read = false;
+    bool half_written = false;
+    for (size_t i = 0; i < n; ++i) {
+      const c10::IValue& v = (*stack)[begin + i];
+      const c10::AliasInfo* alias = schema.arguments()[i].alias_info();
+      complex_number = complex_number || v.isComplexDouble();
+      if (v.isTensor() && v.toTensor().defined() && v.toTensor().scalar_type() == c10::kHalf) {
+        (alias != nullptr && alias->isWrite() ? half_written : half_read) = true;
+      }
+    }
+    const bool complex_half_tensor =
+        std::find(active.begin(), active.end(), complex_half) != active.end();
+    if ((complex_number || complex_half_tensor) && half_read && !half_written) {
+      if (std::find(active.begin(), active.end(), complex_half) == active.end()) {
+        active.insert(active.begin(), complex_half);  // first: complex64 narrows to complex32
+      }
+      active.emplace_back(c10::kHalf, c10::kComplexFloat);
+    }
+  }
   if (active.empty()) return false;
   // An explicit result dtype (sum(x, dtype=...)) is what the results must keep.
   bool explicit_dtype = false;
