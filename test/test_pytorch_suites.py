@@ -25,7 +25,7 @@ Modes:
 
 * default (make test): every file but those in FULL_ONLY, without the slow tests in SLOW
   (under 3 min on 2 cores);
-* PYTORCH_SUITES_FULL=1: every test of every file (12 min);
+* PYTORCH_SUITES_FULL=1: every test of every file (about 35 min);
 * PYTORCH_SUITES_FILES=test_a.py,test_b.py: those files only (without SLOW unless FULL too);
 * PYTORCH_SUITES_CPU=1 (with any): also runs the files on the CPU (plain torch, no
   torch_accel) as the reference: an accel failure whose CPU twin fails too is drift; checks that
@@ -100,7 +100,15 @@ SLOW = {
 }
 # Files that run only with PYTORCH_SUITES_FULL or when named in PYTORCH_SUITES_FILES: their
 # 4700 tests take 3 minutes on accel (2 cores), and test_sparse.py covers the same kernels.
-FULL_ONLY = {"test_sparse_csr.py"}
+# Files left to PYTORCH_SUITES_FULL (times on accel, 2 cores, host driver).
+FULL_ONLY = {
+    "test_sparse_csr.py",
+    "test_reductions.py",  # 2 min
+    "nn/test_convolution.py",  # 50 s
+    "nn/test_pooling.py",  # 1 min
+    "test_binary_ufuncs.py",  # 9 min
+    "test_unary_ufuncs.py",  # 9.5 min
+}
 EXCLUDE = [f"{f}::*::{name}_{{device}}*" for f, names in SLOW.items() for name in names]
 DEBUG_MODES = ("ACCEL_LAUNCH_BLOCKING", "ACCEL_PROTECT_DEVICE_MEMORY")
 # No test starting or ending for this long is a hang: the subprocess is killed.

@@ -44,6 +44,19 @@ FILES: dict[str, str] = {
     "test_sort_and_select.py": "37cb72f7df04e1c8610d434d82eaa5206b0551e02ab001a161485f5922e69def",
     "test_sparse.py": "1feb6540813f68fae93b5738590b3e78d02848cbb8eb59c80ffd9eb4c65918e2",
     "test_sparse_csr.py": "2975fc0af5d6d47149582d24ce345309a7f050926bea70cc74b25db430b45387",
+    "test_scatter_gather_ops.py": (
+        "b412e81dd08b8709a2facd6e67788af9d35527a082f2abf8e2fb906791b76552"
+    ),
+    "test_segment_reductions.py": (
+        "84ec11983fcf6a70a10e849b50e78c36368f04ae4b7d28d8c33f71474a18f883"
+    ),
+    "nn/test_embedding.py": "d4f12f64236d97299cd0baec34b017ebee633e6fba747bf60e8be863f2160c4e",
+    "nn/test_dropout.py": "54c8d0ff53acca65affe121cdc552bdd2e6d557ee9d18a8460d8fdfced6d4974",
+    "test_reductions.py": "2e6de3ca6f2ae7932a6defbd2db9c73cdaf0f68180dbdec77ddae316a0d96236",
+    "nn/test_convolution.py": "b9f0551857193638a14ad50811c60665f747d67899c5ec9879fc57c3846b8571",
+    "nn/test_pooling.py": "82e43aca4ab47891b92348e9a9b6c9dbfc67cd638361bb5127cd50dba6fe3c0f",
+    "test_binary_ufuncs.py": "a8ea8b95a34b189a2a244db0fc08c6b122c2f32d1f3cf60595c6533786c7e0dd",
+    "test_unary_ufuncs.py": "b00dbf6f23c0cfd56abf9148709c09729f4e0653e8943f66605c6154eeaf0a8f",
 }
 
 CACHE_ENV = "TORCH_ACCEL_PYTORCH_SRC_CACHE"
@@ -112,6 +125,7 @@ def extract(tarball: Path, target: Path, names: set[str]) -> None:
             if hashlib.sha256(data).hexdigest() != FILES[name]:
                 raise RuntimeError(f"sha256 mismatch for {member.name} in {TARBALL}")
             tmp = target / (name + ".part")
+            tmp.parent.mkdir(parents=True, exist_ok=True)  # nn/test_embedding.py
             tmp.write_bytes(data)
             tmp.replace(target / name)
             if not wanted:
