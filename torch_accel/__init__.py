@@ -69,6 +69,10 @@ def _register() -> None:
     from torch_accel import distributed
 
     distributed._register()
+    # The one defect of torch 2.11 no extension point reaches (DLPack's device of accel tensors).
+    from torch_accel import _torch_fixes
+
+    _torch_fixes.install()
 
 
 _register()

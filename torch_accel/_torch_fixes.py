@@ -1,0 +1,36 @@
+"""The one place where torch_accel replaces a piece of PyTorch: a defect of torch 2.11 that no
+registration or hook can reach. Each fix names the upstream change that removes it, and
+test/test_torch_fixes.py fails once the installed torch no longer needs it.
+
+``Tensor.__dlpack_device__`` (torch/_tensor.py) tells PrivateUse1 tensors by the literal device
+type ``"privateuse1"``, which a renamed backend's tensors never have (theirs is ``"accel"``), so
+``torch.from_dlpack(t)`` and every DLPack consumer that asks an accel tensor for its device raise
+``ValueError: Unknown device type accel for Dlpack``. The C++ side already converts accel tensors
+(``kDLExtDev`` and the device index, both ways: ``torch.utils.dlpack.to_dlpack``). The method is
+wrapped: accel tensors answer ``(kDLExtDev, index)``, all others go to torch's own method.
+Removed by pytorch/pytorch#195815 ("Fix Tensor.__dlpack_device__ never matching renamed
+PrivateUse1 backends", open).
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+
+import torch
+
+_original_dlpack_device = torch.Tensor.__dlpack_device__
+
+
+@functools.wraps(_original_dlpack_device)
+def _dlpack_device(self: torch.Tensor) -> tuple[enum.IntEnum, int]:
+    if not torch.overrides.has_torch_function_unary(self) and self.device.type == "accel":
+        from torch.utils.dlpack import DLDeviceType
+
+        return (DLDeviceType.kDLExtDev, self.device.index or 0)
+    return _original_dlpack_device(self)
+
+
+def install() -> None:
+    """Applies the fixes (idempotent). Tensors of other devices see torch's own methods."""
+    torch.Tensor.__dlpack_device__ = _dlpack_device  # type: ignore[method-assign]
