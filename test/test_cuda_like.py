@@ -165,6 +165,16 @@ def test_abs_of_bool_like_cuda() -> None:
     assert torch.abs(x).cpu().tolist() == [True, False, True]
     x.abs_()
     assert x.cpu().tolist() == [True, False, True]
+    # _foreach_abs too, out of place and in place (PyTorch's test_foreach.py)
+    xs = [torch.tensor([True, False], device=ACCEL), torch.tensor([[False], [True]], device=ACCEL)]
+    ys = torch._foreach_abs(xs)
+    assert [y.dtype for y in ys] == [torch.bool, torch.bool]
+    assert [y.cpu().tolist() for y in ys] == [[True, False], [[False], [True]]]
+    torch._foreach_abs_(xs)
+    assert [(x.dtype, x.cpu().tolist()) for x in xs] == [
+        (torch.bool, [True, False]),
+        (torch.bool, [[False], [True]]),
+    ]
 
 
 def test_ldexp_with_integer_exponents(fallback_mode) -> None:

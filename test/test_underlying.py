@@ -359,6 +359,35 @@ def test_data_checks_cuda_makes_on_the_host_raise_at_the_call(no_fallback: None)
     assert_same(data + 1, torch.arange(1.0, 7.0))
 
 
+def test_numbers_kernels_cannot_convert_raise_at_the_call(no_fallback: None) -> None:
+    # A float beyond float32's range, or a complex number for real tensors: the kernels refuse
+    # to convert it on the host (CUDA's raise at the call), so accel raises at the call too,
+    # also for a signature already seen, queued behind other work (PyTorch's test_foreach.py).
+    a = torch.ones(3, dtype=torch.float16, device="accel")
+    b = torch.zeros(3, dtype=torch.float16, device="accel")
+    assert_same(torch.lerp(a, b, 0.25), torch.full((3,), 0.75, dtype=torch.float16))
+    s = torch.accel.Stream()
+    with torch.accel.stream(s):
+        big = torch.randn(512, 512, device="accel")
+        big.matmul(big)
+        for weight in (1e100, 0.5 + 0.25j):
+            with pytest.raises(RuntimeError, match="cannot be converted to type float"):
+                torch.lerp(a, b, weight)
+            with pytest.raises(RuntimeError, match="cannot be converted to type float"):
+                torch._foreach_lerp([a], [b], weight)
+        with pytest.raises(RuntimeError, match="cannot be converted to type float"):
+            torch.clamp(a.float(), min=-1e100)
+    s.synchronize()  # nothing left to raise
+    assert_same(torch.lerp(a, b, 0.5), torch.full((3,), 0.5, dtype=torch.float16))
+    for x in (torch.ones(2, dtype=torch.float64), torch.ones(2, dtype=torch.complex64)):
+        # where the number fits: computed, as on the CPU
+        w = 1e100 if x.dtype == torch.float64 else 0.5 + 0.25j
+        assert_same(
+            torch.lerp(x.to("accel"), torch.zeros_like(x, device="accel"), w),
+            torch.lerp(x, torch.zeros_like(x), w),
+        )
+
+
 def test_explicit_composites_that_refuse_other_devices_run_the_cpus(no_fallback: None) -> None:
     # torch.mode(out=) is an explicit composite whose device check takes CPU, CUDA and XPU only
     # (found by PyTorch's test_reductions.py): the CPU's runs on accel memory instead.

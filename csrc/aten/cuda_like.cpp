@@ -12,6 +12,7 @@
 #include <ATen/ops/where.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <optional>
 #include <utility>
 #include <vector>
@@ -31,9 +32,10 @@ std::vector<std::pair<c10::ScalarType, c10::ScalarType>> pairs_of(const int8_t* 
   return out;
 }
 
+// The tensors of stack[begin, end) (end: the whole stack), tensor lists' included.
 template <class F>
-void for_each_tensor(const torch::jit::Stack& stack, size_t begin, F f) {
-  for (size_t i = begin; i < stack.size(); ++i) {
+void for_each_tensor(const torch::jit::Stack& stack, size_t begin, F f, size_t end = SIZE_MAX) {
+  for (size_t i = begin; i < std::min(end, stack.size()); ++i) {
     const c10::IValue& v = stack[i];
     if (v.isTensor()) {
       f(v.toTensor());
@@ -62,13 +64,16 @@ bool widened_call(const OpConfig& config, const c10::OperatorHandle& op, torch::
       }
     }
   });
-  // A float16 tensor with a complex Python number or a complex32 tensor computes in complex32
-  // (pow(1j, x) of a float16 x; CUDA's kernels take it): its float16 tensors are widened to
-  // complex64 as well, and complex64 results go back to complex32. Not where a float16 tensor
-  // is written: the CPU kernel raises that complex results cannot be cast to it, as CUDA's does.
+  // pow of a float16 tensor and a complex Python number or a complex32 tensor computes in
+  // complex32 (pow(1j, x) of a float16 x; CUDA's kernel takes it): its float16 tensors are
+  // widened to complex64 as well, and complex64 results go back to complex32. Not where a
+  // float16 tensor is written: the CPU kernel raises that complex results cannot be cast to it,
+  // as CUDA's does. pow only: other operators do not promote with their numbers (lerp's weight
+  // is converted to the tensors' dtype, and a complex one is refused).
   const std::pair<c10::ScalarType, c10::ScalarType> complex_half{c10::kComplexHalf,
                                                                  c10::kComplexFloat};
-  if (std::find(table.begin(), table.end(), complex_half) != table.end()) {
+  const bool promotes = schema.name() == "aten::pow" || schema.name() == "aten::pow_";
+  if (promotes && std::find(table.begin(), table.end(), complex_half) != table.end()) {
     bool complex_number = false;
     bool half_read = false;
     bool half_written = false;
@@ -76,9 +81,14 @@ bool widened_call(const OpConfig& config, const c10::OperatorHandle& op, torch::
       const c10::IValue& v = (*stack)[begin + i];
       const c10::AliasInfo* alias = schema.arguments()[i].alias_info();
       complex_number = complex_number || v.isComplexDouble();
-      if (v.isTensor() && v.toTensor().defined() && v.toTensor().scalar_type() == c10::kHalf) {
-        (alias != nullptr && alias->isWrite() ? half_written : half_read) = true;
-      }
+      const bool write = alias != nullptr && alias->isWrite();
+      for_each_tensor(
+          *stack, begin + i,
+          [&](const at::Tensor& t) {
+            if (t.defined() && t.scalar_type() == c10::kHalf)
+              (write ? half_written : half_read) = true;
+          },
+          begin + i + 1);
     }
     const bool complex_half_tensor =
         std::find(active.begin(), active.end(), complex_half) != active.end();
@@ -114,9 +124,11 @@ bool widened_call(const OpConfig& config, const c10::OperatorHandle& op, torch::
       if (write && !wide.is_same(v.toTensor())) written.emplace_back(v.toTensor(), wide);
       v = std::move(wide);
     } else if (v.isTensorList()) {
-      TORCH_CHECK(!write, config.name, ": widening a written tensor list is not supported");
       std::vector<at::Tensor> ts;
-      for (const at::Tensor& t : v.toTensorVector()) ts.push_back(widen(t));
+      for (const at::Tensor& t : v.toTensorVector()) {
+        ts.push_back(widen(t));
+        if (write && !ts.back().is_same(t)) written.emplace_back(t, ts.back());  // _foreach_abs_
+      }
       v = std::move(ts);
     }
   }
@@ -140,6 +152,15 @@ bool widened_call(const OpConfig& config, const c10::OperatorHandle& op, torch::
   const size_t n_returns = schema.returns().size();
   for (size_t j = stack->size() - n_returns; j < stack->size(); ++j) {
     c10::IValue& r = (*stack)[j];
+    if (r.isTensorList() && !explicit_dtype) {  // _foreach_abs of bool tensors
+      std::vector<at::Tensor> ts = r.toTensorVector();
+      for (at::Tensor& t : ts) {
+        if (!t.defined()) continue;
+        if (const std::optional<c10::ScalarType> back = narrow(t.scalar_type())) t = t.to(*back);
+      }
+      r = std::move(ts);
+      continue;
+    }
     if (!r.isTensor() || !r.toTensor().defined()) continue;
     const at::Tensor& t = r.toTensor();
     const auto w = std::find_if(written.begin(), written.end(),

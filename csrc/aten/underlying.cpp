@@ -201,6 +201,7 @@ class UnderlyingKernel final : public c10::OperatorKernel {
     const c10::FunctionSchema& schema = op.schema();
     const size_t n = schema.arguments().size();
     const size_t begin = stack->size() - n;
+    if (unconvertible_scalar(*stack, begin)) return false;
 
     thread_local std::string key;  // reused: no allocation per call
     key.clear();

@@ -9,6 +9,8 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
 #include <mutex>
 #include <stdexcept>
 #include <string>
@@ -249,6 +251,28 @@ bool small_work(const WorkBuffers& buf, int64_t serial_below) {
   }
   for (const Layout& l : buf.copy_into) most = std::max(most, numel_of(l));
   return most < serial_below;
+}
+
+bool unconvertible_scalar(const torch::jit::Stack& stack, size_t begin) {
+  constexpr double kFloatMax = std::numeric_limits<float>::max();
+  bool complex_number = false;
+  bool complex_tensor = false;
+  for (size_t i = begin; i < stack.size(); ++i) {
+    const c10::IValue& v = stack[i];
+    if (v.isDouble() && std::isfinite(v.toDouble()) && std::abs(v.toDouble()) > kFloatMax) {
+      return true;
+    }
+    complex_number = complex_number || (v.isComplexDouble() && v.toComplexDouble().imag() != 0);
+    if (v.isList()) {  // a list of numbers (_foreach_lerp.ScalarList) or of tensors
+      for (const c10::IValue& e : v.toListRef()) {
+        complex_number = complex_number || (e.isComplexDouble() && e.toComplexDouble().imag() != 0);
+        complex_tensor = complex_tensor || (e.isTensor() && e.toTensor().is_complex());
+      }
+    }
+    complex_tensor =
+        complex_tensor || (v.isTensor() && v.toTensor().defined() && v.toTensor().is_complex());
+  }
+  return complex_number && !complex_tensor;
 }
 
 bool small_call(const torch::jit::Stack& stack, size_t begin, const CachedResult* results,

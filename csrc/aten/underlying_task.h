@@ -85,6 +85,13 @@ int64_t serial_numel(std::string_view name);
 // without intra-op parallelism).
 bool small_work(const WorkBuffers& buf, int64_t serial_below);
 
+// Whether stack[begin:] holds a number that kernels may refuse to convert on the host: a float
+// that float32 cannot hold (finite, beyond its range) or, among tensors none of which is
+// complex, a complex number with an imaginary part. Kernels convert such numbers and raise
+// "value cannot be converted to type float without overflow" (lerp, clamp, fill_), at the call
+// on CUDA: such calls run on the caller, so that their errors do too.
+bool unconvertible_scalar(const torch::jit::Stack& stack, size_t begin);
+
 struct CachedResult;
 // The same rule for a call run on the calling thread (its arguments stack[begin:] and, where
 // known, its results): the first call of a signature must compute what later calls, run as

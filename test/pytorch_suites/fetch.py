@@ -53,6 +53,7 @@ FILES: dict[str, str] = {
     "nn/test_embedding.py": "d4f12f64236d97299cd0baec34b017ebee633e6fba747bf60e8be863f2160c4e",
     "nn/test_dropout.py": "54c8d0ff53acca65affe121cdc552bdd2e6d557ee9d18a8460d8fdfced6d4974",
     "test_dlpack.py": "0fb1fa68a03783d8f3f19f75280d08e2ad7070440deee174c9c2736bca584d3c",
+    "test_foreach.py": "080d7fe58399449751c13ce8c39c394d6bc0d22bddfbbbaa895c4b7e3374ba8b",
     "test_reductions.py": "2e6de3ca6f2ae7932a6defbd2db9c73cdaf0f68180dbdec77ddae316a0d96236",
     "nn/test_convolution.py": "b9f0551857193638a14ad50811c60665f747d67899c5ec9879fc57c3846b8571",
     "nn/test_pooling.py": "82e43aca4ab47891b92348e9a9b6c9dbfc67cd638361bb5127cd50dba6fe3c0f",
