@@ -157,6 +157,19 @@ def test_float16_with_complex_numbers_computes_in_complex32_like_cuda(fallback_m
     with pytest.raises(RuntimeError, match="ComplexHalf can't be cast to the desired output type"):
         acc.clone().pow_(1j)  # a float16 tensor cannot hold the result, as on CUDA and the CPU
     assert torch.pow(2.0, acc).dtype == torch.float16  # real numbers: float16, as before
+    # _foreach_pow too, each tensor's result of its own dtype
+    got = torch._foreach_pow([acc, acc], [2.0, 1j])
+    assert [g.dtype for g in got] == [torch.float16, torch.complex32]
+    torch.testing.assert_close(got[0].cpu(), x**2.0)
+    torch.testing.assert_close(
+        got[1].cpu().to(torch.complex64), torch.pow(wide, 1j), atol=2e-3, rtol=2e-3
+    )
+    got = torch._foreach_pow(1j, [acc])
+    torch.testing.assert_close(
+        got[0].cpu().to(torch.complex64), torch.pow(1j, wide), atol=2e-3, rtol=2e-3
+    )
+    with pytest.raises(RuntimeError, match="ComplexHalf can't be cast to the desired output type"):
+        torch._foreach_pow_([acc.clone()], 1j)
 
 
 def test_abs_of_bool_like_cuda() -> None:

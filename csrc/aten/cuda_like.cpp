@@ -8,6 +8,7 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/isnan.h>
+#include <ATen/ops/pow.h>
 #include <ATen/ops/scalar_tensor.h>
 #include <ATen/ops/where.h>
 
@@ -192,6 +193,53 @@ bool nansum_complex(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   static const c10::OperatorHandle sum_out =
       c10::Dispatcher::singleton().findSchemaOrThrow("aten::sum", "IntList_out");
   (out ? sum_out : sum).callBoxed(stack);
+  return true;
+}
+
+// _foreach_pow of float16 tensors with complex numbers: computed per tensor as pow computes it
+// (in complex32, as CUDA's kernels do), each result of its own dtype (a list of numbers mixes
+// real and complex ones). In place, pow_ raises where a float16 tensor cannot hold the result.
+bool foreach_pow_complex_half(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const c10::FunctionSchema& schema = op.schema();
+  const size_t n = schema.arguments().size();
+  const size_t begin = stack->size() - n;
+  const std::string& overload = schema.overload_name();
+  if (overload.ends_with("_out") || n != 2) return false;
+  bool half = false;
+  bool complex_number = false;
+  for (size_t i = begin; i < stack->size(); ++i) {
+    const c10::IValue& v = (*stack)[i];
+    complex_number = complex_number || v.isComplexDouble();
+    if (v.isTensorList()) {
+      for (const at::Tensor& t : v.toTensorVector()) half = half || t.scalar_type() == c10::kHalf;
+    } else if (v.isList()) {
+      for (const c10::IValue& e : v.toListRef())
+        complex_number = complex_number || e.isComplexDouble();
+    }
+  }
+  if (!half || !complex_number) return false;
+  const bool in_place = schema.name() == "aten::_foreach_pow_";
+  std::vector<at::Tensor> results;
+  if (overload == "ScalarAndTensor") {  // a number to the powers of the tensors
+    const c10::Scalar base = (*stack)[begin].toScalar();
+    for (const at::Tensor& e : (*stack)[begin + 1].toTensorVector())
+      results.push_back(at::pow(base, e));
+  } else {
+    const std::vector<at::Tensor> self = (*stack)[begin].toTensorVector();
+    const c10::IValue& exponent = (*stack)[begin + 1];
+    for (size_t i = 0; i < self.size(); ++i) {
+      const c10::Scalar e =
+          exponent.isList() ? exponent.toListRef()[i].toScalar() : exponent.toScalar();
+      if (in_place) {
+        at::Tensor t = self[i];
+        t.pow_(e);
+      } else {
+        results.push_back(at::pow(self[i], e));
+      }
+    }
+  }
+  torch::jit::drop(*stack, n);
+  if (!in_place) stack->emplace_back(std::move(results));
   return true;
 }
 
