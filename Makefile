@@ -17,6 +17,9 @@
 #   make compile-sweep
 #                  set up, then one compiled training step of tiny transformers models on accel
 #                  against the CPU, eager and compiled (test/compile_sweep.py)
+#   make vision-sweep
+#                  set up, then every torchvision model forward and backward on accel against
+#                  the CPU, judged by the CPU's own error against float64 (test/vision_sweep.py)
 #   make pytorch-suites
 #                  set up, then PyTorch's own device-generic test files (v2.6.0) on accel,
 #                  every test, with a CPU reference run (make test runs them without the
@@ -51,7 +54,8 @@ APT_PACKAGES := g++ ccache googletest libgtest-dev
 REQUIREMENTS := requirements-dev.txt
 DEPS_STAMP := $(VENV)/.deps-$(shell sha1sum $(REQUIREMENTS) | cut -c1-12)
 
-.PHONY: demo test install sanitize bench opinfo opinfo-sweep pytorch-suites compile-sweep system-deps deps test-cpp \
+.PHONY: demo test install sanitize bench opinfo opinfo-sweep pytorch-suites compile-sweep vision-sweep \
+        system-deps deps test-cpp \
         test-python test-python-default test-python-debug test-lane-default test-lane-debug \
         test-compile test-cuda bench-cuda build-cpp clean
 
@@ -176,6 +180,9 @@ opinfo-sweep:
 # (about a minute per architecture; ARCHS="gpt2 mamba" for some of them).
 compile-sweep: install
 	$(PY) test/compile_sweep.py $(ARCHS)
+
+vision-sweep: install
+	$(PY) test/vision_sweep.py $(MODELS)
 
 # PyTorch's test files, every test, and the same files on the CPU to tell drift from defects.
 pytorch-suites: install
