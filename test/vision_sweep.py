@@ -14,7 +14,7 @@ more than ten times the float32 CPU's (plus a floor of 1e-6 of the largest gradi
 judged by the CPU's own error, not by a fixed tolerance. Models over 150M parameters are left
 out (the host driver's default device holds 4 GiB).
 
-    python test/vision_sweep.py [MODEL ...]      (make vision-sweep: all of them, ~10 min)
+    python test/vision_sweep.py [MODEL ...]      (make vision-sweep: all of them, ~15 min)
 
 The exit status is 1 if any model failed or raised.
 """
