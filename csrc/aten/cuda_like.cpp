@@ -13,7 +13,6 @@
 #include <ATen/ops/where.h>
 
 #include <algorithm>
-#include <cstdint>
 #include <optional>
 #include <utility>
 #include <vector>
@@ -33,17 +32,19 @@ std::vector<std::pair<c10::ScalarType, c10::ScalarType>> pairs_of(const int8_t* 
   return out;
 }
 
-// The tensors of stack[begin, end) (end: the whole stack), tensor lists' included.
+// The tensor, or the tensors of the list, an argument holds.
 template <class F>
-void for_each_tensor(const torch::jit::Stack& stack, size_t begin, F f, size_t end = SIZE_MAX) {
-  for (size_t i = begin; i < std::min(end, stack.size()); ++i) {
-    const c10::IValue& v = stack[i];
-    if (v.isTensor()) {
-      f(v.toTensor());
-    } else if (v.isTensorList()) {
-      for (const at::Tensor& t : v.toTensorVector()) f(t);
-    }
+void for_each_tensor_of(const c10::IValue& v, F f) {
+  if (v.isTensor()) {
+    f(v.toTensor());
+  } else if (v.isTensorList()) {
+    for (const at::Tensor& t : v.toTensorVector()) f(t);
   }
+}
+
+template <class F>
+void for_each_tensor(const torch::jit::Stack& stack, size_t begin, F f) {
+  for (size_t i = begin; i < stack.size(); ++i) for_each_tensor_of(stack[i], f);
 }
 
 }  // namespace
@@ -83,20 +84,15 @@ bool widened_call(const OpConfig& config, const c10::OperatorHandle& op, torch::
       const c10::AliasInfo* alias = schema.arguments()[i].alias_info();
       complex_number = complex_number || v.isComplexDouble();
       const bool write = alias != nullptr && alias->isWrite();
-      for_each_tensor(
-          *stack, begin + i,
-          [&](const at::Tensor& t) {
-            if (t.defined() && t.scalar_type() == c10::kHalf)
-              (write ? half_written : half_read) = true;
-          },
-          begin + i + 1);
+      for_each_tensor_of(v, [&](const at::Tensor& t) {
+        if (t.defined() && t.scalar_type() == c10::kHalf) (write ? half_written : half_read) = true;
+      });
     }
     const bool complex_half_tensor =
         std::find(active.begin(), active.end(), complex_half) != active.end();
     if ((complex_number || complex_half_tensor) && half_read && !half_written) {
-      if (std::find(active.begin(), active.end(), complex_half) == active.end()) {
-        active.insert(active.begin(), complex_half);  // first: complex64 narrows to complex32
-      }
+      // first: complex64 narrows to complex32
+      if (!complex_half_tensor) active.insert(active.begin(), complex_half);
       active.emplace_back(c10::kHalf, c10::kComplexFloat);
     }
   }

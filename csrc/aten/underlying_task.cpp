@@ -255,24 +255,32 @@ bool small_work(const WorkBuffers& buf, int64_t serial_below) {
 
 bool unconvertible_scalar(const torch::jit::Stack& stack, size_t begin) {
   constexpr double kFloatMax = std::numeric_limits<float>::max();
+  const auto imaginary = [](const c10::IValue& v) {
+    return v.isComplexDouble() && v.toComplexDouble().imag() != 0;
+  };
+  // Numbers first (tensor lists unread): most calls have neither kind.
   bool complex_number = false;
-  bool complex_tensor = false;
   for (size_t i = begin; i < stack.size(); ++i) {
     const c10::IValue& v = stack[i];
     if (v.isDouble() && std::isfinite(v.toDouble()) && std::abs(v.toDouble()) > kFloatMax) {
       return true;
     }
-    complex_number = complex_number || (v.isComplexDouble() && v.toComplexDouble().imag() != 0);
-    if (v.isList()) {  // a list of numbers (_foreach_lerp.ScalarList) or of tensors
+    complex_number = complex_number || imaginary(v);
+    if (v.isList() && !v.isTensorList()) {  // a list of numbers (_foreach_lerp.ScalarList)
+      for (const c10::IValue& e : v.toListRef()) complex_number = complex_number || imaginary(e);
+    }
+  }
+  if (!complex_number) return false;
+  for (size_t i = begin; i < stack.size(); ++i) {  // complex tensors take complex numbers
+    const c10::IValue& v = stack[i];
+    if (v.isTensor() && v.toTensor().defined() && v.toTensor().is_complex()) return false;
+    if (v.isList()) {  // tensor lists, optional ones too
       for (const c10::IValue& e : v.toListRef()) {
-        complex_number = complex_number || (e.isComplexDouble() && e.toComplexDouble().imag() != 0);
-        complex_tensor = complex_tensor || (e.isTensor() && e.toTensor().is_complex());
+        if (e.isTensor() && e.toTensor().is_complex()) return false;
       }
     }
-    complex_tensor =
-        complex_tensor || (v.isTensor() && v.toTensor().defined() && v.toTensor().is_complex());
   }
-  return complex_number && !complex_tensor;
+  return true;
 }
 
 bool small_call(const torch::jit::Stack& stack, size_t begin, const CachedResult* results,
