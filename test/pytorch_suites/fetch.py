@@ -59,6 +59,8 @@ FILES: dict[str, str] = {
     "nn/test_pooling.py": "82e43aca4ab47891b92348e9a9b6c9dbfc67cd638361bb5127cd50dba6fe3c0f",
     "test_binary_ufuncs.py": "a8ea8b95a34b189a2a244db0fc08c6b122c2f32d1f3cf60595c6533786c7e0dd",
     "test_unary_ufuncs.py": "b00dbf6f23c0cfd56abf9148709c09729f4e0653e8943f66605c6154eeaf0a8f",
+    "test_spectral_ops.py": "56a55d93ba5fc3b5b962b8e82e9088a37d4116bd2c10bd30cc001886d36e8892",
+    "test_serialization.py": "bbd2e7c122a0697ea10b83ceefcd25000a8495d02bfb06451efc117456d167a9",
 }
 
 CACHE_ENV = "TORCH_ACCEL_PYTORCH_SRC_CACHE"
