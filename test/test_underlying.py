@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -283,6 +284,46 @@ def test_out_argument_with_wrong_dtype_raises_the_cpu_error() -> None:
     ):
         torch.add(a, a, out=torch.empty(3, dtype=torch.int64, device="accel"))
     assert_same(a + 1, torch.full((3,), 2.0))
+
+
+def _resize_warnings(fn: Callable[[], object]) -> list[str]:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fn()
+    return [str(w.message) for w in caught if "was resized" in str(w.message)]
+
+
+@pytest.mark.parametrize(
+    "op",
+    [
+        # Meta functions in Python (torch/_meta_registrations.py), which warn through Python
+        lambda t, out: torch.linalg.eigvalsh(t, out=out),
+        lambda t, out: torch.linalg.inv(t, out=out),
+        lambda t, out: torch.cholesky_inverse(t, out=out),
+        # and in C++
+        lambda t, out: torch.mul(t, 2, out=out),
+    ],
+    ids=["eigvalsh", "inv", "cholesky_inverse", "mul"],
+)
+def test_out_arguments_resize_warn_and_keep_strides_like_the_cpu(
+    op: Callable[[torch.Tensor, torch.Tensor], object], no_fallback: None
+) -> None:
+    g = torch.randn(4, 4, dtype=torch.float64)
+    t = g @ g.mT + torch.eye(4, dtype=torch.float64)  # symmetric positive definite
+    expected = torch.empty(0, dtype=t.dtype)
+    op(t, expected)
+    for make_out in (
+        lambda device: torch.empty(3, 5, dtype=t.dtype, device=device),  # resized: one warning
+        # of the right shape, strided: kept as it is
+        lambda device: torch.empty(
+            *expected.shape[:-1], 2 * expected.shape[-1], dtype=t.dtype, device=device
+        )[..., ::2],
+    ):
+        out_cpu, out = make_out("cpu"), make_out("accel")
+        cpu_warnings = _resize_warnings(lambda: op(t, out_cpu))  # noqa: B023
+        assert _resize_warnings(lambda: op(t.to("accel"), out)) == cpu_warnings  # noqa: B023
+        assert (out.shape, out.stride()) == (out_cpu.shape, out_cpu.stride())
+        assert_same(out, out_cpu)
 
 
 def test_user_errors_have_the_cpu_messages() -> None:

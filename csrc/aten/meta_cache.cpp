@@ -293,9 +293,26 @@ std::shared_ptr<CachedResult> meta_results(const c10::OperatorHandle& op,
                                            const torch::jit::Stack& stack, size_t begin) {
   torch::jit::Stack args;
   args.reserve(stack.size() - begin);
+  // An out= tensor with elements goes to the meta function empty, so that resizing it warns
+  // nowhere: a meta function written in Python (linalg's, in torch/_meta_registrations.py)
+  // warns through Python's warnings, which the handler below cannot drop, and the CPU kernel
+  // warns again when it runs. Resizing an empty tensor gives the same shape and strides as
+  // resizing one of another shape; where the shape already fits, nothing is resized and the
+  // out= tensor keeps its own (kept[i]).
+  const auto& schema_args = op.schema().arguments();
+  std::vector<std::optional<TensorMeta>> kept(stack.size() - begin);
   for (size_t i = begin; i < stack.size(); ++i) {
     c10::IValue m;
     if (!to_meta(stack[i], &m)) return nullptr;
+    const size_t k = i - begin;
+    if (k < schema_args.size() && schema_args[k].is_out() && m.isTensor()) {
+      const at::Tensor& t = m.toTensor();
+      if (t.defined() && t.is_meta() && t.numel() > 0 && !t.is_conj() && !t.is_neg()) {
+        kept[k] = TensorMeta::of(t);
+        m = at::detail::empty_meta({0}, t.scalar_type(), std::nullopt, std::nullopt,
+                                   std::nullopt, std::nullopt);
+      }
+    }
     args.push_back(std::move(m));
   }
   torch::jit::Stack results = args;  // the call consumes its stack; `args` keeps the inputs
@@ -315,10 +332,21 @@ std::shared_ptr<CachedResult> meta_results(const c10::OperatorHandle& op,
     // runs the CPU kernel, which raises a genuine error exactly as on the CPU.
     return nullptr;
   }
+  // The meta of an argument after the call: an out= tensor whose shape fit stays as it was.
+  auto after = [&](const at::Tensor& t) {
+    for (size_t k = 0; k < args.size(); ++k) {
+      if (kept[k] && args[k].isTensor() &&
+          args[k].toTensor().unsafeGetTensorImpl() == t.unsafeGetTensorImpl()) {
+        if (c10::IntArrayRef(kept[k]->sizes) == t.sizes()) return *kept[k];
+        break;
+      }
+    }
+    return TensorMeta::of(t);
+  };
   auto r = std::make_shared<CachedResult>();
   for (const c10::IValue& v : results) {
     if (v.isTensor()) {
-      r->results.push_back({TensorMeta::of(v.toTensor())});
+      r->results.push_back({after(v.toTensor())});
       r->result_is_list.push_back(false);
     } else if (v.isTensorList()) {
       std::vector<TensorMeta> ms;
@@ -331,7 +359,7 @@ std::shared_ptr<CachedResult> meta_results(const c10::OperatorHandle& op,
   }
   for (const c10::IValue& v : args) {
     if (v.isTensor() && v.toTensor().defined()) {
-      r->written.emplace_back(TensorMeta::of(v.toTensor()));
+      r->written.emplace_back(after(v.toTensor()));
     } else {
       r->written.emplace_back(std::nullopt);
     }
