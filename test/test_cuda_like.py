@@ -281,6 +281,33 @@ def test_nested_tensors_run_the_cpu_kernels_on_accel_memory(fallback_mode) -> No
     assert torch.accel.fallback_stats() == {}
 
 
+def test_nested_tensor_metadata_stays_on_the_cpu_through_autograd(fallback_mode) -> None:
+    # A nested tensor's sizes live in a CPU tensor on every device (CUDA's too); the backward of
+    # to_padded_tensor rebuilds a nested gradient from them (test_nestedtensor.py's
+    # test_detach failed in that backward: the sizes had been copied into accel memory).
+    fallback_mode("error")
+    torch.manual_seed(0)
+    a, b = torch.randn(2, 4), torch.randn(5, 4)
+    weights = torch.randn(2, 5, 4)
+    grads = []
+    for device in ("cpu", ACCEL):
+        x, y = (t.detach().to(device).requires_grad_() for t in (a, b))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # nested tensors are a prototype
+            n = torch.nested.as_nested_tensor([x, y])
+        sizes = n._nested_tensor_size()
+        assert sizes.device.type == "cpu" and sizes.tolist() == [[2, 4], [5, 4]]
+        assert n._nested_tensor_strides().device.type == "cpu"
+        assert n._nested_tensor_storage_offsets().device.type == "cpu"
+        padded = torch.nested.to_padded_tensor(n * 3, 0.0)
+        (padded * weights.to(device)).sum().backward()
+        grads.append((x.grad, y.grad))
+    for got, expected in zip(grads[1], grads[0], strict=True):
+        assert got.device.type == "accel"
+        torch.testing.assert_close(got.cpu(), expected)
+    assert torch.accel.fallback_stats() == {}
+
+
 # Dtypes PyTorch's OpInfo database lists for CUDA and not for the CPU, which accel cannot take,
 # and why (everything else of that list must run on accel, with CUDA's result dtype).
 CUDA_DTYPES_NOT_TAKEN = {

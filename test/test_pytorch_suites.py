@@ -109,6 +109,8 @@ FULL_ONLY = {
     "test_binary_ufuncs.py",  # 9 min
     "test_unary_ufuncs.py",  # 9.5 min
     "test_foreach.py",  # 5.5 min
+    "test_linalg.py",  # 2.5 min
+    "test_optim.py",  # 4.5 min
 }
 EXCLUDE = [f"{f}::*::{name}_{{device}}*" for f, names in SLOW.items() for name in names]
 DEBUG_MODES = ("ACCEL_LAUNCH_BLOCKING", "ACCEL_PROTECT_DEVICE_MEMORY")

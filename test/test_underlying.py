@@ -398,6 +398,20 @@ def test_data_checks_cuda_makes_on_the_host_raise_at_the_call(no_fallback: None)
             torch.segment_reduce(data, "sum", lengths=short)
     s.synchronize()  # nothing left to raise
     assert_same(data + 1, torch.arange(1.0, 7.0))
+    # linalg.eig refuses infs and NaNs after reading the input (test_linalg.py's
+    # test_eig_with_nan); its results as the CPU's otherwise
+    a = torch.randn(2, 5, 5, dtype=torch.float64)
+    values, vectors = torch.linalg.eig(a.to("accel"))
+    expected_values, expected_vectors = torch.linalg.eig(a)
+    assert_same(values, expected_values)
+    assert_same(vectors, expected_vectors)
+    with torch.accel.stream(s):
+        big.matmul(big)
+        for bad in (float("inf"), float("nan")):
+            a[1, -1, -1] = bad
+            with pytest.raises(RuntimeError, match="input tensor should not contain infs or NaNs"):
+                torch.linalg.eig(a.to("accel"))
+    s.synchronize()
 
 
 def test_numbers_kernels_cannot_convert_raise_at_the_call(no_fallback: None) -> None:

@@ -198,6 +198,14 @@ void write_back(const c10::FunctionSchema& schema, const torch::jit::Stack& stac
   }
 }
 
+// The operators that return a nested tensor's own metadata. On the host their results are CPU
+// tensors like any other; they must not become accel copies (a later nested kernel would get them
+// back as CPU views of accel memory, its result's sizes in accel memory).
+bool nested_metadata(const std::string& name) {
+  return name == "aten::_nested_tensor_size" || name == "aten::_nested_tensor_strides" ||
+         name == "aten::_nested_tensor_storage_offsets";
+}
+
 c10::DeviceIndex nested_call_device(const torch::jit::Stack& stack, size_t begin) {
   for (size_t i = begin; i < stack.size(); ++i) {
     const c10::IValue& v = stack[i];
@@ -234,7 +242,9 @@ void direct_call(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const QuietSyncs quiet;  // the copies of its arguments and results do not report again
   KernelScope scope(device);
   Converter convert(device);
-  bool cpu_target = false;  // an explicit CPU device argument: the results stay on the CPU
+  // An explicit CPU device argument, or a nested tensor's metadata (its sizes, strides and
+  // offsets, which live in CPU tensors on every device): the results stay on the CPU.
+  bool cpu_target = nested_metadata(name);
   torch::jit::Stack cpu;
   cpu.reserve(n);
   for (size_t i = begin; i < stack->size(); ++i) {

@@ -1,8 +1,9 @@
 """Fetches PyTorch's own test files, pinned to one source release, for running them on accel.
 
 The files come from Debian's `pytorch` source package 2.6.0+dfsg-7 (its orig tarball, whose
-sha256 the signed .dsc lists). Only the files in FILES are extracted, each checked against its
-own pinned sha256, so a second run with the files in place does nothing and needs no network.
+sha256 the signed .dsc lists). Only the files in FILES and SUPPORT are extracted, each checked
+against its own pinned sha256, so a second run with the files in place does nothing and needs no
+network.
 
     python test/pytorch_suites/fetch.py TARGET_DIR [--cache-dir DIR]
 
@@ -30,8 +31,9 @@ TARBALL_SHA256 = "099a9601bc40d67656e75735c44abedb0fbe92d08817852ab7472eebb7e6dd
 TARBALL_SIZE = 27212640
 PREFIX = "pytorch-v2.6.0/test/"
 
-# The test files (path under test/ in the tarball) and their sha256. They import nothing from
-# PyTorch's test tree besides torch.testing._internal, which comes with the installed torch.
+# The test files (path under test/ in the tarball) and their sha256. Besides
+# torch.testing._internal, which comes with the installed torch, they import only the SUPPORT
+# files from PyTorch's test tree.
 FILES: dict[str, str] = {
     "test_torch.py": "790fe2fb308e6531e84e7ee96edeb508503483fde8d1f25def59004da658d2c9",
     "test_view_ops.py": "d66cabc237335a0c79f25e85b4defeefba695fb7e00e0d884720ebd391c6f8d3",
@@ -61,7 +63,23 @@ FILES: dict[str, str] = {
     "test_unary_ufuncs.py": "b00dbf6f23c0cfd56abf9148709c09729f4e0653e8943f66605c6154eeaf0a8f",
     "test_spectral_ops.py": "56a55d93ba5fc3b5b962b8e82e9088a37d4116bd2c10bd30cc001886d36e8892",
     "test_serialization.py": "bbd2e7c122a0697ea10b83ceefcd25000a8495d02bfb06451efc117456d167a9",
+    "test_linalg.py": "9742cc5d602f09b41cd822be33cce687bae9a22928eb70bbb8d73a2e4fa502c6",
+    "test_optim.py": "76cf0c7a0a79eb070bbd3fea508b083156dcbaefa68d38914e332c34a4177593",
+    "test_autograd.py": "a8daf1cb687dad29cc1633c222465a9faecdf2073e137195a32d6d795db033c1",
 }
+# Modules the test files import (test_optim.py: `from optim.test_optim import ...`), extracted
+# with them but not run as files of their own.
+SUPPORT: dict[str, str] = {
+    "optim/test_lrscheduler.py": "0f3f5585ec476ffa928a9ff64d713548009ea031f1e24af21e5df19f2e443205",
+    "optim/test_optim.py": "e2dc9cd5d1418fb30eea7c79220f599630383d4e461a923f59adc8a2e74eed43",
+    "optim/test_swa_utils.py": "eada8874686ce77e217df4b00b2e97dcc8f1b14d58ce5f97ba65a8f3edf6084b",
+    "autograd/test_complex.py": "97ecebcdc764a752b0964aede4e85b08371e60c0dc7f211dd592f5814fe237fd",
+    "autograd/test_functional.py": (
+        "c18286cdf06915836501ed05c9dd05c1e1c5442bc71f7de230352a28fc557cef"
+    ),
+    "autograd/test_logging.py": "b8c134fa6e68f2b7bbc1b7cc715fa7f18b143391c3bf179dc8e15d590e2e6896",
+}
+EXTRACTED: dict[str, str] = {**FILES, **SUPPORT}
 
 CACHE_ENV = "TORCH_ACCEL_PYTORCH_SRC_CACHE"
 DEFAULT_CACHE = Path.home() / ".cache" / "torch_accel" / "pytorch-src"
@@ -126,7 +144,7 @@ def extract(tarball: Path, target: Path, names: set[str]) -> None:
             if source is None:
                 raise RuntimeError(f"cannot read {member.name} from {TARBALL}")
             data = source.read()
-            if hashlib.sha256(data).hexdigest() != FILES[name]:
+            if hashlib.sha256(data).hexdigest() != EXTRACTED[name]:
                 raise RuntimeError(f"sha256 mismatch for {member.name} in {TARBALL}")
             tmp = target / (name + ".part")
             tmp.parent.mkdir(parents=True, exist_ok=True)  # nn/test_embedding.py
@@ -139,9 +157,9 @@ def extract(tarball: Path, target: Path, names: set[str]) -> None:
 
 
 def fetch(target: Path, cache_dir: Path) -> None:
-    missing = {name for name, sha256 in FILES.items() if not verified(target / name, sha256)}
+    missing = {name for name, sha256 in EXTRACTED.items() if not verified(target / name, sha256)}
     if not missing:
-        log(f"{len(FILES)} files already in {target} (PyTorch {VERSION})")
+        log(f"{len(EXTRACTED)} files already in {target} (PyTorch {VERSION})")
         return
     extract(download_tarball(cache_dir), target, missing)
     log(f"extracted {len(missing)} files into {target} (PyTorch {VERSION})")

@@ -61,6 +61,17 @@ def _compat_shims() -> None:
 
         common_mkldnn.bf32_on_and_off = bf32_on_and_off
 
+    from torch.nn.attention import flex_attention
+
+    # Removed after 2.6; test_nestedtensor.py imports it for its flex_attention tests, which
+    # then fail with this error (on the CPU too).
+    if not hasattr(flex_attention, "create_nested_block_mask"):
+
+        def create_nested_block_mask(*args: Any, **kwargs: Any) -> Any:
+            raise NotImplementedError("create_nested_block_mask was removed after torch 2.6")
+
+        flex_attention.create_nested_block_mask = create_nested_block_mask
+
 
 def pytest_configure(config: pytest.Config) -> None:
     global _OUT
