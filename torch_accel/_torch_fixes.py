@@ -10,12 +10,23 @@ type ``"privateuse1"``, which a renamed backend's tensors never have (theirs is 
 wrapped: accel tensors answer ``(kDLExtDev, index)``, all others go to torch's own method.
 Removed by pytorch/pytorch#195815 ("Fix Tensor.__dlpack_device__ never matching renamed
 PrivateUse1 backends", open).
+
+``flex_attention`` (torch/nn/attention/flex_attention.py) checks its inputs against a fixed set
+of device types (``_validate_device``: cuda, cpu, xpu, hpu) and raises ``ValueError: FlexAttention
+is only supported on CUDA, CPU or HPU devices`` for accel, although its eager path (the
+flex_attention higher-order operator's math, forward and backward) is made of operators accel
+runs. Models that pick it (transformers' ``attn_implementation="flex_attention"``, diffusers'
+LTX-2 decoder) stop there. The check is wrapped: accel inputs pass as CUDA's do (backward
+included), all others go to torch's own check. PrivateUse1 was asked for in the review of
+pytorch/pytorch#148656 (which added hpu to the set); no upstream change makes the set
+extensible yet.
 """
 
 from __future__ import annotations
 
 import enum
 import functools
+import importlib
 
 import torch
 
@@ -31,6 +42,18 @@ def _dlpack_device(self: torch.Tensor) -> tuple[enum.IntEnum, int]:
     return _original_dlpack_device(self)
 
 
+_flex = importlib.import_module("torch.nn.attention.flex_attention")
+_original_validate_device = _flex._validate_device
+
+
+@functools.wraps(_original_validate_device)
+def _validate_device(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> None:
+    if query.device.type == "accel":
+        return  # query, key and value are on one device: checked before
+    _original_validate_device(query, key, value)
+
+
 def install() -> None:
     """Applies the fixes (idempotent). Tensors of other devices see torch's own methods."""
     torch.Tensor.__dlpack_device__ = _dlpack_device  # type: ignore[method-assign]
+    _flex._validate_device = _validate_device
