@@ -49,6 +49,13 @@ _original_validate_device = _flex._validate_device
 @functools.wraps(_original_validate_device)
 def _validate_device(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> None:
     if query.device.type == "accel":
+        if torch.compiler.is_compiling():
+            # Inductor would lower it with its GPU template (Triton), which the host driver
+            # cannot run; the CPU's C++ template is not wired to accel yet.
+            raise NotImplementedError(
+                "flex_attention under torch.compile is not supported on accel yet; "
+                "call it without torch.compile (eager runs it, forward and backward)"
+            )
         return  # query, key and value are on one device: checked before
     _original_validate_device(query, key, value)
 
