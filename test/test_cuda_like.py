@@ -308,6 +308,66 @@ def test_nested_tensor_metadata_stays_on_the_cpu_through_autograd(fallback_mode)
     assert torch.accel.fallback_stats() == {}
 
 
+def _nested_pair(device: str, requires_grad: bool = False, heads: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(1)
+    lead = (heads,) if heads else ()
+    parts = [torch.randn(*lead, 3, 8, generator=g), torch.randn(*lead, 5, 8, generator=g)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # nested tensors are a prototype
+        return torch.nested.nested_tensor(parts, device=device, requires_grad=requires_grad)
+
+
+NESTED_KERNELS = {
+    # composites elsewhere, nested kernels of their own for NestedTensorCPU and CUDA
+    "linear": lambda nt, w: torch.nn.functional.linear(nt, w),
+    "matmul": lambda nt, w: torch.matmul(nt, nt.transpose(-1, -2)),
+    "chunk": lambda nt, w: nt.chunk(2, -1)[1].contiguous(),
+    "narrow": lambda nt, w: nt.narrow(0, 1, 1).contiguous(),
+    "softmax": lambda nt, w: nt.softmax(-1),
+    "sdpa": lambda nt, w: torch.nn.functional.scaled_dot_product_attention(nt, nt, nt),
+}
+
+
+@pytest.mark.parametrize("name", list(NESTED_KERNELS))
+def test_nested_tensors_take_their_nested_kernels(name: str, fallback_mode) -> None:
+    # On accel these used to decompose into dense operators, which nested tensors refuse
+    # ("NestedTensorImpl doesn't support sizes"): found by test_nestedtensor.py.
+    fallback_mode("error")
+    w = torch.randn(4, 8)
+    backward = name not in ("chunk", "narrow")  # strided nested tensors have no backward
+    results = []
+    for device in ("cpu", ACCEL):
+        nt = _nested_pair(device, requires_grad=backward, heads=2 if name == "sdpa" else 0)
+        out = NESTED_KERNELS[name](nt, w.to(device))
+        padded = torch.nested.to_padded_tensor(out, 0.0)
+        results.append([padded.detach()])
+        if backward:
+            padded.sum().backward()
+            results[-1].append(torch.nested.to_padded_tensor(nt.grad, 0.0))
+    for got, expected in zip(results[1], results[0], strict=True):
+        assert got.device.type == "accel"
+        torch.testing.assert_close(got.cpu(), expected)
+    assert torch.accel.fallback_stats() == {}
+
+
+def test_nested_views_in_inference_mode_are_normal_tensors(fallback_mode) -> None:
+    # Views of a normal tensor made in inference mode stay normal tensors (autograd gives them
+    # the base's version counter), on accel as on the CPU.
+    fallback_mode("error")
+    for device in ("cpu", ACCEL):
+        nt = _nested_pair(device, heads=2)
+        with torch.inference_mode():
+            views = [nt.transpose(-1, -2), nt.unbind()[1], nt[0], nt.view(2, 2, -1, 8)]
+        for v in views:
+            assert v._is_view() and not v.is_inference(), (device, v.shape)
+        views[1].fill_(3.0)  # a view: writes the nested tensor
+        assert (torch.nested.to_padded_tensor(nt, 0.0)[1] == 3.0).all()
+        with torch.inference_mode():
+            fresh = _nested_pair(device)
+            assert fresh.transpose(-1, -2).is_inference()
+    assert torch.accel.fallback_stats() == {}
+
+
 # Dtypes PyTorch's OpInfo database lists for CUDA and not for the CPU, which accel cannot take,
 # and why (everything else of that list must run on accel, with CUDA's result dtype).
 CUDA_DTYPES_NOT_TAKEN = {

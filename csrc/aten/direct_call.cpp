@@ -29,10 +29,13 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/empty.h>
 #include <c10/core/DeviceGuard.h>
+#include <c10/core/InferenceMode.h>
 #include <torch/library.h>
 
 #include <memory>
 #include <optional>
+#include <string>
+#include <string_view>
 #include <vector>
 
 #include "aten/direct_call.h"
@@ -103,6 +106,7 @@ class Converter {
     }
     const c10::Storage& s = t.storage();
     memory_.add(s);
+    bases_.emplace_back(s.data(), t);
     guard(s);
     if (!t.is_nested()) return Layout::of(t).view(storages_);
     const auto* nt = at::native::get_nested_tensor_impl(t);
@@ -126,9 +130,31 @@ class Converter {
     TORCH_CHECK_NOT_IMPLEMENTED(r.layout() == c10::Layout::Strided && !r.is_quantized(), what,
                                 " returns a ", r.layout(), " tensor, which accel does not support");
     const c10::Storage storage = accel_storage(r.storage(), what);
+    // A view of a normal argument made in inference mode: autograd's view handling gives it
+    // the argument's version counter, so it must be a normal tensor too (as ATen's own view
+    // kernels make it), not an inference tensor as new tensors in inference mode are.
+    const at::Tensor* base = nullptr;
+    if (c10::InferenceMode::is_enabled()) {
+      for (const auto& [data, argument] : bases_) {
+        if (data == r.storage().data() && !argument.is_inference()) base = &argument;
+      }
+    }
+    if (base != nullptr && r.is_nested() && base->is_nested() && base->dtype() == r.dtype()) {
+      const auto* nt = at::native::get_nested_tensor_impl(r);
+      return at::detail::make_tensor<at::native::NestedTensorImpl>(
+          c10::TensorImpl::VIEW, *base, nt->get_nested_sizes(), nt->get_nested_strides(),
+          nt->get_storage_offsets());
+    }
     if (!r.is_nested()) {
-      auto impl = c10::make_intrusive<c10::TensorImpl>(
-          c10::Storage(storage), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), r.dtype());
+      const c10::DispatchKeySet keys =
+          base == nullptr ? c10::DispatchKeySet(c10::DispatchKey::PrivateUse1)
+                          : c10::DispatchKeySet(c10::DispatchKey::PrivateUse1) |
+                                c10::getAutogradRelatedKeySetFromBackend(
+                                    c10::BackendComponent::PrivateUse1Bit);
+      auto impl = base == nullptr
+                      ? c10::make_intrusive<c10::TensorImpl>(c10::Storage(storage), keys, r.dtype())
+                      : c10::make_intrusive<c10::TensorImpl>(c10::TensorImpl::VIEW,
+                                                             c10::Storage(storage), keys, r.dtype());
       impl->set_sizes_and_strides(r.sizes(), r.strides(), r.storage_offset());
       at::Tensor out(std::move(impl));
       if (r.is_conj()) out._set_conj(true);
@@ -175,6 +201,8 @@ class Converter {
   AccelMemory copied_;       // the accel copies of new results' CPU memory, by CPU address
   // The sparse arguments, by the tensor of the executor's device they were given as.
   std::vector<std::pair<const c10::TensorImpl*, at::Tensor>> sparse_;
+  // The dense and nested arguments, by the address of their memory.
+  std::vector<std::pair<const void*, at::Tensor>> bases_;
   std::vector<const void*> guarded_;
   std::vector<std::unique_ptr<rt::HostAccessGuard>> access_;
 };
@@ -304,5 +332,31 @@ void direct_call(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 TORCH_LIBRARY_IMPL(_, NestedTensorPrivateUse1, m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&direct_call>());
 }
+
+namespace {
+
+// The operators ATen has a NestedTensorCPU kernel for also get direct_call as their
+// NestedTensorPrivateUse1 kernel. Many of them are composites for other keys (linear, matmul,
+// chunk, narrow, scaled_dot_product_attention), and a composite wins over a fallback: accel's
+// nested tensors would get the dense decomposition, which nested tensors refuse ("NestedTensorImpl
+// doesn't support sizes") where CPU and CUDA tensors get their nested kernel.
+const bool nested_kernels_registered = [] {
+  static torch::Library lib(torch::Library::IMPL, "aten", c10::DispatchKey::NestedTensorPrivateUse1,
+                            __FILE__, __LINE__);
+  c10::Dispatcher& dispatcher = c10::Dispatcher::singleton();
+  for (const c10::OperatorName& name :
+       dispatcher.getAllOpNamesForDispatchKey(c10::DispatchKey::NestedTensorCPU)) {
+    constexpr std::string_view ns = "aten::";
+    if (name.name.compare(0, ns.size(), ns) != 0) continue;
+    const std::optional<c10::OperatorHandle> op = dispatcher.findOp(name);
+    if (!op || op->hasKernelForDispatchKey(c10::DispatchKey::NestedTensorPrivateUse1)) continue;
+    std::string short_name = name.name.substr(ns.size());
+    if (!name.overload_name.empty()) short_name += "." + name.overload_name;
+    lib.impl(short_name.c_str(), torch::CppFunction::makeFromBoxedFunction<&direct_call>());
+  }
+  return true;
+}();
+
+}  // namespace
 
 }  // namespace accel::aten
