@@ -113,6 +113,7 @@ FULL_ONLY = {
     "test_foreach.py",  # 5.5 min
     "test_linalg.py",  # 2.5 min
     "test_optim.py",  # 4.5 min
+    "test_masked.py",  # 1.5 min
 }
 EXCLUDE = [f"{f}::*::{name}_{{device}}*" for f, names in SLOW.items() for name in names]
 # Test classes of the v2.6.0 files that cannot run against torch 2.11 at all (every test fails
