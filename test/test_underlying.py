@@ -454,6 +454,23 @@ def test_explicit_composites_that_refuse_other_devices_run_the_cpus(no_fallback:
     expected = torch.mode(x, 1)
     assert_same(values, expected.values)
     assert_same(indices, expected.indices)
+    # conj_physical_ calls the unary kernel's dispatch stub for the tensor's device, which
+    # has none for accel ("DispatchStub: missing kernel for accel", an internal assert; found by
+    # test_ops_gradients.py): in place on accel memory, like the CPU's
+    z = torch.randn(5, dtype=torch.complex128, generator=torch.Generator().manual_seed(1))
+    za = z.to("accel")
+    assert za.conj_physical_() is za
+    assert_same(za, z.conj_physical())
+    grads = []
+    for t in (z, z.to("accel")):
+        leaf = (t * 1j).requires_grad_()
+        (leaf.clone().conj_physical_() * torch.arange(5.0, device=t.device)).real.sum().backward()
+        grads.append(leaf.grad)
+    assert_same(grads[1], grads[0])
+    # the functional form stays PyTorch's composite (an alias of a real tensor, differentiable)
+    real = torch.ones(3, device="accel", requires_grad=True)
+    torch.conj_physical(real).mul(torch.arange(3.0, device="accel")).sum().backward()
+    assert_same(real.grad, torch.arange(3.0))
 
 
 def test_kernels_run_in_stream_order_and_asynchronously() -> None:

@@ -67,6 +67,7 @@ FILES: dict[str, str] = {
     "test_optim.py": "76cf0c7a0a79eb070bbd3fea508b083156dcbaefa68d38914e332c34a4177593",
     "test_autograd.py": "a8daf1cb687dad29cc1633c222465a9faecdf2073e137195a32d6d795db033c1",
     "test_nestedtensor.py": "a5bf6472ef6799eb0a12c0be69397ccebe832e4290b58c9e2bc8db9c56423a26",
+    "test_ops_gradients.py": "239061330170a4d05080925b0b8b8344db98b0f5c0dd9dfdbdc72b45a579d2cb",
     "test_masked.py": "d607298019389f7373a88629cdaec38082c577c24e124b1ba50b56d52007d2e8",
 }
 # Modules the test files import (test_optim.py: `from optim.test_optim import ...`), extracted
