@@ -99,6 +99,14 @@ SLOW = {
         "test_sparse_matmul",
         "test_bmm",
     ],
+    # 2-14 s each: torch.compile of jagged nested tensors (Inductor's C++ compile), 55 of the
+    # file's 80 s
+    "test_nestedtensor.py": [
+        "test_to_padded_tensor_compile_nt_dim_*",
+        "test_compile_padded_dense_conversion_preserves_metadata_cache",
+        "test_compile_preserves_metadata_cache",
+        "test_dummy_mha_with_nt_use_legacy_api_*",
+    ],
 }
 # Files that run only with PYTORCH_SUITES_FULL or when named in PYTORCH_SUITES_FILES: their
 # 4700 tests take 3 minutes on accel (2 cores), and test_sparse.py covers the same kernels.
