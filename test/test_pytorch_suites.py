@@ -133,6 +133,8 @@ INCOMPATIBLE = {
     "test_nestedtensor.py": ["TestNestedTensorOpInfo"],
 }
 ALWAYS_EXCLUDED = [f"{f}::{cls}*::*" for f, classes in INCOMPATIBLE.items() for cls in classes]
+# What this run leaves out (the slow tests unless FULL, the INCOMPATIBLE classes always).
+RUN_EXCLUDE = ALWAYS_EXCLUDED + ([] if FULL else EXCLUDE)
 DEBUG_MODES = ("ACCEL_LAUNCH_BLOCKING", "ACCEL_PROTECT_DEVICE_MEMORY")
 # No test starting or ending for this long is a hang: the subprocess is killed.
 HANG_SECONDS = float(os.environ.get("PYTORCH_SUITES_HANG_SECONDS", 180))
@@ -161,9 +163,10 @@ def load_known_failures() -> dict[str, str]:
 def known_in_run(known: dict[str, str], name: str) -> dict[str, str]:
     """The known failures of a file that this run selects (without SLOW's unless FULL)."""
     prefix = name + "::"
-    exclude = ALWAYS_EXCLUDED + ([] if FULL else EXCLUDE)
     return {
-        t: r for t, r in known.items() if t.startswith(prefix) and not excluded(t, "accel", exclude)
+        t: r
+        for t, r in known.items()
+        if t.startswith(prefix) and not excluded(t, "accel", RUN_EXCLUDE)
     }
 
 
@@ -199,7 +202,7 @@ def _environment(device: str, report: Path, deselect: Path) -> dict[str, str]:
     env["PYTORCH_SUITES_REPORT"] = str(report)
     env["PYTORCH_SUITES_DESELECT"] = str(deselect)
     env["PYTORCH_PRINT_REPRO_ON_FAILURE"] = "0"
-    env["PYTORCH_SUITES_EXCLUDE"] = ",".join(ALWAYS_EXCLUDED + ([] if FULL else EXCLUDE))
+    env["PYTORCH_SUITES_EXCLUDE"] = ",".join(RUN_EXCLUDE)
     if device == "cpu":
         env["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"  # the reference: plain torch
     else:
