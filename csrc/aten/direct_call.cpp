@@ -146,15 +146,14 @@ class Converter {
           nt->get_storage_offsets());
     }
     if (!r.is_nested()) {
-      const c10::DispatchKeySet keys =
-          base == nullptr ? c10::DispatchKeySet(c10::DispatchKey::PrivateUse1)
-                          : c10::DispatchKeySet(c10::DispatchKey::PrivateUse1) |
-                                c10::getAutogradRelatedKeySetFromBackend(
-                                    c10::BackendComponent::PrivateUse1Bit);
+      const c10::DispatchKeySet keys(c10::DispatchKey::PrivateUse1);
       auto impl = base == nullptr
                       ? c10::make_intrusive<c10::TensorImpl>(c10::Storage(storage), keys, r.dtype())
-                      : c10::make_intrusive<c10::TensorImpl>(c10::TensorImpl::VIEW,
-                                                             c10::Storage(storage), keys, r.dtype());
+                      : c10::make_intrusive<c10::TensorImpl>(
+                            c10::TensorImpl::VIEW, c10::Storage(storage),
+                            keys | c10::getAutogradRelatedKeySetFromBackend(
+                                       c10::BackendComponent::PrivateUse1Bit),
+                            r.dtype());
       impl->set_sizes_and_strides(r.sizes(), r.strides(), r.storage_offset());
       at::Tensor out(std::move(impl));
       if (r.is_conj()) out._set_conj(true);
