@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from helpers import assert_same
@@ -69,3 +70,47 @@ def test_views_and_in_place_ops_under_autograd():
     yc[:, 1].mul_(3)
     yc.unfold(0, 2, 1).sum().backward()
     assert_same(wa.grad, wc.grad)
+
+
+def _hessian_vector_product(device: str) -> torch.Tensor:
+    """Forward-over-reverse: the tangent of the gradient of sum(|x| * x) along v, with x
+    transposed (not contiguous)."""
+    torch.manual_seed(0)
+    x = torch.randn(4, 3, dtype=torch.float64).t().to(device)
+    v = torch.randn(3, 4, dtype=torch.float64).to(device)
+    return torch.func.jvp(torch.func.grad(lambda t: (t.abs() * t).sum()), (x,), (v,))[1]
+
+
+def test_forward_over_backward_matches_cpu():
+    # abs's backward calls sgn, whose tangent is an efficient zero tensor (no memory); forward AD
+    # copies it into a tangent laid out like the primal. That copy_ read a null pointer on accel
+    # (a segfault for a strided tangent: test_ops_fwd_gradients.py's linalg.eigh).
+    assert_same(_hessian_vector_product("accel"), _hessian_vector_product("cpu"))
+
+
+def test_efficient_zero_tensors_behave_as_on_cpu():
+    # ATen's ZeroTensor fallback materializes zero tensors except for a few operators it lets
+    # through to the device's kernel: copy_ (into and from them), dot, vdot, views.
+    def results(device: str) -> list[torch.Tensor]:
+        z = torch._efficientzerotensor(2, 3, dtype=torch.float64, device=device)
+        row = torch._efficientzerotensor(3, dtype=torch.float64, device=device)
+        v = torch.arange(3.0, dtype=torch.float64, device=device)
+        ones = lambda *shape: torch.ones(*shape, dtype=torch.float64, device=device)  # noqa: E731
+        return [
+            ones(2, 3).copy_(z),
+            ones(3, 2).t().copy_(z),  # strided destination
+            ones(2, 3).copy_(row),  # broadcast
+            ones(2, 3).copy_(z.t().t()[:, :]),
+            torch.ones(2, 3, dtype=torch.float64).copy_(z).to(device),  # into the CPU
+            ones(2, 3).copy_(torch._efficientzerotensor(2, 3, dtype=torch.float64)),  # from it
+            torch.dot(row, v),
+            torch.vdot(v, row),
+            z.t()[1] * 2.0,
+        ]
+
+    for actual, expected in zip(results("accel"), results("cpu"), strict=True):
+        assert_same(actual, expected)
+    z = torch._efficientzerotensor(2, 3, device="accel")
+    with pytest.raises(RuntimeError, match="ZeroTensors are immutable"):
+        z.copy_(torch.ones(2, 3, device="accel"))
+    assert torch.ones(2, device="accel").add(1).cpu().tolist() == [2.0, 2.0]

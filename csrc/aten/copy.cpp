@@ -245,6 +245,12 @@ void copy_with_torch_cuda(const at::Tensor& dst, const at::Tensor& src) {
 
 at::Tensor& copy_(at::Tensor& self, const at::Tensor& src, bool non_blocking) {
   TORCH_CHECK(self.defined() && src.defined(), "copy_: undefined tensor");
+  // ATen's ZeroTensor fallback lets copy_ through: a zero tensor (forward-mode AD's zero tangent)
+  // has no memory to copy from, or to write.
+  TORCH_CHECK(!self._is_zerotensor(),
+              "ZeroTensors are immutable. Please materialize the tensor "
+              "using `.clone()`, if you want a mutable zero tensor.");
+  if (src._is_zerotensor()) return self.zero_();
   if ((is_accel(self) && src.is_cuda()) || (self.is_cuda() && is_accel(src))) {
     copy_with_torch_cuda(self, src);
     return self;

@@ -43,6 +43,9 @@ c10::Storage KernelStorages::get(void* base, size_t nbytes) {
 Layout Layout::of(const at::Tensor& t, bool write) {
   Layout l;
   if (!t.defined()) return l;  // dtype Undefined
+  TORCH_CHECK(!t._is_zerotensor(),
+              "accel: an efficient zero tensor (no memory) reached a kernel "
+              "that reads its memory; materialize it with .clone() first");
   const c10::Storage& s = t.storage();
   l.base = write ? s.mutable_data() : const_cast<void*>(s.data());
   l.nbytes = s.nbytes();

@@ -58,6 +58,7 @@ class UnderlyingKernel final : public c10::OperatorKernel {
                   torch::jit::Stack* stack) {
     const OpConfig& c = *config_;
     resolve_ops(op);
+    materialize_zero_tensors(*stack, op.schema().arguments().size());
     // The CPU fallback runs the cpu_op where there is one (the CPU has no kernel for
     // convolution_overrideable, for one).
     const c10::OperatorHandle& fallback_op = cpu_op_ ? *cpu_op_ : op;

@@ -5,6 +5,7 @@
 #include <ATen/Parallel.h>
 #include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/ops/zeros.h>
 #include <ATen/record_function.h>
 #include <c10/util/Exception.h>
 
@@ -99,6 +100,16 @@ BufferPool& buffer_pool() {
 }
 
 }  // namespace
+
+void materialize_zero_tensors(torch::jit::Stack& stack, size_t n) {
+  for (size_t i = stack.size() - n; i < stack.size(); ++i) {
+    c10::IValue& v = stack[i];
+    if (v.isTensor() && v.toTensor()._is_zerotensor()) {
+      const at::Tensor& zero = v.toTensor();
+      v = at::zeros(zero.sizes(), zero.options());
+    }
+  }
+}
 
 SerialScope::SerialScope() {
   const OmpThreads& o = omp_threads();

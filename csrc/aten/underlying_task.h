@@ -51,6 +51,12 @@ struct WorkBuffers {
   void clear();
 };
 
+// Efficient zero tensors (the ZeroTensor key, no memory: forward-mode AD's zero tangents) reach
+// accel's kernels only for the operators ATen's ZeroTensor fallback lets through (dot, vdot): the
+// arguments among the last `n` of `stack` become real zeros, as the fallback makes them for every
+// other operator.
+void materialize_zero_tensors(torch::jit::Stack& stack, size_t n);
+
 // Buffers for a call: from a pool of buffers whose tasks are done (see underlying_task.cpp).
 std::unique_ptr<WorkBuffers> take_buffers();
 
