@@ -69,6 +69,13 @@ FILES: dict[str, str] = {
     "test_nestedtensor.py": "a5bf6472ef6799eb0a12c0be69397ccebe832e4290b58c9e2bc8db9c56423a26",
     "test_ops_gradients.py": "239061330170a4d05080925b0b8b8344db98b0f5c0dd9dfdbdc72b45a579d2cb",
     "test_masked.py": "d607298019389f7373a88629cdaec38082c577c24e124b1ba50b56d52007d2e8",
+    "test_transformers.py": "daafc48f17ed7bcb220d1d124905c0a07b14933d5b9a4f06f29dc73e151599cc",
+    "test_ops_fwd_gradients.py": (
+        "71d51bf5bcb03839f923167dfb18f6ce2613f4615918f3a810405c66d09c5719"
+    ),
+    "nn/test_multihead_attention.py": (
+        "038759a18781369d94eca0c0dd3997e2c15f0840b363a02b4b4f7ee5b4b93d82"
+    ),
 }
 # Modules the test files import (test_optim.py: `from optim.test_optim import ...`), extracted
 # with them but not run as files of their own.
@@ -81,6 +88,10 @@ SUPPORT: dict[str, str] = {
         "c18286cdf06915836501ed05c9dd05c1e1c5442bc71f7de230352a28fc557cef"
     ),
     "autograd/test_logging.py": "b8c134fa6e68f2b7bbc1b7cc715fa7f18b143391c3bf179dc8e15d590e2e6896",
+    # test_transformers.py imports generate_faked_module from it
+    "test_cpp_extensions_open_device_registration.py": (
+        "5db9efc0218edb67f7b901948323f0086b92dbad60507ba8a534e1067a10f82a"
+    ),
 }
 EXTRACTED: dict[str, str] = {**FILES, **SUPPORT}
 

@@ -17,6 +17,9 @@ On accel ($PYTORCH_SUITES_DEVICE=accel) the device is synchronized after each te
 that a stream task found (an index out of range checked in the kernel) fails the test that
 enqueued the work, instead of the next test that happens to synchronize.
 
+Classes instantiated for both the CPU and cuda are instantiated for accel too (see
+_instantiate_cpu_and_cuda_classes_for_accel).
+
 It also adds back the few names of torch's testing utilities that the v2.6.0 files import and
 torch 2.11 removed (see _compat_shims), so that the files import at all, and rebinds the
 `super(self.__class__, self)` of v2.6.0's test_linalg.py (see _fix_super_of_own_class).
@@ -61,6 +64,14 @@ def _compat_shims() -> None:
 
         common_mkldnn.bf32_on_and_off = bf32_on_and_off
 
+    from torch.testing._internal import common_utils
+
+    # Moved to torch.utils._dtype_abbrs after 2.6; test_meta.py imports it from common_utils.
+    if not hasattr(common_utils, "dtype_abbrs"):
+        from torch.utils._dtype_abbrs import dtype_abbrs
+
+        common_utils.dtype_abbrs = dtype_abbrs
+
     from torch.nn.attention import flex_attention
 
     # Removed after 2.6; test_nestedtensor.py imports it for its flex_attention tests, which
@@ -73,9 +84,32 @@ def _compat_shims() -> None:
         flex_attention.create_nested_block_mask = create_nested_block_mask
 
 
+def _instantiate_cpu_and_cuda_classes_for_accel() -> None:
+    """A class instantiated `only_for=("cpu", "cuda")` (test_transformers.py's TestTransformers,
+    TestSDPA, TestAttnBias; test_autograd.py's TestAutogradMultipleDispatch) is device-generic
+    code that names the two devices PyTorch's CI has: it is instantiated for accel too. A class
+    for one of them only (`only_for="cuda"`, TestSDPACudaOnly) stays that device's."""
+    import torch
+    from torch.testing._internal import common_device_type
+
+    instantiate = common_device_type.instantiate_device_type_tests
+    if getattr(instantiate, "_accel_suites", False):
+        return
+    backend = torch._C._get_privateuse1_backend_name()
+
+    def instantiate_device_type_tests(*args: Any, only_for: Any = None, **kwargs: Any) -> Any:
+        if isinstance(only_for, (tuple, list)) and {"cpu", "cuda"} <= set(only_for):
+            only_for = (*only_for, backend)
+        return instantiate(*args, only_for=only_for, **kwargs)
+
+    instantiate_device_type_tests._accel_suites = True  # type: ignore[attr-defined]
+    common_device_type.instantiate_device_type_tests = instantiate_device_type_tests
+
+
 def pytest_configure(config: pytest.Config) -> None:
     global _OUT
     _compat_shims()
+    _instantiate_cpu_and_cuda_classes_for_accel()
     path = os.environ.get("PYTORCH_SUITES_REPORT")
     if path:
         _OUT = open(path, "a", encoding="utf-8")  # noqa: SIM115 (open for the whole session)
