@@ -65,6 +65,24 @@ def test_rng_state_round_trips():
         torch.accel.set_rng_state(torch.zeros(5, dtype=torch.uint8))
 
 
+def test_rng_state_under_fake_tensors_is_a_real_tensor():
+    # Dynamo traces under FakeTensorMode, and code it traces reads generator states (AOTAutograd's
+    # rng wrappers): the state was allocated through the dispatcher, got a fake tensor with no
+    # memory, and writing the seed into it killed the process.
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+    torch.accel.manual_seed(5)
+    expected = torch.accel.get_rng_state()
+    with FakeTensorMode():
+        state = torch.accel.get_rng_state()
+        fake = torch.empty(16, dtype=torch.uint8)
+    assert not isinstance(state, FakeTensor) and torch.equal(state, expected)
+    assert isinstance(fake, FakeTensor)
+    with pytest.raises(RuntimeError, match="no data"):
+        torch.accel.default_generators[0].set_state(fake)
+    assert torch.equal(torch.accel.get_rng_state(), expected)
+
+
 def test_dropout_masks_are_reproducible_and_scaled():
     x = torch.ones(10_000, device="accel")
     torch.accel.manual_seed(21)

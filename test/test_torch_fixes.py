@@ -120,3 +120,89 @@ def test_compiled_flex_attention_on_accel_runs_eagerly_or_says_why() -> None:
         with pytest.raises(Exception, match="flex_attention under torch.compile is not supported"):
             torch.compile(flex_attention, fullgraph=True)(q, k, v)
     torch._dynamo.reset()
+
+
+def test_torch_still_refuses_rng_state_operators_on_renamed_backends() -> None:
+    # Fails once rng_prims saves and restores a PrivateUse1 backend's generator itself
+    # (pytorch/pytorch#193113): then remove the fix from _torch_fixes.py, and this test.
+    from torch._C import DispatchKey
+    from torch._prims.rng_prims import run_and_save_rng_state
+
+    torch_kernel = run_and_save_rng_state.py_kernels[DispatchKey.BackendSelect].torch_kernel
+    with pytest.raises(AssertionError, match="Backend not supported"):
+        torch_kernel(torch.ops.aten.rand_like.default, torch.zeros(3, device="accel"))
+
+
+def _checkpointed_dropout(backend: str, device: str) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Two calls of a block recomputed in the backward (activation checkpointing) with dropout
+    inside: the outputs and the input's gradients."""
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(64, 64).to(device)
+
+    def block(x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.dropout(torch.relu(lin(x)), p=0.5, training=True)
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)
+
+    fn = f if backend == "eager" else torch.compile(f, backend=backend)
+    x = torch.randn(32, 64).to(device).requires_grad_()
+    results = []
+    for _ in range(2):
+        out = fn(x)
+        out.backward(torch.ones_like(out))
+        results.append((out.detach().cpu(), x.grad.cpu()))
+        x.grad = None
+    return results
+
+
+def test_checkpointed_dropout_under_aot_autograd_replays_accels_generator() -> None:
+    # AOTAutograd recomputes the dropout in the backward under run_with_rng_state, from the
+    # state run_and_save_rng_state saved in the forward: with accel's generator, the backward's
+    # mask is the forward's, and everything equals eager checkpointing (same seed).
+    torch._dynamo.reset()
+    compiled = _checkpointed_dropout("aot_eager", "accel")
+    for (out, grad), (eager_out, eager_grad) in zip(
+        compiled, _checkpointed_dropout("eager", "accel"), strict=True
+    ):
+        torch.testing.assert_close(out, eager_out, rtol=0, atol=0)
+        torch.testing.assert_close(grad, eager_grad, rtol=0, atol=0)
+        # About 3/4 of the outputs are zero (relu, then dropout with p=0.5): dropout dropped.
+        assert 0.6 < (out == 0).float().mean() < 0.9
+    # Other devices keep torch's own kernels.
+    cpu = _checkpointed_dropout("aot_eager", "cpu")
+    for (out, grad), (eager_out, eager_grad) in zip(
+        cpu, _checkpointed_dropout("eager", "cpu"), strict=True
+    ):
+        torch.testing.assert_close(out, eager_out, rtol=0, atol=0)
+        torch.testing.assert_close(grad, eager_grad, rtol=0, atol=0)
+
+
+def test_rng_state_operators_save_and_restore_accels_generator() -> None:
+    from torch._prims.rng_prims import run_and_save_rng_state, run_with_rng_state
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    rand_like = torch.ops.aten.rand_like.default
+    x = torch.zeros(5, device="accel")
+    state, first = run_and_save_rng_state(rand_like, x)
+    assert state.device.type == "cpu" and state.dtype == torch.uint8 and state.numel() == 16
+    second = torch.rand_like(x)
+    # The saved state replays the first draw and leaves the generator where it was.
+    after = torch.accel.get_rng_state()
+    again = run_with_rng_state(state, rand_like, x)
+    assert torch.equal(again.cpu(), first.cpu()) and not torch.equal(first.cpu(), second.cpu())
+    assert torch.equal(torch.accel.get_rng_state(), after)
+    # Also without a tensor argument (the device given), and under fake tensors (tracing).
+    replay = run_with_rng_state(state, torch.ops.aten.rand.default, [5], device="accel")
+    assert torch.equal(replay.cpu(), first.cpu())
+    # Each device's own generator: accel:1's draw replays, accel:0's generator is untouched.
+    on_1 = torch.zeros(5, device="accel:1")
+    before_0 = torch.accel.get_rng_state(0)
+    state_1, first_1 = run_and_save_rng_state(rand_like, on_1)
+    assert torch.equal(run_with_rng_state(state_1, rand_like, on_1).cpu(), first_1.cpu())
+    assert torch.equal(torch.accel.get_rng_state(0), before_0)
+    with FakeTensorMode() as mode:
+        fake_state, fake_out = run_and_save_rng_state(rand_like, mode.from_tensor(x))
+        assert fake_out.device == x.device and fake_out.shape == x.shape
+        fake_again = run_with_rng_state(fake_state, rand_like, mode.from_tensor(x))
+        assert fake_again.device == x.device

@@ -69,7 +69,7 @@ def _register() -> None:
     from torch_accel import distributed
 
     distributed._register()
-    # The one defect of torch 2.11 no extension point reaches (DLPack's device of accel tensors).
+    # The defects of torch 2.11 no extension point reaches (DLPack, flex_attention, rng_prims).
     from torch_accel import _torch_fixes
 
     _torch_fixes.install()

@@ -20,6 +20,17 @@ LTX-2 decoder) stop there. The check is wrapped: accel inputs pass as CUDA's do 
 included), all others go to torch's own check. PrivateUse1 was asked for in the review of
 pytorch/pytorch#148656 (which added hpu to the set); no upstream change makes the set
 extensible yet.
+
+``run_and_save_rng_state`` and ``run_with_rng_state`` (torch/_prims/rng_prims.py), the
+higher-order operators that AOTAutograd's partitioner wraps around random operators it recomputes
+in the backward (activation checkpointing with dropout inside a compiled region), pick the
+generator to save and restore from a fixed set of device types (cpu, cuda, hpu, xpu) and raise
+``AssertionError: Backend not supported for None`` for accel: ``torch.compile`` with the
+``aot_eager`` backend (and any AOTAutograd backend but Inductor, which lowers them itself) fails
+on accel tensors. Their BackendSelect and fake-tensor kernels are wrapped: accel arguments save
+and restore accel's generator (``torch.accel.get_rng_state``/``set_rng_state``), all others go to
+torch's own kernels. Removed by pytorch/pytorch#193113 ("Support PrivateUse1 backend in
+rng_prims RNG state HOPs", open; issue pytorch/pytorch#193112).
 """
 
 from __future__ import annotations
@@ -60,7 +71,84 @@ def _validate_device(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
     _original_validate_device(query, key, value)
 
 
+def _accel_device(args: tuple[object, ...], kwargs: dict[str, object]) -> torch.device | None:
+    """The accel device an rng_prims call runs on (its device= or its first tensor's), if any."""
+    device = kwargs.get("device")
+    if device is not None:
+        device = torch.device(device)  # type: ignore[arg-type]
+        return device if device.type == "accel" else None
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            return a.device if a.device.type == "accel" else None
+    return None
+
+
+def _run_and_save_rng_state(op: object, *args: object, **kwargs: object) -> tuple[object, object]:
+    device = _accel_device(args, kwargs)
+    return torch.accel.get_rng_state(device), op(*args, **kwargs)  # type: ignore[operator]
+
+
+def _run_with_rng_state(state: torch.Tensor, op: object, *args: object, **kwargs: object) -> object:
+    device = _accel_device(args, kwargs)
+    current = torch.accel.get_rng_state(device)
+    torch.accel.set_rng_state(state.cpu(), device)
+    try:
+        return op(*args, **kwargs)  # type: ignore[operator]
+    finally:
+        torch.accel.set_rng_state(current, device)
+
+
+def _run_with_fake_rng_state(state: object, op: object, *args: object, **kwargs: object) -> object:
+    # Fake tensors carry no generator state to restore (torch's fake kernels skip it too).
+    return op(*args, **kwargs)  # type: ignore[operator]
+
+
+def _wrap_rng_kernels(hop: object, accel_impl: object, fake_impl: object, leading: int) -> None:
+    """Routes the BackendSelect and fake-tensor kernels of one rng_prims operator to
+    `accel_impl` and `fake_impl` for accel arguments (`leading`: the arguments before the
+    operator's own, the state of run_with_rng_state)."""
+    from torch._C import DispatchKey
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    kernels = hop.py_kernels  # type: ignore[attr-defined]
+    modes = hop.python_key_table  # type: ignore[attr-defined]
+    backend_select = kernels[DispatchKey.BackendSelect]
+    if getattr(backend_select, "_accel_fix", False):
+        return
+    fake = modes[FakeTensorMode]
+
+    def on_backend_select(*args: object, **kwargs: object) -> object:
+        if _accel_device(args[leading + 1 :], kwargs) is not None:
+            return accel_impl(*args, **kwargs)  # type: ignore[operator]
+        return backend_select(*args, **kwargs)
+
+    def on_fake(mode: FakeTensorMode, *args: object, **kwargs: object) -> object:
+        if _accel_device(args[leading + 1 :], kwargs) is not None:
+            with mode:
+                return fake_impl(*args, **kwargs)  # type: ignore[operator]
+        return fake(mode, *args, **kwargs)
+
+    on_backend_select._accel_fix = True  # type: ignore[attr-defined]
+    on_backend_select.torch_kernel = backend_select  # type: ignore[attr-defined]
+    kernels[DispatchKey.BackendSelect] = on_backend_select
+    modes[FakeTensorMode] = on_fake
+    hop._dispatch_cache.clear()  # type: ignore[attr-defined]
+
+
 def install() -> None:
     """Applies the fixes (idempotent). Tensors of other devices see torch's own methods."""
     torch.Tensor.__dlpack_device__ = _dlpack_device  # type: ignore[method-assign]
     _flex._validate_device = _validate_device
+    rng_prims = importlib.import_module("torch._prims.rng_prims")
+    _wrap_rng_kernels(
+        rng_prims.run_and_save_rng_state,
+        _run_and_save_rng_state,
+        _run_and_save_rng_state,  # the state: a real tensor, as the CPU's and CUDA's are
+        leading=0,
+    )
+    _wrap_rng_kernels(
+        rng_prims.run_with_rng_state,
+        _run_with_rng_state,
+        _run_with_fake_rng_state,
+        leading=1,
+    )

@@ -1,6 +1,7 @@
 #include "device/generator.h"
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/EmptyTensor.h>
 #include <ATen/core/MT19937RNGEngine.h>
 #include <ATen/detail/CUDAHooksInterface.h>
 #include <ATen/ops/empty.h>
@@ -70,12 +71,19 @@ class AccelGeneratorImpl final : public c10::GeneratorImpl {
                 kStateBytes, " bytes (seed and offset), as returned by get_state(); got ",
                 state.numel(), " elements of ", state.dtype().name(), " on ", state.device());
     const auto* bytes = static_cast<const uint8_t*>(state.data());
+    TORCH_CHECK(bytes != nullptr,
+                "accel generator state has no data (a fake or meta tensor); pass the tensor "
+                "get_state() returned");
     std::memcpy(&seed_, bytes, 8);
     std::memcpy(&offset_, bytes + 8, 8);
   }
 
   c10::intrusive_ptr<c10::TensorImpl> get_state() const override {
-    at::Tensor t = at::empty({static_cast<int64_t>(kStateBytes)}, at::kByte);
+    // A CPU tensor made without the dispatcher, as the CPU's and CUDA's generators make theirs:
+    // under a Python mode (FakeTensorMode while Dynamo traces) at::empty would return its
+    // tensor, with no memory to write.
+    at::Tensor t = at::detail::empty_cpu({static_cast<int64_t>(kStateBytes)}, at::kByte,
+                                         /*pin_memory=*/false, std::nullopt);
     auto* bytes = static_cast<uint8_t*>(t.data_ptr());
     std::memcpy(bytes, &seed_, 8);
     std::memcpy(bytes + 8, &offset_, 8);
