@@ -70,6 +70,12 @@ FILES: dict[str, str] = {
     "test_ops_gradients.py": "239061330170a4d05080925b0b8b8344db98b0f5c0dd9dfdbdc72b45a579d2cb",
     "test_masked.py": "d607298019389f7373a88629cdaec38082c577c24e124b1ba50b56d52007d2e8",
     "test_transformers.py": "daafc48f17ed7bcb220d1d124905c0a07b14933d5b9a4f06f29dc73e151599cc",
+    "test_prims.py": "fb7782c21eae3cbb395aa2c728a23c50ff8c225e574928f4307534a3fd5c36a9",
+    "test_numpy_interop.py": "ed3dd8d49e0848b7e2f2c53483bf631a1ec776a0de7d87da3921839f30726aea",
+    "nn/test_parametrization.py": (
+        "90c93780b52015593c41a88c325a0d70a911a115305036295b1715c0e9cfe85b"
+    ),
+    "test_maskedtensor.py": "b551b37cd9e48d27feebfefd4e77ebcd77d6d1ca482fedf273d3582644535aee",
     "test_ops_fwd_gradients.py": (
         "71d51bf5bcb03839f923167dfb18f6ce2613f4615918f3a810405c66d09c5719"
     ),
