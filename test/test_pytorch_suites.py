@@ -27,7 +27,7 @@ Every mode leaves out the INCOMPATIBLE test classes (they cannot run against tor
 
 * default (make test): every file but those in FULL_ONLY, without the slow tests in SLOW
   (under 3 min on 2 cores);
-* PYTORCH_SUITES_FULL=1: every test of every file (about 90 min);
+* PYTORCH_SUITES_FULL=1: every test of every file (about 100 min);
 * PYTORCH_SUITES_FILES=test_a.py,test_b.py: those files only (without SLOW unless FULL too);
 * PYTORCH_SUITES_CPU=1 (with any): also runs the files on the CPU (plain torch, no
   torch_accel) as the reference: an accel failure whose CPU twin fails too is drift; checks that
@@ -126,6 +126,7 @@ FULL_ONLY = {
     "test_ops_fwd_gradients.py",  # 12.5 min: forward-mode AD of every OpInfo
     "test_maskedtensor.py",  # 1.5 min
     "test_schema_check.py",  # 10 min: every OpInfo under SchemaCheckMode (aliasing, mutation)
+    "test_modules.py",  # 7 min: every ModuleInfo (forward, gradients, memory formats)
 }
 EXCLUDE = [f"{f}::*::{name}_{{device}}*" for f, names in SLOW.items() for name in names]
 # Test classes of the v2.6.0 files that cannot run against torch 2.11 at all (every test fails

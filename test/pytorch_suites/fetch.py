@@ -76,6 +76,7 @@ FILES: dict[str, str] = {
         "90c93780b52015593c41a88c325a0d70a911a115305036295b1715c0e9cfe85b"
     ),
     "test_maskedtensor.py": "b551b37cd9e48d27feebfefd4e77ebcd77d6d1ca482fedf273d3582644535aee",
+    "test_modules.py": "c234b7624ad2777c5c63e4fc307be268513db26d502f3eaf216ea65055c57416",
     "test_schema_check.py": "b3bd7088b9d09bb2b30e8e4293326acbd250e7537d88450a057e76698adf0735",
     "test_ops_fwd_gradients.py": (
         "71d51bf5bcb03839f923167dfb18f6ce2613f4615918f3a810405c66d09c5719"
