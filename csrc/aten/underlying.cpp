@@ -58,7 +58,7 @@ class UnderlyingKernel final : public c10::OperatorKernel {
                   torch::jit::Stack* stack) {
     const OpConfig& c = *config_;
     resolve_ops(op);
-    materialize_zero_tensors(*stack, op.schema().arguments().size());
+    if (info_.zero_tensor_args) materialize_zero_tensors(*stack, op.schema().arguments().size());
     // The CPU fallback runs the cpu_op where there is one (the CPU has no kernel for
     // convolution_overrideable, for one).
     const c10::OperatorHandle& fallback_op = cpu_op_ ? *cpu_op_ : op;
@@ -152,8 +152,9 @@ class UnderlyingKernel final : public c10::OperatorKernel {
     bool tensor_returns_only = true;                  // results are tensors or tensor lists
     bool has_write_arguments = false;
     bool has_generator = false;
-    bool has_index_list = false;  // a Tensor?[] argument (indices)
-    int64_t serial_numel = 0;     // calls with fewer elements in every tensor run serially
+    bool has_index_list = false;    // a Tensor?[] argument (indices)
+    bool zero_tensor_args = false;  // ATen passes efficient zero tensors through (dot, vdot)
+    int64_t serial_numel = 0;       // calls with fewer elements in every tensor run serially
   };
 
   void resolve_ops(const c10::OperatorHandle& op) {
@@ -177,6 +178,7 @@ class UnderlyingKernel final : public c10::OperatorKernel {
              t->containedType(0)->containedType(0)->kind() == c10::TypeKind::TensorType);
       }
       info_.tensor_returns_only = returns_only_tensors(schema);
+      info_.zero_tensor_args = op.hasKernelForDispatchKey(c10::DispatchKey::ZeroTensor);
       info_.serial_numel = serial_numel(config_->name);
       cpu_op_ = find_op(config_->cpu_op);
       out_op_ = find_op(config_->out_variant);
