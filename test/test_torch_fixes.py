@@ -159,23 +159,18 @@ def _checkpointed_dropout(backend: str, device: str) -> list[tuple[torch.Tensor,
 def test_checkpointed_dropout_under_aot_autograd_replays_accels_generator() -> None:
     # AOTAutograd recomputes the dropout in the backward under run_with_rng_state, from the
     # state run_and_save_rng_state saved in the forward: with accel's generator, the backward's
-    # mask is the forward's, and everything equals eager checkpointing (same seed).
-    torch._dynamo.reset()
-    compiled = _checkpointed_dropout("aot_eager", "accel")
-    for (out, grad), (eager_out, eager_grad) in zip(
-        compiled, _checkpointed_dropout("eager", "accel"), strict=True
-    ):
-        torch.testing.assert_close(out, eager_out, rtol=0, atol=0)
-        torch.testing.assert_close(grad, eager_grad, rtol=0, atol=0)
-        # About 3/4 of the outputs are zero (relu, then dropout with p=0.5): dropout dropped.
-        assert 0.6 < (out == 0).float().mean() < 0.9
-    # Other devices keep torch's own kernels.
-    cpu = _checkpointed_dropout("aot_eager", "cpu")
-    for (out, grad), (eager_out, eager_grad) in zip(
-        cpu, _checkpointed_dropout("eager", "cpu"), strict=True
-    ):
-        torch.testing.assert_close(out, eager_out, rtol=0, atol=0)
-        torch.testing.assert_close(grad, eager_grad, rtol=0, atol=0)
+    # mask is the forward's, and everything equals eager checkpointing (same seed). The CPU
+    # keeps torch's own kernels, with the same result.
+    for device in ("accel", "cpu"):
+        torch._dynamo.reset()
+        compiled = _checkpointed_dropout("aot_eager", device)
+        for (out, grad), (eager_out, eager_grad) in zip(
+            compiled, _checkpointed_dropout("eager", device), strict=True
+        ):
+            torch.testing.assert_close(out, eager_out, rtol=0, atol=0)
+            torch.testing.assert_close(grad, eager_grad, rtol=0, atol=0)
+            # About 3/4 of the outputs are zero (relu, then dropout with p=0.5): dropout dropped.
+            assert 0.6 < (out == 0).float().mean() < 0.9
 
 
 def test_rng_state_operators_save_and_restore_accels_generator() -> None:

@@ -83,13 +83,15 @@ def _accel_device(args: tuple[object, ...], kwargs: dict[str, object]) -> torch.
     return None
 
 
-def _run_and_save_rng_state(op: object, *args: object, **kwargs: object) -> tuple[object, object]:
-    device = _accel_device(args, kwargs)
+def _run_and_save_rng_state(
+    device: torch.device, op: object, /, *args: object, **kwargs: object
+) -> tuple[object, object]:
     return torch.accel.get_rng_state(device), op(*args, **kwargs)  # type: ignore[operator]
 
 
-def _run_with_rng_state(state: torch.Tensor, op: object, *args: object, **kwargs: object) -> object:
-    device = _accel_device(args, kwargs)
+def _run_with_rng_state(
+    device: torch.device, state: torch.Tensor, op: object, /, *args: object, **kwargs: object
+) -> object:
     current = torch.accel.get_rng_state(device)
     torch.accel.set_rng_state(state.cpu(), device)
     try:
@@ -98,15 +100,18 @@ def _run_with_rng_state(state: torch.Tensor, op: object, *args: object, **kwargs
         torch.accel.set_rng_state(current, device)
 
 
-def _run_with_fake_rng_state(state: object, op: object, *args: object, **kwargs: object) -> object:
+def _run_with_fake_rng_state(
+    device: torch.device, state: object, op: object, /, *args: object, **kwargs: object
+) -> object:
     # Fake tensors carry no generator state to restore (torch's fake kernels skip it too).
     return op(*args, **kwargs)  # type: ignore[operator]
 
 
 def _wrap_rng_kernels(hop: object, accel_impl: object, fake_impl: object, leading: int) -> None:
     """Routes the BackendSelect and fake-tensor kernels of one rng_prims operator to
-    `accel_impl` and `fake_impl` for accel arguments (`leading`: the arguments before the
-    operator's own, the state of run_with_rng_state)."""
+    `accel_impl` and `fake_impl` (called with the accel device first, positionally: the
+    operator's own device= stays in its kwargs) for accel arguments
+    (`leading`: the arguments before the operator's own, the state of run_with_rng_state)."""
     from torch._C import DispatchKey
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -118,14 +123,16 @@ def _wrap_rng_kernels(hop: object, accel_impl: object, fake_impl: object, leadin
     fake = modes[FakeTensorMode]
 
     def on_backend_select(*args: object, **kwargs: object) -> object:
-        if _accel_device(args[leading + 1 :], kwargs) is not None:
-            return accel_impl(*args, **kwargs)  # type: ignore[operator]
+        device = _accel_device(args[leading + 1 :], kwargs)
+        if device is not None:
+            return accel_impl(device, *args, **kwargs)  # type: ignore[operator]
         return backend_select(*args, **kwargs)
 
     def on_fake(mode: FakeTensorMode, *args: object, **kwargs: object) -> object:
-        if _accel_device(args[leading + 1 :], kwargs) is not None:
+        device = _accel_device(args[leading + 1 :], kwargs)
+        if device is not None:
             with mode:
-                return fake_impl(*args, **kwargs)  # type: ignore[operator]
+                return fake_impl(device, *args, **kwargs)  # type: ignore[operator]
         return fake(mode, *args, **kwargs)
 
     on_backend_select._accel_fix = True  # type: ignore[attr-defined]
