@@ -326,6 +326,38 @@ def test_out_arguments_resize_warn_and_keep_strides_like_the_cpu(
         assert_same(out, out_cpu)
 
 
+def test_empty_out_arguments_take_the_cpu_kernels_shapes_and_strides(no_fallback: None) -> None:
+    """Found by PyTorch's test_ops.py (test_out): an empty out= tensor was sized from the meta
+    function even where the CPU kernel leaves it alone (of the right shape already: a batch of
+    zero linear systems) or sizes it otherwise (batch norm's statistics in eval mode)."""
+    torch.manual_seed(0)
+    a, b = torch.randn(0, 5, 5), torch.randn(0, 5)
+    x = torch.randn(3, 2, 4)
+    w, bias, mean, var = torch.randn(2), torch.randn(2), torch.zeros(2), torch.ones(2)
+
+    def calls(device: str) -> list[torch.Tensor]:
+        def on(t: torch.Tensor) -> torch.Tensor:
+            return t.to(device, copy=True)  # training updates the running statistics
+
+        solved = torch.empty(0, 5, device=device)  # the right shape, contiguous strides
+        torch.linalg.solve(on(a), on(b), out=solved)
+        results = [solved]
+        for training in (False, True):  # eval: the statistics stay empty; training: sized
+            normed = [torch.empty(0, device=device) for _ in range(3)]
+            args = (on(x), on(w), on(bias), on(mean), on(var))
+            torch.native_batch_norm(*args, training, 0.1, 1e-5, out=normed)
+            results += normed
+        return results
+
+    # Three times: the first call of a signature runs on the caller, later ones as tasks
+    # sized from what the first did.
+    for _ in range(3):
+        expected, got = calls("cpu"), calls("accel")
+        assert [(t.shape, t.stride()) for t in got] == [(t.shape, t.stride()) for t in expected]
+        for g, e in zip(got, expected, strict=True):
+            assert_same(g, e)
+
+
 def test_user_errors_have_the_cpu_messages() -> None:
     a = torch.randn(3, 4, device="accel")
     with pytest.raises(

@@ -251,9 +251,11 @@ class UnderlyingKernel final : public c10::OperatorKernel {
         // norm's statistics in eval mode, strides). A call that raises is not cached, and
         // leaves its out= tensors as they were (the CPU kernel checks before it resizes).
         const std::vector<std::optional<Layout>> before = written_layouts(*stack, begin);
-        // Empty out= tensors get their size here; others are for the CPU kernel to judge (it
-        // resizes only where the element count differs: logspace into a [2, 2] view keeps it).
-        resize_written(*computed, *stack, begin, /*only_empty=*/true);
+        // Empty out= tensors get their size here where a C++ meta function (the one the CPU
+        // kernel runs) gave it; others are for the CPU kernel to judge (it resizes only where
+        // the element count differs: logspace into a [2, 2] view keeps it). Python meta
+        // functions can disagree with the CPU kernel (batch norm's statistics in eval mode).
+        if (config_->meta != nullptr) resize_written(*computed, *stack, begin, /*only_empty=*/true);
         std::shared_ptr<CachedResult> seen;
         try {
           seen = run_on_caller(op, stack, device, true, computed.get());
@@ -355,8 +357,11 @@ class UnderlyingKernel final : public c10::OperatorKernel {
                       bool only_empty = false) const {
     for (size_t i = 0; i < info_.write_argument.size(); ++i) {
       if (!info_.out_argument[i] || !shapes.written[i]) continue;
-      if (only_empty && stack[begin + i].toTensor().numel() != 0) continue;
-      adopt_layout(stack[begin + i].toTensor(), *shapes.written[i]);
+      const at::Tensor& t = stack[begin + i].toTensor();
+      // Before the first call runs, only the empty out= tensors the kernel would resize: one
+      // of the right shape already keeps its strides (resize_output leaves it alone).
+      if (only_empty && (t.numel() != 0 || t.sizes().equals(shapes.written[i]->sizes))) continue;
+      adopt_layout(t, *shapes.written[i]);
     }
   }
 
@@ -521,7 +526,9 @@ class UnderlyingKernel final : public c10::OperatorKernel {
       const at::Tensor& t = (*stack)[begin + i].toTensor();
       const Layout before = Layout::of(t);
       if (before.changed_in(v)) {
-        seen->run_on_caller = true;  // the task could not apply this: keep calls synchronous
+        // The task could not apply this: keep calls synchronous. An empty out= tensor the
+        // kernel sized is sized before the task of later calls (seen->written) instead.
+        if (t.numel() != 0 || !info_.out_argument[i]) seen->run_on_caller = true;
         if (v.storage().data() == before.base) {
           t.unsafeGetTensorImpl()->set_sizes_and_strides(v.sizes(), v.strides(),
                                                          v.storage_offset());
