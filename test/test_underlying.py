@@ -358,6 +358,23 @@ def test_empty_out_arguments_take_the_cpu_kernels_shapes_and_strides(no_fallback
             assert_same(g, e)
 
 
+def test_batch_norm_statistics_written_into_a_lazy_clone_leave_its_source_alone(
+    no_fallback: None,
+) -> None:
+    """native_batch_norm's schema does not mark its running statistics as written. Found by
+    PyTorch's test_ops.py (test_cow_input): the update of a copy-on-write clone's statistics
+    reached the tensor it was cloned from."""
+    x = torch.randn(4, 3)
+    for device in ("cpu", "accel"):
+        mean, var = torch.zeros(3, device=device), torch.ones(3, device=device)
+        lazy_mean, lazy_var = torch._lazy_clone(mean), torch._lazy_clone(var)
+        torch.native_batch_norm(x.to(device), None, None, lazy_mean, lazy_var, True, 0.5, 1e-5)
+        assert torch.equal(mean.cpu(), torch.zeros(3)), device
+        assert torch.equal(var.cpu(), torch.ones(3)), device
+        torch.testing.assert_close(lazy_mean.cpu(), x.mean(0) * 0.5)
+        torch.testing.assert_close(lazy_var.cpu(), x.var(0) * 0.5 + 0.5)
+
+
 def test_user_errors_have_the_cpu_messages() -> None:
     a = torch.randn(3, 4, device="accel")
     with pytest.raises(

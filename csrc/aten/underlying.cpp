@@ -163,8 +163,16 @@ class UnderlyingKernel final : public c10::OperatorKernel {
       for (const c10::Argument& r : schema.returns()) {
         info_.return_alias.push_back(aliased_argument(schema, r));
       }
+      // native_batch_norm updates its running statistics in training without saying so in its
+      // schema: they are written too (a copy-on-write one gets its own memory first, as the
+      // CPU kernel's write gives it; else the write reached the tensor it was lazily cloned from).
+      const bool unannotated_stats =
+          std::string_view(config_->name) == "aten::native_batch_norm" ||
+          std::string_view(config_->name) == "aten::native_batch_norm.out";
       for (const c10::Argument& a : schema.arguments()) {
-        info_.write_argument.push_back(a.alias_info() != nullptr && a.alias_info()->isWrite());
+        info_.write_argument.push_back(
+            (a.alias_info() != nullptr && a.alias_info()->isWrite()) ||
+            (unannotated_stats && (a.name() == "running_mean" || a.name() == "running_var")));
         info_.out_argument.push_back(info_.write_argument.back() && a.is_out());
         info_.has_write_arguments = info_.has_write_arguments || info_.write_argument.back();
         const c10::TypePtr& t = a.type();
@@ -305,8 +313,9 @@ class UnderlyingKernel final : public c10::OperatorKernel {
       // An out= form with several outputs: run the functional form and copy into the outputs
       // (see codegen/gen_accel.py for why it is not called boxed).
       work.op = *functional_op_;
+      materialize_written(*stack, begin);
       for (size_t i = 0; i < n; ++i) {
-        if (!info_.write_argument[i]) buf.add().stash((*stack)[begin + i], false);
+        if (!info_.out_argument[i]) buf.add().stash((*stack)[begin + i], info_.write_argument[i]);
       }
       for (const std::optional<size_t>& arg : info_.return_alias) {
         buf.copy_into.push_back(Layout::of((*stack)[begin + *arg].toTensor()));
