@@ -375,6 +375,26 @@ def test_batch_norm_statistics_written_into_a_lazy_clone_leave_its_source_alone(
         torch.testing.assert_close(lazy_var.cpu(), x.var(0) * 0.5 + 0.5)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("given", ["weight", "bias"])
+def test_layer_norm_of_a_reduced_input_with_one_float_parameter(
+    dtype: torch.dtype, given: str, no_fallback: None
+) -> None:
+    """Found by a diffusers sweep (AdaLayerNormContinuous(bias=False) under layerwise casting,
+    which keeps norms in float32): the missing parameter was made in the input's dtype next to
+    the float one, which ATen's kernel refuses, from the second call on (at the next sync)."""
+    torch.manual_seed(0)
+    x, p = torch.randn(4, 7, 96).to(dtype), torch.randn(96)
+    weight, bias = (p, None) if given == "weight" else (None, p)
+    expected = torch.native_layer_norm(x, (96,), weight, bias, 1e-5)
+    on = {"weight": None if weight is None else weight.to("accel")}
+    on["bias"] = None if bias is None else bias.to("accel")
+    for _ in range(3):  # the first call runs on the caller, later ones as tasks
+        got = torch.native_layer_norm(x.to("accel"), (96,), on["weight"], on["bias"], 1e-5)
+        for g, e in zip(got, expected, strict=True):
+            assert_same(g, e)  # the statistics in float, as the CPU's
+
+
 def test_user_errors_have_the_cpu_messages() -> None:
     a = torch.randn(3, 4, device="accel")
     with pytest.raises(

@@ -42,11 +42,19 @@ at::Tensor contiguous_or_undefined(const c10::IValue& v) {
   return t.defined() ? t.contiguous() : t;
 }
 
+// The dtype of the parameters: the weight's or else the bias's (ATen's CPU kernels take float
+// ones for a reduced-precision input), the input's without either.
+c10::ScalarType param_dtype(const at::Tensor& x, const at::Tensor& gamma, const at::Tensor& beta) {
+  return gamma.defined()  ? gamma.scalar_type()
+         : beta.defined() ? beta.scalar_type()
+                          : x.scalar_type();
+}
+
 // The dtype of mean and rstd in ATen's CPU kernels: float for reduced-precision inputs with
-// float parameters, the input's dtype otherwise.
-c10::ScalarType stats_dtype(const at::Tensor& x, const at::Tensor& gamma) {
-  const bool mixed = at::isReducedFloatingType(x.scalar_type()) && gamma.defined() &&
-                     gamma.scalar_type() == at::kFloat;
+// float parameters (a weight, a bias or both), the input's dtype otherwise.
+c10::ScalarType stats_dtype(const at::Tensor& x, const at::Tensor& gamma, const at::Tensor& beta) {
+  const bool mixed =
+      at::isReducedFloatingType(x.scalar_type()) && param_dtype(x, gamma, beta) == at::kFloat;
   return mixed ? at::kFloat : x.scalar_type();
 }
 
@@ -84,7 +92,7 @@ void native_layer_norm_into(torch::jit::Stack& args, const std::vector<at::Tenso
   // mean and rstd have the leading dimensions of the input and 1s after; the kernel writes
   // them as M values of stats_dtype() (the results have that dtype too: the first call of a
   // signature runs the CPU operator and later calls allocate what it returned).
-  const c10::ScalarType stats = stats_dtype(x, gamma);
+  const c10::ScalarType stats = stats_dtype(x, gamma, beta);
   Output mean(results[1], stats);
   Output rstd(results[2], stats);
 #ifdef ACCEL_ATEN_CPU_STUBS
@@ -92,8 +100,10 @@ void native_layer_norm_into(torch::jit::Stack& args, const std::vector<at::Tenso
   at::Tensor rstd_rows = rstd.work.view({r.m});
   // ATen's CPU kernel vectorizes the normalization only when both weight and bias are given
   // (a scalar loop otherwise, about twice as slow): ones and zeros leave the values as they are.
-  const at::Tensor weight = gamma.defined() ? gamma : at::ones({r.n}, x.options());
-  const at::Tensor bias = beta.defined() ? beta : at::zeros({r.n}, x.options());
+  // They take the dtype of the parameter given: the kernel wants both float or both the input's.
+  const at::TensorOptions params = x.options().dtype(param_dtype(x, gamma, beta));
+  const at::Tensor weight = gamma.defined() ? gamma : at::ones({r.n}, params);
+  const at::Tensor bias = beta.defined() ? beta : at::zeros({r.n}, params);
   at::native::LayerNormKernel(c10::kCPU, x, weight, bias, r.m, r.n, eps, &y.work, &mean_rows,
                               &rstd_rows);
 #else
@@ -117,7 +127,7 @@ void native_layer_norm_backward_into(torch::jit::Stack& args,
   const size_t normalized_ndim = args[2].toDimVector().size();
   const at::Tensor gamma = contiguous_or_undefined(args[5]);
   // The statistics in the dtype the kernel reads (see native_layer_norm_into).
-  const c10::ScalarType stats = stats_dtype(x, gamma);
+  const c10::ScalarType stats = stats_dtype(x, gamma, contiguous_or_undefined(args[6]));
   const at::Tensor mean = args[3].toTensor().to(stats).contiguous();
   const at::Tensor rstd = args[4].toTensor().to(stats).contiguous();
   const Rows r = rows_of(x, normalized_ndim);
