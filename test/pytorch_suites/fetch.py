@@ -81,6 +81,7 @@ FILES: dict[str, str] = {
     "test_ops_fwd_gradients.py": (
         "71d51bf5bcb03839f923167dfb18f6ce2613f4615918f3a810405c66d09c5719"
     ),
+    "test_ops.py": "f8a969a6d2db131417d5663ce2e1e0c3968c71ec8eafd139655ef41cba557c7c",
     "nn/test_multihead_attention.py": (
         "038759a18781369d94eca0c0dd3997e2c15f0840b363a02b4b4f7ee5b4b93d82"
     ),
