@@ -126,8 +126,10 @@ void native_layer_norm_backward_into(torch::jit::Stack& args,
   const at::Tensor x = args[1].toTensor().contiguous();
   const size_t normalized_ndim = args[2].toDimVector().size();
   const at::Tensor gamma = contiguous_or_undefined(args[5]);
+  // Only its dtype is read here (and ATen's kernel takes it as it is).
+  const at::Tensor beta = args[6].isNone() ? at::Tensor() : args[6].toTensor();
   // The statistics in the dtype the kernel reads (see native_layer_norm_into).
-  const c10::ScalarType stats = stats_dtype(x, gamma, contiguous_or_undefined(args[6]));
+  const c10::ScalarType stats = stats_dtype(x, gamma, beta);
   const at::Tensor mean = args[3].toTensor().to(stats).contiguous();
   const at::Tensor rstd = args[4].toTensor().to(stats).contiguous();
   const Rows r = rows_of(x, normalized_ndim);
@@ -143,8 +145,7 @@ void native_layer_norm_backward_into(torch::jit::Stack& args,
     const std::array<bool, 3> mask = {dx.work.defined(), dgamma.work.defined(),
                                       dbeta.work.defined()};
     const auto [gx, gg, gb] = at::native_layer_norm_backward(
-        dy, x, x.sizes().slice(x.dim() - normalized_ndim), mean, rstd, gamma,
-        args[6].isNone() ? std::optional<at::Tensor>() : args[6].toTensor(), mask);
+        dy, x, x.sizes().slice(x.dim() - normalized_ndim), mean, rstd, gamma, beta, mask);
     for (auto [from, to] : {std::pair{gx, dx.work}, {gg, dgamma.work}, {gb, dbeta.work}}) {
       if (to.defined()) to.copy_(from);
     }

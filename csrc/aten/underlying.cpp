@@ -309,11 +309,11 @@ class UnderlyingKernel final : public c10::OperatorKernel {
     Work work{cpu_op_ ? *cpu_op_ : op,
               std::unique_ptr<WorkBuffers, RecycleBuffers>(take_buffers().release())};
     WorkBuffers& buf = *work.buf;
+    materialize_written(*stack, begin);
     if (functional_op_) {
       // An out= form with several outputs: run the functional form and copy into the outputs
       // (see codegen/gen_accel.py for why it is not called boxed).
       work.op = *functional_op_;
-      materialize_written(*stack, begin);
       for (size_t i = 0; i < n; ++i) {
         if (!info_.out_argument[i]) buf.add().stash((*stack)[begin + i], info_.write_argument[i]);
       }
@@ -321,7 +321,6 @@ class UnderlyingKernel final : public c10::OperatorKernel {
         buf.copy_into.push_back(Layout::of((*stack)[begin + *arg].toTensor()));
       }
     } else {
-      materialize_written(*stack, begin);
       for (size_t i = begin; i < stack->size(); ++i) {
         buf.add().stash((*stack)[i], info_.write_argument[i - begin]);
       }
