@@ -100,6 +100,9 @@ SLOW = {
         "test_sparse_matmul",
         "test_bmm",
     ],
+    # 7-18 s each, 60 of the file's 122 s: they run on the CPU whatever the device (they move
+    # their tensors only to cuda), so accel gains nothing from them
+    "test_nn.py": ["test_masked_softmax*"],
     # 2-14 s each: torch.compile of jagged nested tensors (Inductor's C++ compile), 55 of the
     # file's 80 s
     "test_nestedtensor.py": [

@@ -85,6 +85,9 @@ FILES: dict[str, str] = {
     "nn/test_multihead_attention.py": (
         "038759a18781369d94eca0c0dd3997e2c15f0840b363a02b4b4f7ee5b4b93d82"
     ),
+    "test_nn.py": "c9652508631359eb390d0885a3370b8e0de7b68e915a25e725ff9b61d222f13c",
+    "test_native_mha.py": "5467ae1c1ad93f92b4d0b319b77aae87ad51ac00a69246bc1ba426d418aeab23",
+    "test_complex.py": "91a3aebab28110a3931774a37ea370ef60d96ab7acb34657451d32aa963afb50",
 }
 # Modules the test files import (test_optim.py: `from optim.test_optim import ...`), extracted
 # with them but not run as files of their own.
