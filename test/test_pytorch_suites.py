@@ -144,6 +144,8 @@ INCOMPATIBLE = {
     # torch 2.11's njt_op_db yields SampleInputs from sample_inputs(use_subtests=True) where the
     # file unpacks (sample, subtest context) pairs: "too many values to unpack" in all 816 tests
     "test_nestedtensor.py": ["TestNestedTensorOpInfo"],
+    # the same change (sample_inputs(use_subtests=True)): 1221 of its tests fail on the CPU too
+    "functorch/test_vmap.py": ["TestVmapOperatorsOpInfo"],
 }
 # Tests left out in every mode for their time: file: test name patterns.
 NOT_RUN = {

@@ -88,6 +88,10 @@ FILES: dict[str, str] = {
     "test_nn.py": "c9652508631359eb390d0885a3370b8e0de7b68e915a25e725ff9b61d222f13c",
     "test_native_mha.py": "5467ae1c1ad93f92b4d0b319b77aae87ad51ac00a69246bc1ba426d418aeab23",
     "test_complex.py": "91a3aebab28110a3931774a37ea370ef60d96ab7acb34657451d32aa963afb50",
+    "functorch/test_eager_transforms.py": (
+        "f0a8cfcff24e1ed0782306868682a1d0831c8e69ca78ab50a9f193775d222d73"
+    ),
+    "functorch/test_vmap.py": "4aea471f3c67195482c6d9ccb1cd63a70af33dca775cdbe855ae1386453b1f03",
 }
 # Modules the test files import (test_optim.py: `from optim.test_optim import ...`), extracted
 # with them but not run as files of their own.
@@ -100,6 +104,11 @@ SUPPORT: dict[str, str] = {
         "c18286cdf06915836501ed05c9dd05c1e1c5442bc71f7de230352a28fc557cef"
     ),
     "autograd/test_logging.py": "b8c134fa6e68f2b7bbc1b7cc715fa7f18b143391c3bf179dc8e15d590e2e6896",
+    # functorch's test files import them as top-level modules (pytest puts functorch/ on the path)
+    "functorch/common_utils.py": "7c6ca4f68d3c9d93e3aeb6c5ad33aafde070d65e1366a1350b5287ed73a648c2",
+    "functorch/functorch_additional_op_db.py": (
+        "30931c43c3977c9ba3db7bdd9eb9533240aeb02ce433b611fd397877f63f78ef"
+    ),
     # test_transformers.py imports generate_faked_module from it
     "test_cpp_extensions_open_device_registration.py": (
         "5db9efc0218edb67f7b901948323f0086b92dbad60507ba8a534e1067a10f82a"
