@@ -106,7 +106,8 @@ test-cpp: build-cpp
 # memory protected (a stray host access to device memory crashes there instead of passing).
 # torch.compile's suite is test-compile's. The debug configurations skip the tests they cannot
 # change (test/conftest.py: config_independent, and run_python's fresh interpreters).
-COMPILE_TESTS := test/test_compile.py test/test_compile_fused.py test/test_compile_models.py
+COMPILE_TESTS := test/test_compile.py test/test_compile_fused.py test/test_compile_models.py \
+                 test/test_compile_modes.py
 NOT_COMPILE := $(addprefix --ignore=,$(COMPILE_TESTS))
 test-python: test-python-default test-python-debug
 
@@ -131,11 +132,12 @@ test-compile: install
 # whole when it ends. torch.compile's suite is split between the lanes to even them out (about
 # 14 minutes each from a fresh clone, 2 cores). TEST_LANES=1 runs them one after the other.
 TEST_LANES ?= 2
+COMPILE_IN_DEBUG_LANE := test/test_compile_models.py test/test_compile_modes.py
 test-lane-default: test-python-default
-	$(PY) -m pytest -q -p no:cacheprovider $(filter-out test/test_compile_models.py,$(COMPILE_TESTS))
+	$(PY) -m pytest -q -p no:cacheprovider $(filter-out $(COMPILE_IN_DEBUG_LANE),$(COMPILE_TESTS))
 
 test-lane-debug: test-python-debug
-	$(PY) -m pytest -q -p no:cacheprovider test/test_compile_models.py
+	$(PY) -m pytest -q -p no:cacheprovider $(COMPILE_IN_DEBUG_LANE)
 
 # Every suite on the cuda driver (ACCEL_DRIVER=cuda) where this build has one and a GPU is
 # present; elsewhere it says why it skipped (the runtime's reason) and succeeds.

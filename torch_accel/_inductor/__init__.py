@@ -12,7 +12,9 @@ accel compile), so that importing torch_accel stays cheap:
   it);
 - ``register_device_op_overrides("accel", ...)``: the wrapper's device guard, set_device,
   synchronize and raw-stream snippets (device_ops.py);
-- the operators accel keeps whole (decompositions.py: ``native_layer_norm``).
+- the operators accel keeps whole (decompositions.py: ``native_layer_norm``);
+- one choice per matrix product for ``max-autotune`` (heuristics.py: Inductor cannot time
+  accel kernels).
 
 Everything goes through PyTorch's registration functions; nothing of torch is patched.
 """
@@ -39,7 +41,7 @@ def register() -> None:
             register_device_op_overrides,
         )
 
-        from torch_accel._inductor import decompositions
+        from torch_accel._inductor import decompositions, heuristics
         from torch_accel._inductor.device_ops import AccelDeviceOpOverrides
         from torch_accel._inductor.interface import AccelInterface
         from torch_accel._inductor.passes import AccelPostGradPass
@@ -51,6 +53,7 @@ def register() -> None:
         )
         register_device_op_overrides("accel", AccelDeviceOpOverrides())
         decompositions.apply()
+        heuristics.apply()
         register_interface_for_device("accel", AccelInterface)
         for i in range(torch.accel.device_count()):  # type: ignore[attr-defined]
             register_interface_for_device(f"accel:{i}", AccelInterface)
