@@ -127,3 +127,43 @@ def test_max_autotune_trains_a_linear_model_under_autocast() -> None:
     for p, q in zip(model.parameters(), reference.parameters(), strict=True):
         assert p.grad is not None and p.grad.dtype == torch.float32
         torch.testing.assert_close(p.grad, q.grad, atol=1e-2, rtol=1e-2)
+
+
+def test_cpp_wrapper_and_aot_inductor_refuse_accel_saying_so() -> None:
+    # Not written yet for accel (torch_accel/_inductor/wrapper.py says why); torch 2.11 itself
+    # asserted "Device accel not supported". The device stays usable after each refusal.
+    model = torch.nn.Linear(16, 8).to(ACCEL)
+    x = torch.randn(4, 16, device=ACCEL)
+    with pytest.raises(Exception, match=r"cpp_wrapper.*not supported on accel yet"):
+        torch.compile(model, options={"cpp_wrapper": True})(x)
+    exported = torch.export.export(model, (x,))
+    with pytest.raises(Exception, match=r"AOTInductor.*not supported on accel yet"):
+        torch._inductor.aoti_compile_and_package(exported)
+    torch._dynamo.reset()
+    torch.testing.assert_close(torch.compile(model)(x), model(x))
+
+
+def test_combo_kernels_leave_accel_nodes_to_the_cpp_backend() -> None:
+    # combo_kernels=True combined accel's C++ nodes as Triton's and failed an assertion
+    # ("type(self)=<class 'torch._inductor.scheduler.Scheduler'>"); accel's nodes stay out of
+    # combo kernels, as the CPU's do.
+    def f(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return a.sin(), b.cos() * 2, c.relu().sum(), (a + b).exp()
+
+    args = [torch.randn(64, 8, device=ACCEL) for _ in range(3)]
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 2)).to(ACCEL)
+    reference = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 2)).to(ACCEL)
+    reference.load_state_dict(model.state_dict())
+    optimizers = [torch.optim.Adam(m.parameters(), lr=0.01) for m in (model, reference)]
+    with torch._inductor.config.patch(combo_kernels=True, fx_graph_cache=False):
+        for got, expected in zip(torch.compile(f)(*args), f(*args), strict=True):
+            torch.testing.assert_close(got, expected)
+        step = torch.compile(optimizers[0].step)
+        for _ in range(2):
+            for m in (model, reference):
+                m(args[0]).square().sum().backward()
+            step()
+            optimizers[1].step()
+    for p, q in zip(model.parameters(), reference.parameters(), strict=True):
+        torch.testing.assert_close(p, q)

@@ -6,15 +6,16 @@ accel compile), so that importing torch_accel stays cheap:
 
 - ``register_backend_for_device("accel", AccelCppScheduling, AccelWrapper, ...,
   device_custom_pass=AccelPostGradPass())``: the C++ backend within the device's kernel limits,
-  accel's wrapper code (kernels on streams, device indices, subgraphs), and the pass whose
-  identity keys the caches;
+  accel's wrapper code (kernels on streams, device indices, subgraphs), a C++ wrapper that
+  refuses with a message saying so (``cpp_wrapper``, AOTInductor), and the pass whose identity
+  keys the caches;
 - ``register_interface_for_device`` for ``accel`` and ``accel:N`` (reductions and streams need
   it);
 - ``register_device_op_overrides("accel", ...)``: the wrapper's device guard, set_device,
   synchronize and raw-stream snippets (device_ops.py);
 - the operators accel keeps whole (decompositions.py: ``native_layer_norm``);
-- one choice per matrix product for ``max-autotune`` (heuristics.py: Inductor cannot time
-  accel kernels).
+- one choice per matrix product, so that ``max-autotune`` compiles (Inductor cannot time
+  accel kernels), and no combo kernels of accel's C++ nodes (heuristics.py).
 
 Everything goes through PyTorch's registration functions; nothing of torch is patched.
 """
@@ -46,10 +47,14 @@ def register() -> None:
         from torch_accel._inductor.interface import AccelInterface
         from torch_accel._inductor.passes import AccelPostGradPass
         from torch_accel._inductor.scheduling import AccelCppScheduling
-        from torch_accel._inductor.wrapper import AccelWrapper
+        from torch_accel._inductor.wrapper import AccelCppWrapperRefusal, AccelWrapper
 
         register_backend_for_device(
-            "accel", AccelCppScheduling, AccelWrapper, device_custom_pass=AccelPostGradPass()
+            "accel",
+            AccelCppScheduling,
+            AccelWrapper,
+            AccelCppWrapperRefusal,
+            device_custom_pass=AccelPostGradPass(),
         )
         register_device_op_overrides("accel", AccelDeviceOpOverrides())
         decompositions.apply()
