@@ -75,6 +75,29 @@ def test_stream_record_event_and_wait_event():
     assert_same(y, torch.arange(10.0) * 4 - 1)
 
 
+def test_streams_record_accel_events_as_cuda_streams_record_cuda_events():
+    # torch.Stream.record_event refuses subclasses of torch.Event ("expected event to be a
+    # torch.Event object"); torch.accel.Stream records them, and makes one when given none.
+    s1, s2 = torch.accel.Stream(), torch.accel.Stream()
+    timed = torch.accel.Event(enable_timing=True), torch.accel.Event(enable_timing=True)
+    assert s1.record_event(timed[0]) is timed[0]
+    with torch.accel.stream(s1):
+        x = torch.arange(10.0, device="accel") * 4
+    ev = s1.record_event()
+    assert isinstance(ev, torch.accel.Event)
+    s1.record_event(timed[1])
+    s2.wait_event(ev)
+    with torch.accel.stream(s2):
+        y = x - 1
+    s2.synchronize()
+    assert_same(y, torch.arange(10.0) * 4 - 1)
+    assert ev.query()
+    assert timed[0].elapsed_time(timed[1]) >= 0.0
+    # A plain torch.Stream keeps torch's rule (the same as for torch.cuda.Event).
+    with pytest.raises(RuntimeError, match="expected event to be a torch.Event object"):
+        torch.accelerator.current_stream().record_event(torch.accel.Event())
+
+
 def test_interprocess_events_are_not_supported():
     with pytest.raises(NotImplementedError, match="between processes"):
         torch.accel.Event(interprocess=True)

@@ -33,6 +33,17 @@ class Stream(torch.Stream):
             device_type=stream.device_type,
         )
 
+    def record_event(self, event: torch.Event | None = None) -> torch.Event:
+        """Records ``event`` (a new ``torch.accel.Event`` if None) on this stream; returns it.
+
+        torch.Stream's own record_event takes a torch.Event of exactly that type and refuses
+        its subclasses ("expected event to be a torch.Event object"), so a torch.accel.Event
+        is recorded through the event, as torch.cuda.Stream does it."""
+        if event is None:
+            event = Event()
+        event.record(self)
+        return event
+
     def __repr__(self) -> str:
         return f"<torch.accel.Stream device={self.device} stream_id={self.stream_id}>"
 
