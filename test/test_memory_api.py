@@ -205,6 +205,24 @@ def test_devices_and_usage() -> None:
     assert torch.accel.device_memory_used() == total - free
 
 
+def test_torch_cuda_memory_names_that_apply_to_accel() -> None:
+    x = torch.ones(1000, device="accel")
+    for old, new in (
+        ("memory_cached", "memory_reserved"),
+        ("max_memory_cached", "max_memory_reserved"),
+    ):
+        with pytest.warns(FutureWarning, match=f"renamed to torch.accel.{new}"):
+            assert getattr(torch.accel, old)() == getattr(torch.accel, new)()
+    del x
+    torch.accel.empty_cache()
+    with pytest.warns(FutureWarning, match="renamed to torch.accel.reset_peak_memory_stats"):
+        torch.accel.reset_max_memory_cached()
+    assert torch.accel.max_memory_reserved() == torch.accel.memory_reserved()
+    assert torch.accel.get_allocator_backend() == "native"
+    assert not torch.accel.is_tf32_supported()
+    assert torch.accel.AcceleratorError is torch.AcceleratorError
+
+
 def _pool_of(t: torch.Tensor) -> tuple[int, int] | None:
     for seg in torch.accel.memory_snapshot():
         if seg["address"] <= t.data_ptr() < seg["address"] + seg["total_size"]:

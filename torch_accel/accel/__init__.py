@@ -51,8 +51,13 @@ from torch_accel.accel.streams import (
 )
 
 nvtx = profiler  # the name torch.cuda users look for
+# What accel raises when it runs out of memory, and for a lost device, under torch.cuda's names.
+OutOfMemoryError = torch.OutOfMemoryError
+AcceleratorError = torch.AcceleratorError
 
 __all__ = [
+    "AcceleratorError",
+    "OutOfMemoryError",
     "nvtx",
     "profiler",
     "AccelGraph",
@@ -81,6 +86,7 @@ __all__ = [
     "initial_seed",
     "is_available",
     "is_bf16_supported",
+    "is_tf32_supported",
     "is_initialized",
     "manual_seed",
     "manual_seed_all",
@@ -292,6 +298,11 @@ def get_device_capability(device: Any = None) -> tuple[int, int]:
 def is_bf16_supported(including_emulation: bool = True) -> bool:
     """bfloat16 works on every accel device (the host driver computes it on the CPU)."""
     return is_available()
+
+
+def is_tf32_supported() -> bool:
+    """False: accel's float32 matrix products compute in float32 (no TensorFloat-32 mode)."""
+    return False
 
 
 # --- the CPU fallback -----------------------------------------------------------------------

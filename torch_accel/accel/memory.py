@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import pickle
 import sys
+import warnings
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -27,13 +28,16 @@ __all__ = [
     "can_device_access_peer",
     "device_memory_used",
     "empty_cache",
+    "get_allocator_backend",
     "get_per_process_memory_fraction",
     "host_memory_stats",
     "host_memory_stats_as_nested_dict",
     "max_memory_allocated",
+    "max_memory_cached",
     "max_memory_reserved",
     "mem_get_info",
     "memory_allocated",
+    "memory_cached",
     "memory_reserved",
     "memory_snapshot",
     "memory_stats",
@@ -42,6 +46,7 @@ __all__ = [
     "reset_accumulated_host_memory_stats",
     "reset_accumulated_memory_stats",
     "reset_max_memory_allocated",
+    "reset_max_memory_cached",
     "reset_peak_host_memory_stats",
     "reset_peak_memory_stats",
     "set_per_process_memory_fraction",
@@ -97,6 +102,35 @@ def mem_get_info(device: Any = None) -> tuple[int, int]:
 def reset_max_memory_allocated(device: Any = None) -> None:
     """Resets the peaks of ``device``'s statistics (as torch.cuda, which does the same)."""
     reset_peak_memory_stats(device)
+
+
+def _renamed(old: str, new: str) -> None:
+    warnings.warn(
+        f"torch.accel.{old} has been renamed to torch.accel.{new}", FutureWarning, stacklevel=3
+    )
+
+
+def memory_cached(device: Any = None) -> int:
+    """Deprecated name of :func:`memory_reserved` (torch.cuda's too)."""
+    _renamed("memory_cached", "memory_reserved")
+    return memory_reserved(device)
+
+
+def max_memory_cached(device: Any = None) -> int:
+    """Deprecated name of :func:`max_memory_reserved` (torch.cuda's too)."""
+    _renamed("max_memory_cached", "max_memory_reserved")
+    return max_memory_reserved(device)
+
+
+def reset_max_memory_cached(device: Any = None) -> None:
+    """Deprecated: resets the peaks of ``device``'s statistics, as torch.cuda's does."""
+    _renamed("reset_max_memory_cached", "reset_peak_memory_stats")
+    reset_peak_memory_stats(device)
+
+
+def get_allocator_backend() -> str:
+    """The device allocator's name: ``"native"``, accel's caching allocator (the only one)."""
+    return "native"
 
 
 def _nested(flat: dict[str, int]) -> dict[str, Any]:
