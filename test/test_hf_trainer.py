@@ -1,0 +1,93 @@
+"""Hugging Face's Trainer and Accelerate train on accel, against the CPU.
+
+Accelerate picks its device from a fixed list (cuda, xpu, mps, npu, ...) and otherwise from
+``ACCELERATE_TORCH_DEVICE``; with ``ACCELERATE_TORCH_DEVICE=accel`` the Trainer puts the model
+and every batch on accel (pinned by its DataLoader) and trains there. Its ``bf16=True`` flag
+refuses every device transformers does not list (``is_torch_bf16_gpu_available``), and
+Accelerate's fp16 likewise; ``Accelerator(mixed_precision="bf16")`` runs under accel's autocast.
+
+Accelerate keeps its device in a process-wide singleton, so each run is a fresh interpreter.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+TRAIN = r"""
+import json, os, sys, tempfile
+os.environ["HF_HUB_OFFLINE"] = "1"
+import torch, transformers
+transformers.logging.set_verbosity_error()
+torch.manual_seed(0)
+config = transformers.LlamaConfig(
+    vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+    num_key_value_heads=2, intermediate_size=64, max_position_embeddings=64,
+)
+model = transformers.LlamaForCausalLM(config)
+g = torch.Generator().manual_seed(1)
+data = [{"input_ids": torch.randint(1, 64, (16,), generator=g)} for _ in range(16)]
+for d in data:
+    d["labels"] = d["input_ids"].clone()
+args = transformers.TrainingArguments(
+    output_dir=tempfile.mkdtemp(), per_device_train_batch_size=4, num_train_epochs=1,
+    learning_rate=1e-3, logging_steps=1, report_to=[], save_strategy="no", seed=0,
+    dataloader_pin_memory=True, use_cpu=sys.argv[1] == "cpu",
+)
+trainer = transformers.Trainer(model=model, args=args, train_dataset=data)
+trainer.train()
+accel = sys.argv[1] == "accel"
+print(json.dumps({
+    "device": str(next(model.parameters()).device),
+    "losses": [h["loss"] for h in trainer.state.log_history if "loss" in h],
+    "weight": model.lm_head.weight.detach().cpu().flatten()[:16].tolist(),
+    "fallbacks": torch.accel.fallback_stats() if accel else {},
+}))
+"""
+
+ACCELERATE_BF16 = r"""
+import json
+import torch
+from accelerate import Accelerator
+accelerator = Accelerator(mixed_precision="bf16")
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 1))
+opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+seen = []
+model[0].register_forward_hook(lambda m, i, o: seen.append(o.dtype))
+x, y = torch.randn(8, 8), torch.randn(8, 1)
+model, opt = accelerator.prepare(model, opt)
+loss = torch.nn.functional.mse_loss(model(x.to(accelerator.device)), y.to(accelerator.device))
+accelerator.backward(loss)
+opt.step()
+print(json.dumps({
+    "device": str(accelerator.device),
+    "inner": str(seen[0]),
+    "loss": loss.dtype == torch.float32 and loss.item(),
+}))
+"""
+
+
+def _run(run_python, code: str, *args: str, **env: str) -> dict:
+    result = run_python(f"import sys; sys.argv = ['-', *{list(args)!r}]\n" + code, **env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def test_trainer_trains_on_accel_like_on_the_cpu(run_python) -> None:
+    cpu = _run(run_python, TRAIN, "cpu")
+    env = {"ACCELERATE_TORCH_DEVICE": "accel", "ACCEL_FALLBACK": "error"}
+    accel = _run(run_python, TRAIN, "accel", **env)
+    assert cpu["device"] == "cpu" and accel["device"] == "accel:0"
+    assert len(accel["losses"]) == len(cpu["losses"]) == 4
+    assert accel["losses"] == pytest.approx(cpu["losses"], rel=1e-5)
+    assert accel["weight"] == pytest.approx(cpu["weight"], rel=1e-4, abs=1e-5)
+    assert accel["fallbacks"] == {}
+
+
+def test_accelerate_bf16_runs_under_accels_autocast(run_python) -> None:
+    out = _run(run_python, ACCELERATE_BF16, ACCELERATE_TORCH_DEVICE="accel")
+    assert out["device"] == "accel"
+    assert out["inner"] == "torch.bfloat16"  # the Linear ran in bfloat16 under autocast
+    assert out["loss"] > 0  # outputs converted back to float32 by Accelerate
