@@ -167,3 +167,23 @@ def test_combo_kernels_leave_accel_nodes_to_the_cpp_backend() -> None:
             optimizers[1].step()
     for p, q in zip(model.parameters(), reference.parameters(), strict=True):
         torch.testing.assert_close(p, q)
+
+
+def test_streams_and_events_trace_into_one_graph() -> None:
+    # Dynamo traces torch.Stream, torch.Event, `with stream:` and
+    # torch.accelerator.current_stream() on accel (README: torch.compile).
+    def f(a: torch.Tensor) -> torch.Tensor:
+        side = torch.Stream("accel")
+        done = torch.Event("accel")
+        b = a * 2
+        side.wait_stream(torch.accelerator.current_stream())
+        with side:
+            c = (b + 1).sin()
+            done.record()
+        torch.accelerator.current_stream().wait_event(done)
+        return c * b
+
+    a = torch.randn(1000, device=ACCEL)
+    expected = f(a)
+    got = torch.compile(f, fullgraph=True)(a)
+    torch.testing.assert_close(got, expected)
