@@ -1,4 +1,6 @@
-"""torch.compile's modes and options on accel, against eager.
+"""torch.compile's modes and options on accel, against eager; and graphs of PyTorch's own
+Inductor tests (test/inductor/test_torchinductor.py's CommonTemplate, run over accel) that
+failed on accel.
 
 ``mode="max-autotune"``: Inductor cannot time accel kernels (its benchmarker times every device
 but the CPU with CUDA events), so accel offers one choice per matrix product
@@ -187,3 +189,17 @@ def test_streams_and_events_trace_into_one_graph() -> None:
     expected = f(a)
     got = torch.compile(f, fullgraph=True)(a)
     torch.testing.assert_close(got, expected)
+
+
+def test_a_cpu_scalar_reduced_from_constants_feeds_accel_work() -> None:
+    # test_torchinductor.py's test_bernoulli1: the 0-dim CPU product of a constant reaches an
+    # accel division; moving it to accel raised "NotImplementedError: Reduction" in Inductor
+    # (torch_accel/_inductor/passes.py says why).
+    def f(a: torch.Tensor) -> torch.Tensor:
+        return a.sum() / torch.prod(torch.tensor(a.size())) + torch.tensor([2.0, 3.0]).amax()
+
+    a = torch.randn(20, 30, device=ACCEL)
+    with torch._inductor.config.patch(fx_graph_cache=False):
+        got = torch.compile(f)(a)
+    assert got.device == a.device
+    torch.testing.assert_close(got, f(a))

@@ -10,7 +10,10 @@ the cache key, so accel's entries are accel's own.
 A pointwise operator lowers onto the device of its first input unless another input is a GPU
 tensor (2.11's rule, and accel is not a GPU to Inductor): ``s * x`` with a 0-dim CPU ``s`` and an
 accel ``x`` would become a CPU kernel reading accel memory. The pass puts such scalars on the
-operator's accel device first (a stream-ordered copy).
+operator's accel device first (a stream-ordered copy). A scalar computed from the graph's
+constants alone goes through a copy of its own first (``torch.prod(torch.tensor(x.size()))``):
+Inductor moves such a value by recomputing it on the target device, which it cannot do for a
+reduction (``NotImplementedError: Reduction`` from ``DeviceCopy.create``).
 """
 
 from __future__ import annotations
@@ -39,12 +42,22 @@ def _val(node: Any) -> Any:
     return node.meta.get("val") if isinstance(node, torch.fx.Node) else None
 
 
+def _from_constants(graph: torch.fx.Graph) -> set[torch.fx.Node]:
+    """The nodes computed from the graph's constants alone (no graph input reaches them)."""
+    found: set[torch.fx.Node] = set()
+    for node in graph.nodes:  # in topological order
+        if node.op != "placeholder" and all(n in found for n in node.all_input_nodes):
+            found.add(node)
+    return found
+
+
 class AccelPostGradPass(CustomGraphModulePass):
     def __call__(self, gm: torch.fx.GraphModule) -> None:
         from torch_accel._inductor import fusion_patterns
 
         fusion_patterns.apply(gm)
         graph = gm.graph
+        from_constants = _from_constants(graph)
         for node in list(graph.nodes):
             if node.op != "call_function":
                 continue
@@ -64,8 +77,12 @@ class AccelPostGradPass(CustomGraphModulePass):
                 v = _val(arg)
                 if isinstance(v, torch.Tensor) and v.device.type == "cpu" and v.dim() == 0:
                     with graph.inserting_before(node):
+                        source = arg
+                        if arg.op == "call_function" and arg in from_constants:
+                            source = graph.call_function(torch.ops.aten.clone.default, (arg,))
+                            source.meta["val"] = v
                         moved = graph.call_function(
-                            torch.ops.prims.device_put.default, (arg, accel)
+                            torch.ops.prims.device_put.default, (source, accel)
                         )
                     moved.meta["val"] = v.to(accel) if not v.is_meta else v
                     node.replace_input_with(arg, moved)
