@@ -17,6 +17,9 @@
 #   make compile-sweep
 #                  set up, then one compiled training step of tiny transformers models on accel
 #                  against the CPU, eager and compiled (test/compile_sweep.py)
+#   make inductor-sweep
+#                  set up, then PyTorch's own Inductor tests (test_torchinductor.py) compiled for
+#                  accel against eager accel (test/inductor_sweep.py)
 #   make vision-sweep
 #                  set up, then every torchvision model forward and backward on accel against
 #                  the CPU, judged by the CPU's own error against float64 (test/vision_sweep.py)
@@ -54,7 +57,7 @@ APT_PACKAGES := g++ ccache googletest libgtest-dev
 REQUIREMENTS := requirements-dev.txt
 DEPS_STAMP := $(VENV)/.deps-$(shell sha1sum $(REQUIREMENTS) | cut -c1-12)
 
-.PHONY: demo test install sanitize bench opinfo opinfo-sweep pytorch-suites compile-sweep vision-sweep \
+.PHONY: demo test install sanitize bench opinfo opinfo-sweep pytorch-suites compile-sweep vision-sweep inductor-sweep \
         system-deps deps test-cpp \
         test-python test-python-default test-python-debug test-lane-default test-lane-debug \
         test-compile test-cuda bench-cuda build-cpp clean
@@ -185,6 +188,11 @@ compile-sweep: install
 
 vision-sweep: install
 	$(PY) test/vision_sweep.py $(MODELS)
+
+# PyTorch's own Inductor tests (test_torchinductor.py's CommonTemplate, v2.6.0) compiled for accel
+# against eager accel (about 35 minutes; test/inductor_sweep.py lists the known failures).
+inductor-sweep: install
+	$(PY) -m pytest -q -p no:cacheprovider test/inductor_sweep.py
 
 # PyTorch's test files, every test, and the same files on the CPU to tell drift from defects.
 pytorch-suites: install

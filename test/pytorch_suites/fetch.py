@@ -109,6 +109,10 @@ SUPPORT: dict[str, str] = {
     "functorch/functorch_additional_op_db.py": (
         "30931c43c3977c9ba3db7bdd9eb9533240aeb02ce433b611fd397877f63f78ef"
     ),
+    # PyTorch's Inductor tests, whose CommonTemplate test/inductor_sweep.py runs over accel
+    "inductor/test_torchinductor.py": (
+        "5b438e78555865fc8c3c5cc1ebb136d9a2b951c37d8bb41ed400b8618a3f9eb9"
+    ),
     # test_transformers.py imports generate_faked_module from it
     "test_cpp_extensions_open_device_registration.py": (
         "5db9efc0218edb67f7b901948323f0086b92dbad60507ba8a534e1067a10f82a"
