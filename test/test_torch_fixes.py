@@ -3,6 +3,7 @@ reaches, each with a test that fails once the installed torch no longer needs th
 
 from __future__ import annotations
 
+import textwrap
 import warnings
 
 import pytest
@@ -201,3 +202,108 @@ def test_rng_state_operators_save_and_restore_accels_generator() -> None:
         assert fake_out.device == x.device and fake_out.shape == x.shape
         fake_again = run_with_rng_state(fake_state, rand_like, mode.from_tensor(x))
         assert fake_again.device == x.device
+
+
+def test_torch_still_has_cuda_only_data_parallel_copies() -> None:
+    # Fails once torch.nn.parallel.comm copies PrivateUse1 tensors itself
+    # (pytorch/pytorch#143239): then remove the comm fix from _torch_fixes.py, and this test.
+    x = torch.randn(4, 2, device="accel")
+    try:
+        _torch_fixes._original_comm["scatter"](x, [0, 1])
+    except (RuntimeError, AttributeError) as e:
+        assert "NVIDIA driver" in str(e) or "_scatter" in str(e), e
+    else:
+        raise AssertionError("torch's comm.scatter takes accel tensors now: drop the fix")
+
+
+def test_comm_fix_keeps_torchs_names_and_documentation() -> None:
+    from torch.nn.parallel import comm
+
+    for name in _torch_fixes._COMM_NAMES:
+        fixed = getattr(comm, name)
+        assert fixed is _torch_fixes._comm_fixes[name]
+        assert fixed.__name__ == name and fixed.__doc__ == _torch_fixes._original_comm[name].__doc__
+
+
+def test_torch_is_autocast_enabled_still_answers_for_cuda_alone() -> None:
+    # Fails once torch.is_autocast_enabled() answers for the current accelerator
+    # (pytorch/pytorch#191916): then remove the autocast fix from _torch_fixes.py, and this test.
+    with torch.autocast("accel", dtype=torch.bfloat16):
+        assert torch.is_autocast_enabled("accel")
+        if _torch_fixes._original_is_autocast_enabled():
+            raise AssertionError("torch.is_autocast_enabled() knows accel now: drop the fix")
+        assert torch.is_autocast_enabled()
+    assert not torch.is_autocast_enabled()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert not torch.is_autocast_enabled()  # as torch's: CPU autocast is another question
+        assert torch.is_autocast_enabled("cpu")
+
+
+def _encoder(norm_first: bool) -> torch.nn.Module:
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(32, 4, 64, batch_first=True, norm_first=norm_first)
+    return torch.nn.TransformerEncoder(layer, 2, enable_nested_tensor=False).to("accel").eval()
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_transformer_fast_paths_step_aside_under_accel_autocast(norm_first: bool) -> None:
+    # As under CUDA autocast: nn.TransformerEncoder and nn.MultiheadAttention take their
+    # unfused path (each operator autocast), so the result equals the one with the fast path
+    # switched off. Before the fix an encoder fed bfloat16 activations raised "expected m1 and
+    # m2 to have the same dtype" inside the fused kernel.
+    encoder = _encoder(norm_first)
+    mha = torch.nn.MultiheadAttention(32, 4, batch_first=True).to("accel").eval()
+    proj = torch.nn.Linear(32, 32).to("accel")
+    x = torch.randn(2, 7, 32, device="accel")
+
+    def run() -> list[torch.Tensor]:
+        with torch.no_grad(), torch.autocast("accel", dtype=torch.bfloat16):
+            h = proj(x)  # bfloat16
+            return [encoder(h), encoder(x), mha(x, x, x, need_weights=False)[0]]
+
+    got = run()
+    torch.backends.mha.set_fastpath_enabled(False)
+    try:
+        unfused = run()
+    finally:
+        torch.backends.mha.set_fastpath_enabled(True)
+    for a, b in zip(got, unfused, strict=True):
+        assert a.dtype == b.dtype
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    assert got[2].dtype == torch.bfloat16  # the output projection ran autocast
+    # Outside autocast the fast path runs, and agrees with the unfused one.
+    with torch.no_grad():
+        fused = encoder(x)
+        torch.backends.mha.set_fastpath_enabled(False)
+        try:
+            plain = encoder(x)
+        finally:
+            torch.backends.mha.set_fastpath_enabled(True)
+    torch.testing.assert_close(fused, plain, rtol=1e-4, atol=1e-5)
+
+
+def test_compiled_code_folds_the_autocast_question_and_recompiles_on_change(run_python) -> None:
+    # In a fresh interpreter, so that Dynamo is imported after the fix (its list of functions to
+    # fold is built then): the wrapper is folded through the polyfill torch_accel registers.
+    code = textwrap.dedent(
+        """
+        import torch, torch_accel
+        import torch._dynamo.testing
+        counter = torch._dynamo.testing.CompileCounter()
+
+        @torch.compile(fullgraph=True, backend=counter)
+        def f(x):
+            return x * 2 if torch.is_autocast_enabled() else x + 1
+
+        t = torch.full((2,), 3.0, device="accel")
+        with torch.autocast("accel", dtype=torch.bfloat16):
+            a = f(t)
+        b = f(t)
+        with torch.autocast("accel", dtype=torch.bfloat16):
+            c = f(t)
+        print(a.tolist(), b.tolist(), c.tolist(), counter.frame_count)
+        """
+    )
+    r = run_python(code)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.split("\n")[-2] == "[6.0, 6.0] [4.0, 4.0] [6.0, 6.0] 2"

@@ -31,6 +31,30 @@ on accel tensors. Their BackendSelect and fake-tensor kernels are wrapped: accel
 and restore accel's generator (``torch.accel.get_rng_state``/``set_rng_state``), all others go to
 torch's own kernels. Removed by pytorch/pytorch#193113 ("Support PrivateUse1 backend in
 rng_prims RNG state HOPs", open; issue pytorch/pytorch#193112).
+
+``torch.nn.parallel.comm``'s ``broadcast``, ``broadcast_coalesced``, ``scatter`` and ``gather``
+(what ``nn.DataParallel`` copies its inputs, replicas and outputs with) call C++ functions built
+for CUDA devices alone (torch/csrc/cuda/comm.cpp): on accel tensors they raise "Found no NVIDIA
+driver on your system", so ``nn.DataParallel(model)`` over accel fails at its first forward, even
+with one device, although the rest of DataParallel (device choice, replication, parallel_apply's
+threads and streams, reduce_add) is device-generic. The four functions are wrapped: accel tensors
+(or CPU tensors sent to accel devices, or to device indices where accel is the accelerator) go
+to ``torch.accel.comm``, which gives torch.cuda.comm's results on accel; everything else goes to
+torch's own. Removed by pytorch/pytorch#143239 ("torch.nn.DataParallel fails on multi-XPU
+environment", open: the same functions for XPU; its draft fix, pytorch/pytorch#143335, was
+closed unmerged).
+
+``torch.is_autocast_enabled()`` without a device type answers for CUDA alone in torch 2.11, and
+PyTorch's own modules ask it that way: ``nn.MultiheadAttention`` and ``nn.TransformerEncoder``
+(Layer) leave their fused fast path under autocast by it, and ``nn.DataParallel``'s
+parallel_apply carries the caller's autocast into its threads by it. Under
+``torch.autocast("accel")`` the fast path ran anyway (its fused kernel sees no autocast: an
+encoder fed bfloat16 activations raised "expected m1 and m2 to have the same dtype", fed float32
+it computed in float32), and DataParallel's replicas ran without autocast. The function is
+wrapped: without arguments it is true when autocast is on for CUDA (torch's answer) or for
+accel; with a device type it is torch's own. Removed by pytorch/pytorch#191916 ("Make
+torch.is_autocast_enabled & torch.set_autocast_enabled support on current accelerator", merged
+after 2.11; issue pytorch/pytorch#191796).
 """
 
 from __future__ import annotations
@@ -38,6 +62,7 @@ from __future__ import annotations
 import enum
 import functools
 import importlib
+from typing import Any
 
 import torch
 
@@ -142,6 +167,111 @@ def _wrap_rng_kernels(hop: object, accel_impl: object, fake_impl: object, leadin
     hop._dispatch_cache.clear()  # type: ignore[attr-defined]
 
 
+_comm = importlib.import_module("torch.nn.parallel.comm")
+_COMM_NAMES = ("broadcast", "broadcast_coalesced", "scatter", "gather")
+_original_comm: dict[str, Any] = {name: getattr(_comm, name) for name in _COMM_NAMES}
+
+
+def _names_accel(devices: list[Any] | None) -> bool:
+    """Whether ``devices`` (indices, strings or torch.device) are accel devices: plain indices
+    are the accelerator's, as DataParallel passes them."""
+    for d in devices or ():
+        if isinstance(d, (str, torch.device)):
+            return torch.device(d).type == "accel"
+    return bool(devices) and torch._utils._get_available_device_type() == "accel"
+
+
+def _on_accel(tensors: Any, devices: list[Any] | None = None) -> bool:
+    listed = [t for t in tensors if isinstance(t, torch.Tensor)]
+    if any(t.device.type == "accel" for t in listed):
+        return True
+    return bool(listed) and all(t.device.type == "cpu" for t in listed) and _names_accel(devices)
+
+
+def _as_list(devices: Any) -> list[Any] | None:
+    return None if devices is None else list(devices)
+
+
+def _comm_broadcast(tensor: torch.Tensor, devices: Any = None, *, out: Any = None) -> Any:
+    devices = _as_list(devices)
+    if _on_accel([tensor, *(out or ())], devices):
+        return torch.accel.comm.broadcast(tensor, devices, out=out)  # type: ignore[attr-defined]
+    return _original_comm["broadcast"](tensor, devices, out=out)
+
+
+def _comm_broadcast_coalesced(tensors: Any, devices: Any, buffer_size: int = 10485760) -> Any:
+    tensors, devices = list(tensors), list(devices)
+    if _on_accel(tensors):
+        return torch.accel.comm.broadcast_coalesced(tensors, devices, buffer_size)  # type: ignore[attr-defined]
+    return _original_comm["broadcast_coalesced"](tensors, devices, buffer_size)
+
+
+def _comm_scatter(
+    tensor: torch.Tensor,
+    devices: Any = None,
+    chunk_sizes: Any = None,
+    dim: int = 0,
+    streams: Any = None,
+    *,
+    out: Any = None,
+) -> Any:
+    devices = _as_list(devices)
+    if _on_accel([tensor, *(out or ())], devices):
+        scatter = torch.accel.comm.scatter  # type: ignore[attr-defined]
+        return scatter(tensor, devices, chunk_sizes, dim, streams, out=out)
+    return _original_comm["scatter"](tensor, devices, chunk_sizes, dim, streams, out=out)
+
+
+def _comm_gather(tensors: Any, dim: int = 0, destination: Any = None, *, out: Any = None) -> Any:
+    tensors = list(tensors)
+    if _on_accel([*tensors, out]):
+        return torch.accel.comm.gather(tensors, dim, destination, out=out)  # type: ignore[attr-defined]
+    return _original_comm["gather"](tensors, dim, destination, out=out)
+
+
+_comm_fixes = {
+    "broadcast": _comm_broadcast,
+    "broadcast_coalesced": _comm_broadcast_coalesced,
+    "scatter": _comm_scatter,
+    "gather": _comm_gather,
+}
+for _name, _fix in _comm_fixes.items():
+    functools.update_wrapper(_fix, _original_comm[_name])
+
+
+_original_is_autocast_enabled = torch.is_autocast_enabled
+
+
+def _is_autocast_enabled(device_type: str | None = None) -> bool:
+    if torch.jit.is_scripting():
+        # TorchScript has torch's no-argument form only (CUDA's answer).
+        return _original_is_autocast_enabled()
+    if device_type is not None:
+        return _original_is_autocast_enabled(device_type)
+    return _original_is_autocast_enabled("cuda") or _original_is_autocast_enabled("accel")
+
+
+_is_autocast_enabled.__doc__ = _original_is_autocast_enabled.__doc__
+
+
+def _register_with_dynamo() -> None:
+    """Dynamo folds the wrapper into a constant while tracing, as it folds torch's function
+    (its guards on the autocast state recompile when that changes): inlined, the wrapper's own
+    calls of torch's function would break the graph once Dynamo's list of foldable functions
+    holds the wrapper instead (it is built when Dynamo is imported, after the fix)."""
+    from torch._dynamo.decorators import substitute_in_graph
+
+    def traceable(device_type: str | None = None) -> bool:
+        # Only reached for an argument Dynamo cannot fold (not a constant): torch's own then.
+        if device_type is not None:
+            return _original_is_autocast_enabled(device_type)
+        return _original_is_autocast_enabled("cuda") or _original_is_autocast_enabled("accel")
+
+    substitute_in_graph(
+        _is_autocast_enabled, can_constant_fold_through=True, skip_signature_check=True
+    )(traceable)
+
+
 def install() -> None:
     """Applies the fixes (idempotent). Tensors of other devices see torch's own methods."""
     torch.Tensor.__dlpack_device__ = _dlpack_device  # type: ignore[method-assign]
@@ -159,3 +289,10 @@ def install() -> None:
         _run_with_fake_rng_state,
         leading=1,
     )
+    for name, fix in _comm_fixes.items():
+        setattr(_comm, name, fix)
+    if torch.is_autocast_enabled is not _is_autocast_enabled:
+        torch.is_autocast_enabled = _is_autocast_enabled  # type: ignore[assignment]
+        from torch_accel._inductor._import_hook import after_import
+
+        after_import("torch._dynamo", _register_with_dynamo)

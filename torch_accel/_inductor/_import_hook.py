@@ -13,6 +13,9 @@ Needed until a backend can hand Inductor its own decomposition table without edi
 global one (pytorch/pytorch#175954, "[RFC] Unify decomposition table usage", open) or be asked
 before a compile selects it; test_compile.py checks that the first compile of a process keeps
 ``native_layer_norm`` whole, and fails once this hook is no longer what makes that happen.
+
+``after_import`` serves torch_accel/_torch_fixes.py too, which registers with Dynamo once
+Dynamo is imported.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from __future__ import annotations
 import importlib.abc
 import importlib.machinery
 import sys
+from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
@@ -27,22 +31,25 @@ _TRIGGER = "torch._inductor.compile_fx"
 
 
 class _Loader(importlib.abc.Loader):
-    def __init__(self, inner: Any) -> None:
+    def __init__(self, inner: Any, callback: Callable[[], None]) -> None:
         self._inner = inner
+        self._callback = callback
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
         return self._inner.create_module(spec)
 
     def exec_module(self, module: ModuleType) -> None:
         self._inner.exec_module(module)
-        from torch_accel._inductor import register
-
-        register()
+        self._callback()
 
 
 class _Finder(importlib.abc.MetaPathFinder):
+    def __init__(self, trigger: str, callback: Callable[[], None]) -> None:
+        self.trigger = trigger
+        self._callback = callback
+
     def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
-        if name != _TRIGGER:
+        if name != self.trigger:
             return None
         sys.meta_path.remove(self)  # once: the next lookup uses the other finders
         for finder in sys.meta_path:
@@ -50,16 +57,25 @@ class _Finder(importlib.abc.MetaPathFinder):
             spec = find(name, path, target) if find is not None else None
             if spec is not None:
                 if spec.loader is not None:
-                    spec.loader = _Loader(spec.loader)
+                    spec.loader = _Loader(spec.loader, self._callback)
                 return spec
         return None
 
 
+def after_import(trigger: str, callback: Callable[[], None]) -> None:
+    """Calls ``callback`` now if module ``trigger`` is imported, else right after its import."""
+    if trigger in sys.modules:
+        callback()
+    elif not any(isinstance(f, _Finder) and f.trigger == trigger for f in sys.meta_path):
+        sys.meta_path.insert(0, _Finder(trigger, callback))
+
+
+def _register() -> None:
+    from torch_accel._inductor import register
+
+    register()
+
+
 def install() -> None:
     """Registers now if Inductor's compiler is already imported, else right after its import."""
-    if _TRIGGER in sys.modules:
-        from torch_accel._inductor import register
-
-        register()
-    elif not any(isinstance(f, _Finder) for f in sys.meta_path):
-        sys.meta_path.insert(0, _Finder())
+    after_import(_TRIGGER, _register)

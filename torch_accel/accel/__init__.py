@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from torch_accel import _C, profiler
-from torch_accel.accel import amp, graphs, memory
+from torch_accel.accel import amp, comm, graphs, memory
 
 # Also makes torch.accel._utils an attribute: torch.serialization looks up
 # torch.accel._utils._get_device_index.
@@ -102,6 +102,7 @@ __all__ = [
     "stream",
     "synchronize",
     "amp",
+    "comm",
     "get_amp_supported_dtype",
     "memory",
     *memory.__all__,
