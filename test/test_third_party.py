@@ -214,6 +214,35 @@ def test_causal_lm_trains_and_decodes_like_cpu(name: str, no_fallback: None) -> 
     _assert_same_greedy_tokens(model, acc, vocab)
 
 
+def test_from_pretrained_device_map_puts_models_on_accel_devices(
+    tmp_path: Any, no_fallback: None
+) -> None:
+    # transformers' device_map (Accelerate's big-model loading): a whole model on one accel
+    # device, and one split over both by device_map="auto" with a memory budget per accel index
+    # (Accelerate's automatic budget knows CUDA, XPU, NPU, ... and leaves accel's models on the
+    # CPU without one). Greedy decoding of the split model crosses devices between its layers.
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        **{**_GQA_DECODER, "num_hidden_layers": 4}, intermediate_size=64
+    )
+    model = transformers.LlamaForCausalLM(config).eval()
+    model.save_pretrained(tmp_path)
+    prompt = torch.randint(1, config.vocab_size, (2, 6))
+    expected = model.generate(prompt, max_new_tokens=5, do_sample=False)
+    auto = transformers.AutoModelForCausalLM
+    whole = auto.from_pretrained(tmp_path, device_map="accel:1")
+    assert {p.device for p in whole.parameters()} == {torch.device("accel", 1)}
+    size = sum(p.numel() * p.element_size() for p in model.parameters())
+    split = auto.from_pretrained(
+        tmp_path, device_map="auto", max_memory={0: size // 2, 1: 4 * size}
+    )
+    assert {p.device for p in split.parameters()} == {torch.device("accel", i) for i in (0, 1)}
+    assert split.hf_device_map["lm_head"] == 1
+    for loaded in (whole, split):
+        got = loaded.generate(prompt.to(loaded.device), max_new_tokens=5, do_sample=False)
+        assert got.cpu().tolist() == expected.tolist()
+
+
 def test_gpt2_embeddings_stay_tied_on_accel(no_fallback: None) -> None:
     torch.manual_seed(0)
     model, _ = _gpt2()
