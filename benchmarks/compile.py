@@ -4,6 +4,8 @@
     0.95, i.e. accel no more than 5% slower);
 (b) compiled accel against eager accel on a pointwise-heavy block, bias + GELU + residual +
     layer norm (goal: at least 1.5x);
+(a') flex_attention inference (causal block mask and a score_mod, 2x8x1024x64, float32) compiled
+    on accel against compiled on the CPU: both Inductor's C++ flex template (goal as (a));
 (c) one training step of the quickstart model (examples/transformer_lm.py) with
     backend="accel" against eager accel (goal: at least 2x): model and AdamW step compiled with
     backend="accel" (the optimizer capturable, as graph capture needs its step counts on the
@@ -27,7 +29,12 @@ from ratios import interleaved, report
 import torch_accel  # noqa: F401
 
 ROOT = Path(__file__).resolve().parent.parent
-GOALS = {"vs_compiled_cpu": 0.95, "vs_eager_block": 1.5, "train_step": 2.0}
+GOALS = {
+    "vs_compiled_cpu": 0.95,
+    "flex_vs_compiled_cpu": 0.95,
+    "vs_eager_block": 1.5,
+    "train_step": 2.0,
+}
 
 
 def block(x: torch.Tensor, b: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
@@ -59,6 +66,32 @@ def compiled_vs_cpu() -> tuple[float, float]:
         cpu_total += cpu
         accel_total += accel
     return cpu_total, accel_total
+
+
+def flex_vs_compiled_cpu() -> tuple[float, float]:
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    def causal(b: torch.Tensor, h: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        return q >= k
+
+    def bias(s: torch.Tensor, b: torch.Tensor, h: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
+        return s + 0.01 * (q - k)
+
+    torch._dynamo.reset()
+    calls = []
+    for device in ("cpu", "accel"):
+        q, k, v = (torch.randn(2, 8, 1024, 64, device=device) for _ in range(3))
+        mask = create_block_mask(causal, None, None, 1024, 1024, device=device)
+        f = torch.compile(flex_attention)
+
+        def call(f=f, q=q, k=k, v=v, mask=mask) -> torch.Tensor:  # noqa: ANN001
+            with torch.no_grad():
+                return f(q, k, v, score_mod=bias, block_mask=mask)
+
+        for _ in range(3):
+            call()
+        calls.append(call)
+    return interleaved(*calls, 15)
 
 
 def block_vs_eager() -> tuple[float, float]:
@@ -111,6 +144,7 @@ def main() -> int:
         ROOT / "benchmarks/results/compile.json",
         [
             ("vs_compiled_cpu", compiled_vs_cpu),
+            ("flex_vs_compiled_cpu", flex_vs_compiled_cpu),
             ("vs_eager_block", block_vs_eager),
             ("train_step", train_step),
         ],

@@ -103,26 +103,6 @@ def test_flex_attention_runs_on_accel_forward_and_backward(fallback_mode) -> Non
         flex_attention(rq, rk, rv)
 
 
-def test_compiled_flex_attention_on_accel_runs_eagerly_or_says_why() -> None:
-    # Inductor would lower it with its GPU (Triton) template; the fix raises while Dynamo traces
-    # it, so torch.compile runs flex_attention eagerly (a graph break), and fullgraph=True names
-    # the reason.
-    import torch._dynamo
-    from torch.nn.attention.flex_attention import flex_attention
-
-    q, k, v = (t.detach() for t in _flex_inputs("accel"))
-    expected = torch.nn.functional.scaled_dot_product_attention(q.cpu(), k.cpu(), v.cpu())
-    torch._dynamo.reset()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)
-        got = torch.compile(flex_attention)(q, k, v)
-        torch.testing.assert_close(got.cpu(), expected)
-        torch._dynamo.reset()
-        with pytest.raises(Exception, match="flex_attention under torch.compile is not supported"):
-            torch.compile(flex_attention, fullgraph=True)(q, k, v)
-    torch._dynamo.reset()
-
-
 def test_torch_still_refuses_rng_state_operators_on_renamed_backends() -> None:
     # Fails once rng_prims saves and restores a PrivateUse1 backend's generator itself
     # (pytorch/pytorch#193113): then remove the fix from _torch_fixes.py, and this test.

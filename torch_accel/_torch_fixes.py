@@ -17,9 +17,14 @@ is only supported on CUDA, CPU or HPU devices`` for accel, although its eager pa
 flex_attention higher-order operator's math, forward and backward) is made of operators accel
 runs. Models that pick it (transformers' ``attn_implementation="flex_attention"``, diffusers'
 LTX-2 decoder) stop there. The check is wrapped: accel inputs pass as CUDA's do (backward
-included), all others go to torch's own check. PrivateUse1 was asked for in the review of
-pytorch/pytorch#148656 (which added hpu to the set); no upstream change makes the set
-extensible yet.
+included), all others go to torch's own check. Under torch.compile, Inductor lowers accel's
+flex_attention with its C++ template (torch_accel/_inductor/flex.py), which serves inference
+only; the kernel options (``_apply_kernel_options``, where flex_attention decides whether the
+kernel must return logsumexp: with gradients enabled or ``return_lse``) are wrapped too, so that
+on accel Dynamo traces flex_attention only where that template applies and otherwise breaks the
+graph there, saying why (the call then runs eagerly, backward included). PrivateUse1 was asked
+for in the review of pytorch/pytorch#148656 (which added hpu to the set); no upstream change
+makes the set extensible yet.
 
 ``run_and_save_rng_state`` and ``run_with_rng_state`` (torch/_prims/rng_prims.py), the
 higher-order operators that AOTAutograd's partitioner wraps around random operators it recomputes
@@ -62,6 +67,7 @@ from __future__ import annotations
 import enum
 import functools
 import importlib
+import os
 from typing import Any
 
 import torch
@@ -85,15 +91,46 @@ _original_validate_device = _flex._validate_device
 @functools.wraps(_original_validate_device)
 def _validate_device(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> None:
     if query.device.type == "accel":
-        if torch.compiler.is_compiling():
-            # Inductor would lower it with its GPU template (Triton), which the host driver
-            # cannot run; the CPU's C++ template is not wired to accel yet.
-            raise NotImplementedError(
-                "flex_attention under torch.compile is not supported on accel yet; "
-                "call it without torch.compile (eager runs it, forward and backward)"
-            )
         return  # query, key and value are on one device: checked before
     _original_validate_device(query, key, value)
+
+
+_original_apply_kernel_options = _flex._apply_kernel_options
+# Inductor's C++ flex template needs AVX2 (torch/_inductor/kernel/flex/flex_cpu.py), read here
+# once: Dynamo traces the check below and cannot call into torch.cpu's helpers.
+_CPP_FLEX = torch.cpu._is_avx2_supported() and os.environ.get("ATEN_CPU_CAPABILITY") != "default"
+_CPP_FLEX_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+@functools.wraps(_original_apply_kernel_options)
+def _apply_kernel_options(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *args: Any, **kwargs: Any
+) -> dict[str, Any]:
+    options = _original_apply_kernel_options(query, key, value, *args, **kwargs)
+    if query.device.type == "accel" and torch.compiler.is_compiling():
+        why = _why_not_compiled(query, key, value, options)
+        if why:
+            raise NotImplementedError(
+                f"flex_attention under torch.compile on accel runs Inductor's C++ template, "
+                f"which serves inference only; this call {why}, so it runs eagerly (a graph "
+                "break; its backward works). Under torch.no_grad() or torch.inference_mode(), "
+                "without return_lse/return_aux, it compiles"
+            )
+    return options
+
+
+def _why_not_compiled(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, options: dict[str, Any]
+) -> str:
+    if options.get("OUTPUT_LOGSUMEXP") or options.get("OUTPUT_MAX"):
+        return "needs the logsumexp (gradients are enabled, or return_lse/return_aux asks)"
+    if not (query.dtype == key.dtype == value.dtype and query.dtype in _CPP_FLEX_DTYPES):
+        return f"has dtypes {query.dtype}, {key.dtype}, {value.dtype}"
+    if query is key or key is value or query is value:
+        return "passes one tensor twice among query, key and value"
+    if not _CPP_FLEX:
+        return "runs on a CPU without AVX2"
+    return ""
 
 
 def _accel_device(args: tuple[object, ...], kwargs: dict[str, object]) -> torch.device | None:
@@ -276,6 +313,7 @@ def install() -> None:
     """Applies the fixes (idempotent). Tensors of other devices see torch's own methods."""
     torch.Tensor.__dlpack_device__ = _dlpack_device  # type: ignore[method-assign]
     _flex._validate_device = _validate_device
+    _flex._apply_kernel_options = _apply_kernel_options
     rng_prims = importlib.import_module("torch._prims.rng_prims")
     _wrap_rng_kernels(
         rng_prims.run_and_save_rng_state,

@@ -15,7 +15,8 @@ accel compile), so that importing torch_accel stays cheap:
   synchronize and raw-stream snippets (device_ops.py);
 - the operators accel keeps whole (decompositions.py: ``native_layer_norm``);
 - one choice per matrix product, so that ``max-autotune`` compiles (Inductor cannot time
-  accel kernels), and no combo kernels of accel's C++ nodes (heuristics.py).
+  accel kernels), and no combo kernels of accel's C++ nodes (heuristics.py);
+- flex_attention lowered with Inductor's C++ template, as for the CPU (flex.py).
 
 Everything goes through PyTorch's registration functions; nothing of torch is patched.
 """
@@ -42,7 +43,7 @@ def register() -> None:
             register_device_op_overrides,
         )
 
-        from torch_accel._inductor import decompositions, heuristics
+        from torch_accel._inductor import decompositions, flex, heuristics
         from torch_accel._inductor.device_ops import AccelDeviceOpOverrides
         from torch_accel._inductor.interface import AccelInterface
         from torch_accel._inductor.passes import AccelPostGradPass
@@ -59,6 +60,7 @@ def register() -> None:
         register_device_op_overrides("accel", AccelDeviceOpOverrides())
         decompositions.apply()
         heuristics.apply()
+        flex.apply()
         register_interface_for_device("accel", AccelInterface)
         for i in range(torch.accel.device_count()):  # type: ignore[attr-defined]
             register_interface_for_device(f"accel:{i}", AccelInterface)

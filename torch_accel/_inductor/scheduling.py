@@ -173,6 +173,11 @@ class AccelCppScheduling(CppScheduling):
         self._follow_loop_order(node1, node2)
         return super().fuse(node1, node2)
 
+    def codegen_template(self, *args: Any, **kwargs: Any) -> Any:
+        # Templates (flex_attention's, flex.py) render their inlined modifications again here.
+        with _cpp_codegen():
+            return super().codegen_template(*args, **kwargs)
+
     def codegen_node(self, node: Any) -> None:
         self._follow_loop_order(node)
         max_args, max_buffers = _limits(node)
