@@ -232,3 +232,27 @@ def test_indices_on_another_device_give_atens_error() -> None:
     with pytest.raises(RuntimeError, match=msg):
         torch.randn(3, 4, device="accel:0")[torch.tensor([0, 2], device="accel:1")]
     _usable()
+
+
+def test_sending_accel_tensors_to_another_process_is_refused_clearly() -> None:
+    # torch.multiprocessing (queues, DataLoader workers, Process arguments) shares CPU memory
+    # and CUDA memory (IPC); accel memory cannot be shared, and says so, instead of torch's
+    # "_share_fd_: only available on CPU".
+    import pickle
+    from multiprocessing.reduction import ForkingPickler
+
+    import torch.multiprocessing as mp
+
+    x = torch.arange(4.0, device="accel")
+    for obj in (x, torch.nn.Parameter(x.clone()), x.untyped_storage()):
+        with pytest.raises(RuntimeError, match="accel tensors cannot be sent to another process"):
+            ForkingPickler.dumps(obj)
+    with pytest.raises(RuntimeError, match="send tensor.cpu"):
+        mp.get_context("spawn").SimpleQueue().put(x)
+    # CPU tensors still go through shared memory, and pickle (torch.save) is unchanged.
+    shared = pickle.loads(ForkingPickler.dumps(torch.arange(3.0)))
+    assert shared.is_shared() and shared.tolist() == [0.0, 1.0, 2.0]
+    again = pickle.loads(pickle.dumps(x))
+    assert again.device == x.device and torch.equal(again.cpu(), x.cpu())
+    assert torch.accel.device_count() > 0  # the device stays usable
+    assert (x + 1).cpu().tolist() == [1.0, 2.0, 3.0, 4.0]

@@ -66,3 +66,28 @@ _STORAGE_DTYPES = {
 
 STORAGE_CLASSES = {name: _make(name, dtype) for name, dtype in _STORAGE_DTYPES.items()}
 _AccelLegacyStorage.__module__ = "torch.accel"
+
+
+def _reduce_storage(storage: torch.UntypedStorage) -> object:
+    """torch.multiprocessing's pickling of a storage (a tensor's too), with a clear refusal for
+    accel memory instead of torch's "_share_fd_: only available on CPU"."""
+    if storage.device.type == "accel":
+        raise RuntimeError(
+            "accel tensors cannot be sent to another process: torch.multiprocessing shares CPU "
+            "memory through shared memory and CUDA memory through CUDA IPC, and accel memory "
+            "has neither; send tensor.cpu() (or a CPU tensor) and move it to accel in the "
+            "receiving process"
+        )
+    from torch.multiprocessing import reductions
+
+    return reductions.reduce_storage(storage)
+
+
+def register_reductions() -> None:
+    """Registers _reduce_storage for torch.UntypedStorage with multiprocessing's pickler, where
+    torch.multiprocessing registered its own (at import torch)."""
+    from multiprocessing.reduction import ForkingPickler
+
+    import torch.multiprocessing  # noqa: F401  (its reductions first, so that ours replaces them)
+
+    ForkingPickler.register(torch.UntypedStorage, _reduce_storage)
