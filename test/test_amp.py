@@ -136,3 +136,72 @@ def test_amp_unscale_op_matches_cpu() -> None:
         assert_same(found_acc, found_cpu)
         for a, c in zip(acc, cpu, strict=True):
             assert_same(a, c)
+
+
+def test_torchvision_operators_follow_cudas_autocast_rules() -> None:
+    # torchvision's autocast kernels for CUDA run its operators in float32 and cast the result
+    # back to the input's dtype; accel registers the same (torch_accel/accel/amp_torchvision.py).
+    # Without them, roi_align raised a dtype mismatch and nms "not implemented for 'BFloat16'".
+    ops = pytest.importorskip("torchvision.ops")
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 8, 16, 16, generator=g).bfloat16()
+    boxes = torch.tensor(
+        [[0, 1.0, 1.0, 9.0, 8.0], [1, 2.5, 3.0, 14.0, 12.0], [0, 0.0, 0.0, 15, 15]]
+    )
+    weight = torch.randn(4, 8, 3, 3, generator=g)
+    offset = torch.randn(2, 18, 14, 14, generator=g).bfloat16()
+    calls = {
+        "roi_align": lambda t, b: ops.roi_align(t, b, 4, 0.5, 2, True),
+        "roi_pool": lambda t, b: ops.roi_pool(t, b, 4, 0.5),
+        "ps_roi_align": lambda t, b: ops.ps_roi_align(t, b, 2, 0.5, 2),
+        "ps_roi_pool": lambda t, b: ops.ps_roi_pool(t, b, 2, 0.5),
+    }
+    for name, call in calls.items():
+        expected = call(x.float(), boxes).bfloat16()  # float32 on the CPU, then the input's dtype
+        with torch.autocast("accel", dtype=torch.bfloat16):
+            got = call(x.to("accel"), boxes.to("accel"))
+        assert got.dtype == torch.bfloat16, name
+        torch.testing.assert_close(got.cpu(), expected, rtol=0, atol=0, msg=name)
+    scores = torch.rand(3, generator=g).bfloat16()
+    with torch.autocast("accel", dtype=torch.bfloat16):
+        kept = ops.nms(boxes[:, 1:].bfloat16().to("accel"), scores.to("accel"), 0.3)
+        conv = ops.deform_conv2d(x.to("accel"), offset.to("accel"), weight.to("accel"))
+    assert kept.tolist() == ops.nms(boxes[:, 1:].bfloat16().float(), scores.float(), 0.3).tolist()
+    assert conv.dtype == torch.bfloat16
+    torch.testing.assert_close(
+        conv.cpu(), ops.deform_conv2d(x.float(), offset.float(), weight).bfloat16(), rtol=0, atol=0
+    )
+
+
+def test_faster_rcnn_infers_under_accel_autocast() -> None:
+    torchvision = pytest.importorskip("torchvision")
+    torch.manual_seed(0)
+    model = torchvision.models.detection.fasterrcnn_mobilenet_v3_large_fpn(
+        weights=None, weights_backbone=None, num_classes=5
+    ).eval()
+    images = [torch.rand(3, 96, 128)]
+    acc = model.to("accel")
+    with torch.no_grad(), torch.autocast("accel", dtype=torch.bfloat16):
+        (detections,) = acc([i.to("accel") for i in images])
+    # Before torchvision's operators had accel's autocast rules this raised "dets should have the
+    # same type as scores" (nms of float32 boxes against autocast's bfloat16 scores).
+    assert set(detections) == {"boxes", "labels", "scores"}
+    assert detections["boxes"].device.type == "accel" and detections["boxes"].shape[1] == 4
+    assert len(detections["boxes"]) == len(detections["scores"]) > 0
+    assert torch.isfinite(detections["boxes"].float()).all()
+
+
+def test_torchvision_autocast_rules_whichever_is_imported_first(run_python) -> None:
+    # torchvision imported before torch: torch_accel (autoloaded by torch) registers once
+    # torchvision's operators exist (after torchvision.ops is imported).
+    pytest.importorskip("torchvision")
+    code = (
+        "import torchvision, torch\n"
+        "x = torch.randn(1, 4, 8, 8, device='accel').bfloat16()\n"
+        "b = torch.tensor([[0, 1.0, 1.0, 6.0, 6.0]], device='accel')\n"
+        "with torch.autocast('accel', dtype=torch.bfloat16):\n"
+        "    print(torchvision.ops.roi_align(x, b, 2).dtype)\n"
+    )
+    r = run_python(code)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip() == "torch.bfloat16"

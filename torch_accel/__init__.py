@@ -66,6 +66,10 @@ def _register() -> None:
     from torch_accel._inductor import _import_hook
 
     _import_hook.install()
+    # torchvision's operators under accel's autocast, once torchvision has defined them.
+    from torch_accel.accel import amp_torchvision
+
+    _import_hook.after_import("torchvision.ops", amp_torchvision.register)
     # torch.distributed: the accl backend for accel tensors.
     from torch_accel import distributed
 
