@@ -279,13 +279,17 @@ for _name, _fix in _comm_fixes.items():
 _original_is_autocast_enabled = torch.is_autocast_enabled
 
 
+def _autocast_answer(device_type: str | None = None) -> bool:
+    if device_type is not None:
+        return _original_is_autocast_enabled(device_type)
+    return _original_is_autocast_enabled("cuda") or _original_is_autocast_enabled("accel")
+
+
 def _is_autocast_enabled(device_type: str | None = None) -> bool:
     if torch.jit.is_scripting():
         # TorchScript has torch's no-argument form only (CUDA's answer).
         return _original_is_autocast_enabled()
-    if device_type is not None:
-        return _original_is_autocast_enabled(device_type)
-    return _original_is_autocast_enabled("cuda") or _original_is_autocast_enabled("accel")
+    return _autocast_answer(device_type)
 
 
 _is_autocast_enabled.__doc__ = _original_is_autocast_enabled.__doc__
@@ -298,15 +302,10 @@ def _register_with_dynamo() -> None:
     holds the wrapper instead (it is built when Dynamo is imported, after the fix)."""
     from torch._dynamo.decorators import substitute_in_graph
 
-    def traceable(device_type: str | None = None) -> bool:
-        # Only reached for an argument Dynamo cannot fold (not a constant): torch's own then.
-        if device_type is not None:
-            return _original_is_autocast_enabled(device_type)
-        return _original_is_autocast_enabled("cuda") or _original_is_autocast_enabled("accel")
-
+    # The polyfill is traced only for an argument Dynamo cannot fold (not a constant).
     substitute_in_graph(
         _is_autocast_enabled, can_constant_fold_through=True, skip_signature_check=True
-    )(traceable)
+    )(_autocast_answer)
 
 
 def install() -> None:

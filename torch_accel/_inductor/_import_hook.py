@@ -14,8 +14,8 @@ global one (pytorch/pytorch#175954, "[RFC] Unify decomposition table usage", ope
 before a compile selects it; test_compile.py checks that the first compile of a process keeps
 ``native_layer_norm`` whole, and fails once this hook is no longer what makes that happen.
 
-``after_import`` serves torch_accel/_torch_fixes.py too, which registers with Dynamo once
-Dynamo is imported.
+``after_import`` serves other registrations that wait for a module too: _torch_fixes.py's with
+Dynamo, accel's autocast rules for torchvision's operators (torch_accel/__init__.py).
 """
 
 from __future__ import annotations

@@ -293,14 +293,8 @@ def _memory_format(t: torch.Tensor) -> torch.memory_format:
 
 
 def _destination(destination: Any) -> torch.device:
-    if destination is None:
-        return _device(_get_device_index(None, optional=True))
-    if isinstance(destination, int):
-        return torch.device("cpu") if destination == -1 else _device(destination)
-    device = torch.device(destination)
-    if device.type == "cpu":
-        return device
-    return _device(_get_device_index(device, optional=True))
+    index = _get_device_index(destination, optional=True, allow_cpu=True)  # -1: the CPU
+    return torch.device("cpu") if index == -1 else _device(index)
 
 
 def gather(
@@ -313,13 +307,13 @@ def gather(
     """Concatenates the accel ``tensors`` along ``dim`` on ``destination`` (an accel device, the
     current one for None, ``"cpu"`` or -1 for the CPU), or into ``out``."""
     tensors = [_handle_complex(t) for t in tensors]
+    shape, dim = _gathered_shape(tensors, dim)
     if out is not None:
         if destination is not None:
             raise RuntimeError(
                 "'destination' must not be specified when 'out' is specified, but got "
                 f"destination={destination}"
             )
-        shape, dim = _gathered_shape(tensors, dim)
         if list(out.shape) != shape:
             raise RuntimeError(
                 f"Expected out tensor to have shape {shape}, but got {list(out.shape)}"
@@ -333,7 +327,6 @@ def gather(
                 FutureWarning,
                 stacklevel=2,
             )
-        shape, dim = _gathered_shape(tensors, dim)
         device = _destination(destination)
         formats = {_memory_format(t) for t in tensors}
         fmt = formats.pop() if len(formats) == 1 else torch.contiguous_format
