@@ -256,9 +256,9 @@ _LAYER_NORM = textwrap.dedent(
     """
     import sys, torch, torch_accel
     from torch._inductor.utils import run_and_get_code
-    from torch_accel._inductor import _import_hook
+    from torch_accel._inductor import INDUCTOR_TRIGGER
     if sys.argv[1] == "without-hook":
-        hook = _import_hook._TRIGGER
+        hook = INDUCTOR_TRIGGER
         sys.meta_path[:] = [f for f in sys.meta_path if getattr(f, "trigger", None) != hook]
     f = lambda x, w, b: torch.nn.functional.layer_norm(x, (64,), w, b).relu()
     x, w, b = torch.randn(16, 64), torch.randn(64), torch.randn(64)
@@ -321,10 +321,10 @@ def test_native_layer_norm_stays_whole_on_accel_from_the_first_compile(tmp_path:
     # One accel call of native_layer_norm; the CPU keeps Inductor's decomposition.
     assert "accel whole True" in runs["with-hook"].stdout
     assert "cpu whole False" in runs["with-hook"].stdout
-    # Without torch_accel/_inductor/_import_hook.py the first compile decomposes it: when this
-    # fails, torch registers devices early enough and the hook can go.
+    # Without the import hook (torch_accel/_import_hook.py) the first compile decomposes it:
+    # when this fails, torch registers devices early enough and Inductor's hook can go.
     assert "accel whole False" in runs["without-hook"].stdout, (
-        "the import hook is no longer needed: remove torch_accel/_inductor/_import_hook.py"
+        "Inductor's import hook is no longer needed: drop register_after_inductor_import"
     )
 
 

@@ -63,13 +63,17 @@ def _register() -> None:
     # has it, accel's graphs serve it (2.11: nothing to register).
     _C._register_accelerator_graph()
     # torch.compile: accel registers with Inductor when Inductor's compiler is imported.
-    from torch_accel._inductor import _import_hook
+    from torch_accel import _import_hook, _inductor
 
-    _import_hook.install()
+    _inductor.register_after_inductor_import()
     # torchvision's operators under accel's autocast, once torchvision has defined them.
     from torch_accel.accel import amp_torchvision
 
     _import_hook.after_import("torchvision.ops", amp_torchvision.register)
+    # torch.accel's device, stream and property functions traced by Dynamo as torch.cuda's.
+    from torch_accel._dynamo import polyfills
+
+    _import_hook.after_import("torch._dynamo", polyfills.register)
     # torch.distributed: the accl backend for accel tensors.
     from torch_accel import distributed
 

@@ -330,6 +330,6 @@ def install() -> None:
         setattr(_comm, name, fix)
     if torch.is_autocast_enabled is not _is_autocast_enabled:
         torch.is_autocast_enabled = _is_autocast_enabled  # type: ignore[assignment]
-        from torch_accel._inductor._import_hook import after_import
+        from torch_accel._import_hook import after_import
 
         after_import("torch._dynamo", _register_with_dynamo)

@@ -30,6 +30,16 @@ import torch
 _lock = threading.Lock()
 _registered = False
 
+# The module after whose import accel registers (torch_accel/_import_hook.py says why then).
+INDUCTOR_TRIGGER = "torch._inductor.compile_fx"
+
+
+def register_after_inductor_import() -> None:
+    """Registers now if Inductor's compiler is already imported, else right after its import."""
+    from torch_accel._import_hook import after_import
+
+    after_import(INDUCTOR_TRIGGER, register)
+
 
 def register() -> None:
     """Registers accel with Inductor and Dynamo (idempotent, thread-safe)."""

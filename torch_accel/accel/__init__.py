@@ -8,8 +8,7 @@ accel (as with CUDA): start subprocesses with the ``spawn`` method instead.
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -241,8 +240,10 @@ def get_sync_debug_mode() -> int:
     return _C._get_sync_debug_mode()
 
 
-@dataclass(frozen=True)
-class _AccelDeviceProperties:
+class _AccelDeviceProperties(NamedTuple):
+    """What ``get_device_properties`` returns (attributes as torch.cuda's; a named tuple, which
+    torch.compile folds into a constant, as it folds torch.cuda's)."""
+
     name: str
     driver: str
     total_memory: int
