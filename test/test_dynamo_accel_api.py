@@ -134,3 +134,29 @@ def test_registrations_waiting_for_one_module_all_run_in_order(
     after_import("accel_hook_probe", lambda: ran.append("now"))  # already imported: at once
     assert ran == ["first", "second", "now"]
     monkeypatch.delitem(sys.modules, "accel_hook_probe")
+
+
+def test_accel_amp_autocast_traces_as_torch_autocast() -> None:
+    a = torch.randn(4, 8, device="accel")
+    b = torch.randn(8, 3, device="accel")
+
+    def products(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        with torch.accel.amp.autocast(dtype=torch.bfloat16):
+            low = x @ y
+            with torch.accel.amp.autocast(enabled=False):
+                full = x @ y
+        return low, full
+
+    @torch.accel.amp.autocast()  # the decorator form, float16 by default
+    def half(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return x @ y
+
+    counter = CompileCounter()
+    low, full = torch.compile(products, fullgraph=True, backend=counter)(a, b)
+    assert counter.frame_count == 1
+    assert (low.dtype, full.dtype) == (torch.bfloat16, torch.float32)
+    torch.testing.assert_close(low, (a.bfloat16() @ b.bfloat16()), rtol=0, atol=0)
+    torch.testing.assert_close(full, a @ b, rtol=0, atol=0)
+    got = torch.compile(half, fullgraph=True, backend="eager")(a, b)
+    assert got.dtype == torch.float16
+    assert not torch.is_autocast_enabled("accel")

@@ -19,16 +19,14 @@ def get_amp_supported_dtype() -> list[torch.dtype]:
     return [torch.float16, torch.bfloat16]
 
 
-class autocast(torch.amp.autocast_mode.autocast):
-    """``torch.autocast`` for accel (dtype float16 by default, as for CUDA)."""
-
-    def __init__(
-        self,
-        enabled: bool = True,
-        dtype: torch.dtype = torch.float16,
-        cache_enabled: bool = True,
-    ) -> None:
-        super().__init__("accel", dtype=dtype, enabled=enabled, cache_enabled=cache_enabled)
+def autocast(
+    enabled: bool = True, dtype: torch.dtype = torch.float16, cache_enabled: bool = True
+) -> torch.autocast:
+    """``torch.autocast("accel", ...)`` (dtype float16 by default, as for CUDA): a context
+    manager and a decorator. A function rather than a subclass (as torch.cuda.amp.autocast is),
+    so that torch.compile traces it as torch.autocast: Dynamo knows torch's autocast classes,
+    not their subclasses, and breaks the graph at one."""
+    return torch.autocast("accel", dtype=dtype, enabled=enabled, cache_enabled=cache_enabled)
 
 
 class GradScaler(torch.amp.GradScaler):
