@@ -428,6 +428,45 @@ def _plain_init(rank: int, world: int) -> tuple[str, str]:
     return str(dist.get_backend()), pg._get_backend(torch.device("accel")).name()
 
 
+def _ddp_after_plain_init(rank: int, world: int) -> dict[str, Any]:
+    """DDP over the group a bare init_process_group() made, eager and around a compiled module:
+    both train as one process on the combined batch."""
+    import copy
+
+    from torch._dynamo.testing import CompileCounterWithBackend
+    from torch.nn.parallel import DistributedDataParallel
+
+    # torch 2.11 makes GLOO this group's default backend type though only accl is registered
+    # (pytorch/pytorch#189193): DDP's constructor asked for it and failed.
+    before = dist.group.WORLD.name()
+    torch.manual_seed(0)
+    base = torch.nn.Sequential(
+        torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.LayerNorm(16), torch.nn.Linear(16, 4)
+    )
+    data = [(torch.randn(8, 8), torch.randn(8, 4)) for _ in range(3)]
+
+    def train(model: torch.nn.Module, dev: torch.device, shard: bool) -> list[torch.Tensor]:
+        opt = torch.optim.SGD(model.parameters(), lr=0.5)
+        for x, y in data:
+            if shard:
+                x, y = x.chunk(world)[rank], y.chunk(world)[rank]
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(model(x.to(dev)), y.to(dev)).backward()
+            opt.step()
+        return [p.detach().cpu() for p in model.parameters()]
+
+    expected = train(copy.deepcopy(base), torch.device("cpu"), shard=False)
+    dev = torch.device("accel", rank % torch.accel.device_count())
+    eager = train(DistributedDataParallel(copy.deepcopy(base).to(dev)), dev, shard=True)
+    counter = CompileCounterWithBackend("aot_eager")
+    inner = torch.compile(copy.deepcopy(base).to(dev), backend=counter)
+    compiled = train(DistributedDataParallel(inner), dev, shard=True)
+    for got in (eager, compiled):
+        for g, e in zip(got, expected, strict=True):
+            torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-6)
+    return {"before": before, "after": dist.group.WORLD.name(), "graphs": counter.frame_count}
+
+
 def _dtensor(rank: int, world: int) -> None:
     """Functional collectives and DTensor on an accel device mesh (what FSDP2 and tensor
     parallelism build on)."""
@@ -526,6 +565,15 @@ def test_shutdown_with_pending_work_does_not_hang() -> None:
 def test_plain_init_process_group_picks_accl_for_accel() -> None:
     for _backend, accel_backend in run_ranks(_plain_init, backend=None):
         assert accel_backend == "accl", accel_backend
+
+
+def test_ddp_trains_over_a_plain_init_process_group() -> None:
+    for r in run_ranks(_ddp_after_plain_init, backend=None, limit_s=180.0):
+        # Fails once torch picks a registered backend as the group's default itself: then
+        # default_to_accel_backend in csrc/distributed/gloo_groups.cpp can go.
+        assert r["before"] == "gloo", r
+        assert r["after"] == "custom", r  # accl, at the group's first accel collective
+        assert r["graphs"] == 1, r
 
 
 def test_functional_collectives_and_dtensor() -> None:

@@ -61,6 +61,33 @@ void add_accel_backend(c10d::ProcessGroup& pg, const char* op_name) {
   pg.setBackend(c10::DeviceType::PrivateUse1, c10d::ProcessGroup::BackendType::CUSTOM, backend);
 }
 
+// torch 2.11 makes GLOO the default backend type of a group created without a backend string
+// (`init_process_group()`) unless NCCL is among its backends, also when accl's (CUSTOM) is the
+// only one registered: whatever asks a group for its default backend (DDP's constructor, the
+// sequence numbers) then fails with "Could not find backend type 1 for Process Group with name
+// gloo". accl becomes the default of such a group at its first collective on accel tensors
+// (DDP's constructor runs collectives before it asks). Upstream: pytorch/pytorch#189193 (after
+// 2.11, for the same failure on XPU's xccl) picks the default among the registered backends. test_distributed.py's test_plain_init_process_group_picks_accl_for_accel fails once
+// torch picks it itself.
+void default_to_accel_backend(c10d::ProcessGroup& pg) {
+  std::lock_guard<std::mutex> lock(mutex());
+  const auto type = pg.getBackendType();
+  if (type == c10d::ProcessGroup::BackendType::CUSTOM) return;
+  try {
+    pg.getBackend(type);
+    return;  // the default is registered: leave it
+  } catch (const c10::Error&) {
+  }
+  try {
+    if (pg.getBackend(c10::DeviceType::PrivateUse1) !=
+        pg.getBackend(c10d::ProcessGroup::BackendType::CUSTOM))
+      return;  // accel's backend is not the group's CUSTOM one
+  } catch (const c10::Error&) {
+    return;
+  }
+  pg.setDefaultBackend(c10d::ProcessGroup::BackendType::CUSTOM);
+}
+
 void add_backend_then_call(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
                            torch::jit::Stack* stack) {
   if (keys.has_backend(c10::BackendComponent::PrivateUse1Bit)) {
@@ -70,6 +97,7 @@ void add_backend_then_call(const c10::OperatorHandle& op, c10::DispatchKeySet ke
       const c10::IValue& group = (*stack)[stack->size() - args.size() + i];
       auto pg = group.toCustomClass<c10d::ProcessGroup>();
       if (!has_accel_backend(*pg)) add_accel_backend(*pg, op.schema().name().c_str());
+      default_to_accel_backend(*pg);
     }
   }
   op.redispatchBoxed(
