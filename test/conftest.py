@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -30,7 +30,9 @@ for _name in [n for n in os.environ if n.startswith("ACCEL_") and n not in _KEPT
 # start) trust the CPU's flags instead. Inductor picks the same ISA where the check passes.
 os.environ.setdefault("TORCHINDUCTOR_VEC_ISA_OK", "1")
 
-import torch_accel  # noqa: E402  (after the environment is cleaned)
+import torch  # noqa: E402  (after the environment is cleaned)
+
+import torch_accel  # noqa: E402
 
 DEBUG_MODES = ("ACCEL_LAUNCH_BLOCKING", "ACCEL_PROTECT_DEVICE_MEMORY")
 
@@ -73,6 +75,15 @@ def fallback_mode() -> Iterator[object]:
         torch_accel._C._set_fallback_mode(mode)
 
     yield set_mode
+
+
+@pytest.fixture
+def no_fallback(fallback_mode: Callable[[str], None]) -> Iterator[None]:
+    """Forbids the CPU fallback for one test and checks that no operator took it."""
+    fallback_mode("error")
+    torch.accel.reset_fallback_stats()
+    yield
+    assert torch.accel.fallback_stats() == {}
 
 
 @pytest.fixture

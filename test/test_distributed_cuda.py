@@ -19,12 +19,9 @@ skip_unless_cuda_driver()
 if not accel_dist.is_available():
     pytest.skip("this torch has no NCCL or no Gloo", allow_module_level=True)
 
-from test_distributed import (  # noqa: E402
-    check_broadcast_gathers_and_reduce_scatter,
-    run_ddp_example,
-    run_ranks,
-)
+from test_distributed import check_broadcast_gathers_and_reduce_scatter, run_ranks  # noqa: E402
 from test_distributed import ref as _ref  # noqa: E402
+from test_distributed_training import run_ddp_example  # noqa: E402
 
 WORLD = min(2, torch.cuda.device_count())
 

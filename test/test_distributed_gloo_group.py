@@ -25,7 +25,8 @@ pytestmark = [
     ),
 ]
 
-from test_distributed import _collectives, _dtensor, ref, run_ddp_example, run_ranks  # noqa: E402
+from test_distributed import _collectives, ref, run_ranks  # noqa: E402
+from test_distributed_training import _dtensor, run_ddp_example  # noqa: E402
 
 TIMEOUT_S = 17.0
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import copy
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 os.environ["HF_HUB_OFFLINE"] = "1"
@@ -59,15 +59,6 @@ ATOL = 3e-5
 Batch = dict[str, torch.Tensor]
 LossFn = Callable[[nn.Module, Batch], torch.Tensor]
 M = TypeVar("M", bound=nn.Module)
-
-
-@pytest.fixture
-def no_fallback(fallback_mode: Callable[[str], None]) -> Iterator[None]:
-    """Forbids the CPU fallback for one test and checks that no operator took it."""
-    fallback_mode("error")
-    torch.accel.reset_fallback_stats()
-    yield
-    assert torch.accel.fallback_stats() == {}
 
 
 def _to(batch: Batch, device: torch.device) -> Batch:

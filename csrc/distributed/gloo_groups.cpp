@@ -67,7 +67,8 @@ void add_accel_backend(c10d::ProcessGroup& pg, const char* op_name) {
 // sequence numbers) then fails with "Could not find backend type 1 for Process Group with name
 // gloo". accl becomes the default of such a group at its first collective on accel tensors
 // (DDP's constructor runs collectives before it asks). Upstream: pytorch/pytorch#189193 (after
-// 2.11, for the same failure on XPU's xccl) picks the default among the registered backends. test_distributed.py's test_plain_init_process_group_picks_accl_for_accel fails once
+// 2.11, for the same failure on XPU's xccl) picks the default among the registered backends;
+// test_distributed_training.py's test_ddp_trains_over_a_plain_init_process_group fails once
 // torch picks it itself.
 void default_to_accel_backend(c10d::ProcessGroup& pg) {
   std::lock_guard<std::mutex> lock(mutex());

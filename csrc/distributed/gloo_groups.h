@@ -7,7 +7,7 @@
 // `init_process_group("gloo")` gives a group whose collectives on accel tensors fail with
 // "No backend type associated with device type accel". Upstream: pytorch/pytorch#184010 (open:
 // let ProcessGroupGloo take PrivateUse1 tensors) and #100958 (closed unmerged: map a custom
-// device in BackendConfig). test_distributed.py's
+// device in BackendConfig). test_distributed_gloo_group.py's
 // test_gloo_alone_still_leaves_accel_out_upstream fails once PyTorch maps accel itself.
 //
 // How: a BackendSelect kernel for each c10d operator (PyTorch registers none at that key for

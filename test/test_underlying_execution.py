@@ -1,0 +1,223 @@
+"""The underlying tier's execution: ATen CPU kernels run as tasks on accel streams, so their
+failures, waits for data and host-side checks behave as CUDA's kernels do (at the call, or at the
+next synchronization), and operators that refuse other devices or convert numbers run as the
+CPU's."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from helpers import assert_same
+
+LAUNCH_BLOCKING = os.environ.get("ACCEL_LAUNCH_BLOCKING") == "1"
+
+
+def test_asynchronous_kernel_failure_surfaces_at_synchronize_and_device_recovers() -> None:
+    a = torch.randn(3, 4, device="accel")
+    bad = torch.tensor([7], device="accel")
+    # The index is only read by the kernel on the stream: the error comes at the next sync
+    # (an AccelError), or at the call itself under ACCEL_LAUNCH_BLOCKING=1 (the CPU's IndexError).
+    with pytest.raises((RuntimeError, IndexError), match="index out of range in self"):
+        a.index_select(0, bad)
+        torch.accel.synchronize()
+    # Once the signature is known the call is asynchronous: the error at the sync names the
+    # operator and carries no C++ backtrace.
+    a.index_select(0, torch.tensor([1], device="accel"))
+    with pytest.raises((RuntimeError, IndexError), match="index out of range in self") as info:
+        a.index_select(0, bad).cpu()
+    if not LAUNCH_BLOCKING:
+        assert "aten::index_select" in str(info.value)
+    assert "Exception raised from" not in str(info.value)
+    assert_same(a.index_select(0, torch.tensor([2, 0], device="accel")), a.cpu()[[2, 0]])
+    with pytest.raises(RuntimeError, match="index 9 is out of bounds"):
+        torch.zeros(4, device="accel").scatter_(0, torch.tensor([9], device="accel"), 1.0).cpu()
+    assert_same(torch.ones(2, device="accel") * 3, torch.full((2,), 3.0))
+
+
+def test_data_dependent_ops_wait_for_pending_work(no_fallback: None) -> None:
+    s = torch.accel.Stream()
+    with torch.accel.stream(s):
+        big = torch.randn(512, 512, device="accel")
+        x = (big @ big).sum(1)  # queued work the data-dependent ops must wait for
+        mask = x > 0
+        nz = torch.nonzero(mask)
+        sel = torch.masked_select(x, mask)
+        uniq = torch.unique(torch.tensor([3, 1, 3, 2, 1], device="accel"))
+        filtered = x[mask]
+    xc = x.cpu()
+    assert torch.equal(nz.cpu(), torch.nonzero(xc > 0))
+    assert torch.equal(sel.cpu(), xc[xc > 0])
+    assert torch.equal(filtered.cpu(), xc[xc > 0])
+    assert torch.equal(uniq.cpu(), torch.tensor([1, 2, 3]))
+
+
+def test_data_checks_cuda_makes_on_the_host_raise_at_the_call(no_fallback: None) -> None:
+    # segment_reduce (unsafe=False) checks that the lengths cover the data; CUDA reads them on
+    # the host, so the error raises at the call, not at a later synchronization. Here too, even
+    # queued behind other work, after a first call of the same signature (found by PyTorch's
+    # test_segment_reductions.py).
+    data = torch.arange(6.0, device="accel")
+    first = torch.segment_reduce(data, "sum", lengths=torch.tensor([1, 2, 3], device="accel"))
+    assert_same(first, torch.tensor([0.0, 3.0, 12.0]))
+    short = torch.tensor([1, 2, 2], device="accel")
+    s = torch.accel.Stream()
+    with torch.accel.stream(s):
+        big = torch.randn(512, 512, device="accel")
+        big.matmul(big)
+        with pytest.raises(RuntimeError, match="Expected all rows of lengths along axis to sum"):
+            torch.segment_reduce(data, "sum", lengths=short)
+    s.synchronize()  # nothing left to raise
+    assert_same(data + 1, torch.arange(1.0, 7.0))
+    # linalg.eig refuses infs and NaNs after reading the input (test_linalg.py's
+    # test_eig_with_nan); its results as the CPU's otherwise
+    a = torch.randn(2, 5, 5, dtype=torch.float64)
+    values, vectors = torch.linalg.eig(a.to("accel"))
+    expected_values, expected_vectors = torch.linalg.eig(a)
+    assert_same(values, expected_values)
+    assert_same(vectors, expected_vectors)
+    with torch.accel.stream(s):
+        big.matmul(big)
+        for bad in (float("inf"), float("nan")):
+            a[1, -1, -1] = bad
+            with pytest.raises(RuntimeError, match="input tensor should not contain infs or NaNs"):
+                torch.linalg.eig(a.to("accel"))
+    s.synchronize()
+
+
+def test_numbers_kernels_cannot_convert_raise_at_the_call(no_fallback: None) -> None:
+    # A float beyond float32's range, or a complex number for real tensors: the kernels refuse
+    # to convert it on the host (CUDA's raise at the call), so accel raises at the call too,
+    # also for a signature already seen, queued behind other work (PyTorch's test_foreach.py).
+    a = torch.ones(3, dtype=torch.float16, device="accel")
+    b = torch.zeros(3, dtype=torch.float16, device="accel")
+    assert_same(torch.lerp(a, b, 0.25), torch.full((3,), 0.75, dtype=torch.float16))
+    s = torch.accel.Stream()
+    with torch.accel.stream(s):
+        big = torch.randn(512, 512, device="accel")
+        big.matmul(big)
+        for weight in (1e100, 0.5 + 0.25j):
+            with pytest.raises(RuntimeError, match="cannot be converted to type float"):
+                torch.lerp(a, b, weight)
+            with pytest.raises(RuntimeError, match="cannot be converted to type float"):
+                torch._foreach_lerp([a], [b], weight)
+        with pytest.raises(RuntimeError, match="cannot be converted to type float"):
+            torch.clamp(a.float(), min=-1e100)
+    s.synchronize()  # nothing left to raise
+    assert_same(torch.lerp(a, b, 0.5), torch.full((3,), 0.5, dtype=torch.float16))
+    for x in (torch.ones(2, dtype=torch.float64), torch.ones(2, dtype=torch.complex64)):
+        # where the number fits: computed, as on the CPU
+        w = 1e100 if x.dtype == torch.float64 else 0.5 + 0.25j
+        assert_same(
+            torch.lerp(x.to("accel"), torch.zeros_like(x, device="accel"), w),
+            torch.lerp(x, torch.zeros_like(x), w),
+        )
+
+
+def test_explicit_composites_that_refuse_other_devices_run_the_cpus(no_fallback: None) -> None:
+    # torch.mode(out=) is an explicit composite whose device check takes CPU, CUDA and XPU only
+    # (found by PyTorch's test_reductions.py): the CPU's runs on accel memory instead.
+    x = torch.randint(0, 3, (4, 7), generator=torch.Generator().manual_seed(0)).float()
+    values = torch.empty(0, device="accel")
+    indices = torch.empty(0, dtype=torch.long, device="accel")
+    r = torch.mode(x.to("accel"), 1, out=(values, indices))
+    assert r.values is values and r.indices is indices
+    expected = torch.mode(x, 1)
+    assert_same(values, expected.values)
+    assert_same(indices, expected.indices)
+    # conj_physical_ calls the unary kernel's dispatch stub for the tensor's device, which
+    # has none for accel ("DispatchStub: missing kernel for accel", an internal assert; found by
+    # test_ops_gradients.py): in place on accel memory, like the CPU's
+    z = torch.randn(5, dtype=torch.complex128, generator=torch.Generator().manual_seed(1))
+    za = z.to("accel")
+    assert za.conj_physical_() is za
+    assert_same(za, z.conj_physical())
+    grads = []
+    for t in (z, z.to("accel")):
+        leaf = (t * 1j).requires_grad_()
+        (leaf.clone().conj_physical_() * torch.arange(5.0, device=t.device)).real.sum().backward()
+        grads.append(leaf.grad)
+    assert_same(grads[1], grads[0])
+    # the functional form stays PyTorch's composite (an alias of a real tensor, differentiable)
+    real = torch.ones(3, device="accel", requires_grad=True)
+    torch.conj_physical(real).mul(torch.arange(3.0, device="accel")).sum().backward()
+    assert_same(real.grad, torch.arange(3.0))
+
+
+def test_kernels_run_in_stream_order_and_asynchronously() -> None:
+    s1, s2 = torch.accel.Stream(), torch.accel.Stream()
+    big = torch.randn(1024, 1024, device="accel")
+    # The first call of a signature runs on the caller (it records the result metadata);
+    # later ones are enqueued.
+    with torch.accel.stream(s1):
+        (big @ big).mul_(0.5).add_(1.0)
+    torch.accel.synchronize()
+    with torch.accel.stream(s1):
+        y = big @ big  # long enough to still be running below
+        running = not s1.query()
+        y.mul_(0.5).add_(1.0)  # queued after the product, never before it
+        done = torch.accel.Event()
+        done.record(s1)
+    with torch.accel.stream(s2):
+        s2.wait_event(done)
+        z = y.sum(0)  # reads y only after s1's work
+    if not LAUNCH_BLOCKING:
+        assert running  # the call returned before the kernel finished
+    expected_y = (big.cpu() @ big.cpu()) * 0.5 + 1.0
+    s2.synchronize()
+    torch.testing.assert_close(z.cpu(), expected_y.sum(0), rtol=1e-4, atol=1e-2)
+    torch.testing.assert_close(y.cpu(), expected_y, rtol=1e-4, atol=1e-3)
+
+
+def test_later_writes_do_not_overtake_earlier_reads() -> None:
+    x = torch.ones(256, 256, device="accel")
+    w = torch.randn(256, 256, device="accel")
+    reads = [(x @ w).sum() for _ in range(3)]  # each reads x before the write below
+    x.zero_()
+    total = sum(r.item() for r in reads)
+    expected = 3 * (torch.ones(256, 256) @ w.cpu()).sum().item()
+    assert total == pytest.approx(expected, rel=1e-4)
+    assert x.abs().sum().item() == 0
+
+
+def test_cpu_arguments_are_read_when_the_call_is_made() -> None:
+    # Like a CUDA launch: the CPU scalar is captured at the call, later changes do not leak in.
+    host = torch.tensor(2.0)
+    a = torch.ones(3, device="accel")
+    s = torch.accel.Stream()
+    with torch.accel.stream(s):
+        torch.randn(512, 512, device="accel").matmul(torch.randn(512, 512, device="accel"))
+        r = a * host
+    host.fill_(100.0)
+    s.synchronize()
+    assert_same(r, torch.full((3,), 2.0))
+
+
+def test_python_numbers_keep_their_weak_type_on_0_dim_tensors(no_fallback: None) -> None:
+    # A Python number promotes more weakly than a 0-dim tensor: float32 0-dim + 0.37 computes in
+    # float32 on the CPU, float32 0-dim + a float64 0-dim tensor in float64. Queued behind other
+    # work, the call's task keeps its own copy of the number, which must stay a wrapped number
+    # (PyTorch's test_scatter_gather_ops.py found accel computing the first in float64 there:
+    # results one ulp off in about a fifth of the elements).
+    x = torch.randn(50, generator=torch.Generator().manual_seed(0))
+    ops = [
+        lambda t: t + 0.37,
+        lambda t: t * 0.37,
+        lambda t: t / 0.37,
+        lambda t: t.sub_(0.37),
+        lambda t: t + torch.tensor(0.37, dtype=torch.float64),  # a tensor: computes in float64
+    ]
+    s = torch.accel.Stream()
+    with torch.accel.stream(s):
+        acc = x.to("accel")
+        big = torch.randn(1024, 1024, device="accel")
+        big.matmul(big)  # what follows waits behind it, as tasks
+        got = [[op(acc[i].clone()) for op in ops] for i in range(len(x))]
+    s.synchronize()
+    for i in range(len(x)):
+        for op, r in zip(ops, got[i], strict=True):
+            assert_same(r, op(x[i].clone()))
+    narrowed = [(x[i] + 0.37).item() != (x[i].double() + 0.37).float().item() for i in range(50)]
+    assert any(narrowed)  # the float32 and float64 computations do differ for these elements
