@@ -233,6 +233,45 @@ def test_conv_results_have_the_layout_torch_compile_expects(no_fallback: None) -
                 assert_same(a, c, exact=False)
 
 
+_SMALL_STRIDED_1X1 = """
+import torch, torch_accel
+torch.manual_seed(0)
+CL = torch.channels_last
+x0 = torch.randn(2, 3, 224, 224, dtype=torch.float64)
+w0 = torch.randn(48, 3, 1, 1, dtype=torch.float64)
+g0 = torch.randn(2, 48, 112, 112, dtype=torch.float64)
+args = ([48], [2, 2], [0, 0], [1, 1], False, [0, 0], 1)
+# float64 on the CPU: no oneDNN, the reference
+_, ref_w, ref_b = torch.ops.aten.convolution_backward(g0, x0, w0, *args, [True, True, True])
+for x_cl, w_cl in ((True, False), (False, True), (True, True)):
+    x = x0.float().to("accel", memory_format=CL if x_cl else torch.contiguous_format)
+    w = w0.float().to("accel", memory_format=CL if w_cl else torch.contiguous_format)
+    g = g0.float().to("accel")
+    for mask in ([False, True, False], [True, True, True]):
+        _, gw, gb = torch.ops.aten.convolution_backward(g, x, w, *args, mask)
+        torch.testing.assert_close(gw.cpu().double(), ref_w, rtol=1e-4, atol=1e-3)
+        if mask[2]:
+            torch.testing.assert_close(gb.cpu().double(), ref_b, rtol=1e-4, atol=1e-3)
+# A channels-last model's image stem, eagerly: the weight gradient comes from the same call.
+conv = torch.nn.Conv2d(3, 48, 1, stride=2, bias=False).to("accel", memory_format=CL)
+with torch.no_grad():
+    conv.weight.copy_(w0.float())
+(conv(x0.float().to("accel", memory_format=CL)) * g0.float().to("accel")).sum().backward()
+torch.testing.assert_close(conv.weight.grad.cpu().double(), ref_w, rtol=1e-4, atol=1e-3)
+torch.accel.synchronize()
+print("ok")
+"""
+
+
+def test_small_strided_1x1_weight_gradients_do_not_corrupt_memory(run_python) -> None:  # noqa: ANN001
+    # The CPU's oneDNN kernel writes past its workspace for these (uxlfoundation/oneDNN#6035): the
+    # CPU crashes or corrupts its heap; accel runs them with contiguous tensors
+    # (csrc/aten/convolution.cpp). glibc's heap checks make a stray write fail the run.
+    r = run_python(_SMALL_STRIDED_1X1, MALLOC_CHECK_="3", GLIBC_TUNABLES="glibc.malloc.check=3")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.strip().endswith("ok")
+
+
 def test_inplace_and_out_variants_write_into_their_arguments(no_fallback: None) -> None:
     a = torch.arange(6.0, device="accel").view(2, 3)
     ptr = a.data_ptr()

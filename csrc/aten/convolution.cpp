@@ -2,12 +2,56 @@
 // "overrideable" operators; the forward runs the CPU convolution underlying (see the yaml), and
 // the backward here becomes convolution_backward, also underlying, with the bias sizes the
 // overrideable schema leaves out.
+//
+// The host driver runs the CPU's convolution_backward, whose oneDNN kernel writes past its
+// workspace for one family of calls (uxlfoundation/oneDNN#6035, open; the CPU itself crashes or
+// corrupts its heap in torch 2.11): the weight gradient of a float32 2-d convolution with a 1x1
+// kernel and a stride above 1, channels-last input or weight, and fewer input channels per
+// group than oneDNN's channel block (8 with AVX2, 16 with AVX-512; this takes 16). An image stem
+// or a downsampling shortcut over few channels, in a channels-last model, is one: timm's fastvit
+// under torch.compile crashed in its backward. Such calls run with contiguous tensors, which
+// take oneDNN's blocked path, right results; accel's results are contiguous anyway (the yaml's
+// contiguous_results).
 #include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/convolution_backward.h>
+
+#include <algorithm>
 
 #include "AccelNativeFunctions.h"
 
 namespace accel::aten {
+namespace {
+
+// As ATen's convolution picks oneDNN's channels-last path: by the suggested format, which a 1x1
+// weight keeps through its strides although it is contiguous too.
+bool channels_last(const at::Tensor& t) {
+  return t.suggest_memory_format() == at::MemoryFormat::ChannelsLast;
+}
+
+}  // namespace
+
+bool convolution_backward_small_strided_1x1(const c10::OperatorHandle& op,
+                                            torch::jit::Stack* stack) {
+  // convolution_backward(grad_output, input, weight, bias_sizes, stride, padding, dilation,
+  // transposed, output_padding, groups, output_mask) and its out= form, which adds three.
+  const size_t n = op.schema().arguments().size();
+  const size_t begin = stack->size() - n;
+  auto arg = [&](size_t i) -> c10::IValue& { return (*stack)[begin + i]; };
+  const at::Tensor& input = arg(1).toTensor();
+  const at::Tensor& weight = arg(2).toTensor();
+  if (input.scalar_type() != at::kFloat || weight.dim() != 4 || arg(7).toBool()) return false;
+  if (!arg(10).toBoolList().get(1)) return false;  // no weight gradient
+  if (weight.size(2) != 1 || weight.size(3) != 1 || weight.size(1) >= 16) return false;
+  const auto stride = arg(4).toIntVector();
+  if (std::all_of(stride.begin(), stride.end(), [](int64_t s) { return s == 1; })) return false;
+  if (!channels_last(input) && !channels_last(weight)) return false;
+  for (size_t i : {0, 1, 2}) {
+    const at::Tensor& t = arg(i).toTensor();
+    if (channels_last(t) || !t.is_contiguous()) arg(i) = t.clone(at::MemoryFormat::Contiguous);
+  }
+  return false;  // the call runs as usual, with these tensors
+}
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward_overrideable(
     const at::Tensor& grad_output, const at::Tensor& input, const at::Tensor& weight,
