@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import warnings
 from collections.abc import Callable
 
@@ -12,8 +11,6 @@ import torch.nn.functional as F
 
 import torch_accel
 from helpers import assert_same
-
-LAUNCH_BLOCKING = os.environ.get("ACCEL_LAUNCH_BLOCKING") == "1"
 
 
 def inputs(seed: int = 0) -> dict[str, torch.Tensor]:

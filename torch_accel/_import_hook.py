@@ -18,8 +18,9 @@ before a compile selects it; test_compile.py checks that the first compile of a 
 ``native_layer_norm`` whole, and fails once this hook is no longer what makes that happen
 (torch_accel._inductor.INDUCTOR_TRIGGER names the module).
 
-Other users: _torch_fixes.py's polyfill registered with Dynamo, and accel's autocast rules for
-torchvision's operators (torch_accel/__init__.py).
+Other users wait for Dynamo (torch.accel's substitutes in _dynamo/polyfills.py, _torch_fixes.py's
+is_autocast_enabled) and for torchvision (accel's autocast rules for its operators); see
+torch_accel/__init__.py.
 """
 
 from __future__ import annotations
