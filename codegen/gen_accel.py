@@ -78,7 +78,7 @@ class Registration:
     reason: str = ""
     signature: str = ""  # native: the C++ declaration
     entry: str = ""  # the yaml entry it comes from (for docs)
-    into: str = ""  # underlying functional form: the task function writing into the results
+    into: str = ""  # underlying functional/mutable form: the task function writing the results
     widen: dict[str, str] = field(default_factory=dict)  # dtype the CPU lacks: dtype it runs in
     cuda_like: str = ""  # function handling calls CUDA's kernel takes and the CPU's refuses
 
@@ -300,7 +300,7 @@ def expand(entry: dict[str, Any], nf: NativeFunctions, torch_dir: Path) -> list[
                 contiguous_results=contiguous_results,
                 meta=meta_body,
                 meta_header=meta_header,
-                into=into if v == "functional" else "",
+                into=into if v in ("functional", "mutable") else "",
                 widen=dict(widen),
                 cuda_like=str(cuda_like),
                 dtypes=list(dtypes),

@@ -11,6 +11,8 @@ import pytest
 import torch
 from torch import nn
 
+from helpers import assert_same
+
 ACCEL = torch.device("accel")
 
 
@@ -461,3 +463,107 @@ def test_dtypes_cuda_takes_and_the_cpu_does_not(name: str, dtype: torch.dtype, f
                 continue
             # The reference rounded (and overflowing) as accel's result, compared in its dtype.
             torch.testing.assert_close(g.cpu(), e.to(g.dtype), equal_nan=True, **(tol or {}))
+
+
+def _batch_norm_eval(device: str, dtype: torch.dtype) -> dict[str, tuple[torch.Tensor, ...]]:
+    """Every batch norm operator in eval mode, functional and out=, on one device (the same
+    values on every device: see _BN_STATS)."""
+    x = torch.randn(3, 4, 5, generator=torch.Generator().manual_seed(0)).to(device, dtype)
+    stats = torch.float64 if dtype == torch.float64 else torch.float32
+    w, b, mean, var = (t.to(device, stats) for t in _BN_STATS)
+    args = (x, w, b, mean, var)
+    aten = torch.ops.aten
+
+    def out(op: torch._ops.OpOverload, *rest: object) -> tuple[torch.Tensor, ...]:
+        names = [a.name for a in op._schema.arguments if a.is_out]
+        dtypes = (dtype, stats, stats)  # the CPU kernel takes statistics of that dtype only
+        outs = {
+            n: torch.empty(0, device=device, dtype=d) for n, d in zip(names, dtypes, strict=True)
+        }
+        return op(*args, *rest, **outs)
+
+    return {
+        "native_batch_norm": aten.native_batch_norm(*args, False, 0.1, 1e-5),
+        "native_batch_norm.out": out(aten.native_batch_norm.out, False, 0.1, 1e-5),
+        "legit": aten._native_batch_norm_legit(*args, False, 0.1, 1e-5),
+        "legit.out": out(aten._native_batch_norm_legit.out, False, 0.1, 1e-5),
+        "legit_functional": aten._native_batch_norm_legit_functional(*args, False, 0.1, 1e-5),
+        "no_training": aten._native_batch_norm_legit_no_training(*args, 0.1, 1e-5),
+        "no_training.out": out(aten._native_batch_norm_legit_no_training.out, 0.1, 1e-5),
+        # its kernel calls the CPU's batch norm on any device (cuda's fails); accel's follows
+        # PyTorch's decomposition
+        "no_update": aten._batch_norm_no_update(*args, 0.1, 1e-5),
+    }
+
+
+# weight, bias, running_mean, running_var
+_BN_STATS = (torch.randn(4), torch.randn(4), torch.randn(4), torch.rand(4) + 0.5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_batch_norm_in_eval_mode_returns_its_statistics_like_cuda(
+    dtype: torch.dtype, fallback_mode
+) -> None:
+    """In eval mode CUDA's batch norm returns the statistics it normalized with (running_mean,
+    1/sqrt(running_var + eps)), and PyTorch's meta functions say so for every device but the CPU,
+    whose kernel returns empty ones: fake tensors, torch.compile and graph capture expect CUDA's.
+    Found by PyTorch's test_decomp.py and test_ops.py (its fake tensor tests)."""
+    stats = torch.float64 if dtype == torch.float64 else torch.float32  # the computation dtype
+    mean, var = _BN_STATS[2].to(stats), _BN_STATS[3].to(stats)
+    expected = (mean, 1 / torch.sqrt(var + 1e-5))
+    cpu = _batch_norm_eval("cpu", dtype)
+    with torch._subclasses.FakeTensorMode(allow_non_fake_inputs=True):
+        fake = _batch_norm_eval("accel", dtype)
+    # Twice: the first call of a signature runs on the caller, later ones as stream tasks.
+    # (The meta function of _native_batch_norm_legit.out leaves its statistics empty, CUDA's
+    # kernel sizes them as it does for the other forms: out= forms are checked against values.)
+    for _ in range(2):
+        for name, results in _batch_norm_eval("accel", dtype).items():
+            assert_same(results[0], cpu[name][0])  # the normalized output: the CPU's
+            assert cpu[name][1].shape == (0,), name  # the CPU's statistics
+            for got, meta, want in zip(results[1:3], fake[name][1:3], expected, strict=True):
+                if not name.endswith(".out"):
+                    assert (got.shape, got.dtype) == (meta.shape, meta.dtype), name
+                assert_same(got, want.to(got.dtype))
+            for got, want in zip(results[3:], cpu[name][3:], strict=True):
+                assert_same(got, want)  # new running statistics; the empty reserve
+
+
+def test_batch_norm_in_eval_mode_captures_and_trains_like_the_cpu(fallback_mode) -> None:
+    """Graph capture allocates what the meta functions say; a capture that was the first call
+    of an eval-mode signature copied the CPU's 0 statistics into C of them ("The size of tensor
+    a (4) must match the size of tensor b (0)"). Gradients in eval mode read the running
+    statistics, not the returned ones: they stay the CPU's."""
+    x = torch.randn(2, 4, 3, 3)
+    bn = nn.BatchNorm2d(4).eval()
+    with torch.no_grad():
+        bn.running_mean.copy_(_BN_STATS[2])
+        bn.running_var.copy_(_BN_STATS[3])
+    bn_accel = copy.deepcopy(bn).to(ACCEL)
+    static_x = x.to(ACCEL)
+    mean_accel, var_accel = (t.to(ACCEL, torch.float64) for t in _BN_STATS[2:])
+    graph = torch.accel.AccelGraph()
+    stream = torch.accel.Stream()
+    stream.wait_stream(torch.accel.current_stream())
+    with torch.accel.stream(stream), torch.accel.graph(graph), torch.no_grad():
+        # float64 without weight or bias: a signature no call ran before (in this process)
+        static_y = torch.ops.aten._native_batch_norm_legit_no_training(
+            static_x.double(), None, None, mean_accel, var_accel, 0.1, 1e-5
+        )
+    torch.accel.current_stream().wait_stream(stream)
+    for scale in (1.0, 2.0):
+        static_x.copy_(x * scale)
+        graph.replay()
+        mean, var = (t.double() for t in _BN_STATS[2:])
+        expected = torch.ops.aten._native_batch_norm_legit_no_training(
+            (x * scale).double(), None, None, mean, var, 0.1, 1e-5
+        )
+        assert_same(static_y[0], expected[0])
+        assert_same(static_y[1], mean)
+        assert_same(static_y[2], 1 / torch.sqrt(var + 1e-5))
+
+    xs = [x.clone().requires_grad_(), x.to(ACCEL).requires_grad_()]
+    for m, xi in zip((bn, bn_accel), xs, strict=True):
+        m(xi).pow(2).sum().backward()
+    assert_same(xs[1].grad, xs[0].grad, exact=False)
+    assert_same(bn_accel.weight.grad, bn.weight.grad, exact=False)

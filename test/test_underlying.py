@@ -357,7 +357,8 @@ def test_out_arguments_resize_warn_and_keep_strides_like_the_cpu(
 def test_empty_out_arguments_take_the_cpu_kernels_shapes_and_strides(no_fallback: None) -> None:
     """Found by PyTorch's test_ops.py (test_out): an empty out= tensor was sized from the meta
     function even where the CPU kernel leaves it alone (of the right shape already: a batch of
-    zero linear systems) or sizes it otherwise (batch norm's statistics in eval mode)."""
+    zero linear systems). (Batch norm's statistics in eval mode, which the CPU kernel leaves
+    empty, are CUDA's on accel: test_cuda_like.py.)"""
     torch.manual_seed(0)
     a, b = torch.randn(0, 5, 5), torch.randn(0, 5)
     x = torch.randn(3, 2, 4)
@@ -370,11 +371,10 @@ def test_empty_out_arguments_take_the_cpu_kernels_shapes_and_strides(no_fallback
         solved = torch.empty(0, 5, device=device)  # the right shape, contiguous strides
         torch.linalg.solve(on(a), on(b), out=solved)
         results = [solved]
-        for training in (False, True):  # eval: the statistics stay empty; training: sized
-            normed = [torch.empty(0, device=device) for _ in range(3)]
-            args = (on(x), on(w), on(bias), on(mean), on(var))
-            torch.native_batch_norm(*args, training, 0.1, 1e-5, out=normed)
-            results += normed
+        normed = [torch.empty(0, device=device) for _ in range(3)]
+        args = (on(x), on(w), on(bias), on(mean), on(var))
+        torch.native_batch_norm(*args, True, 0.1, 1e-5, out=normed)
+        results += normed
         return results
 
     # Three times: the first call of a signature runs on the caller, later ones as tasks
@@ -401,6 +401,28 @@ def test_batch_norm_statistics_written_into_a_lazy_clone_leave_its_source_alone(
         assert torch.equal(var.cpu(), torch.ones(3)), device
         torch.testing.assert_close(lazy_mean.cpu(), x.mean(0) * 0.5)
         torch.testing.assert_close(lazy_var.cpu(), x.var(0) * 0.5 + 0.5)
+
+
+def test_copy_on_write_inputs_that_are_only_read_stay_shared(no_fallback: None) -> None:
+    """Found by PyTorch's test_ops.py (test_cow_input): a CPU index (its upload to accel asked
+    for the pointer to write), to_sparse's dense input (operators that run their CPU kernel
+    through a direct call viewed every argument as written) got memory of their own: an extra
+    copy of data nothing wrote."""
+    x = torch.randn(5, 5, 5)
+    mask = torch.tensor([True, False, True, False, True])
+    x_accel = x.to("accel")
+    reads = {  # (the argument, what reads it, the expected result)
+        "cpu index": (mask, lambda m: x_accel[m], x[mask]),
+        "upload": (mask, lambda m: m.to("accel"), mask),
+        "to_sparse": (x_accel, lambda t: t.to_sparse().to_dense(), x),
+        "to_sparse_csr": (x_accel[0], lambda t: t.to_sparse_csr().to_dense(), x[0]),
+    }
+    for name, (argument, read, expected) in reads.items():
+        lazy = torch._lazy_clone(argument)
+        assert torch._C._is_cow_tensor(lazy)
+        result = read(lazy)
+        assert torch._C._is_cow_tensor(lazy), f"{name}: the input got memory of its own"
+        assert_same(result, expected)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

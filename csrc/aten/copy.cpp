@@ -174,8 +174,10 @@ void copy_host_to_accel(const at::Tensor& dst, const at::Tensor& src, bool non_b
   if (same_bytes(dst, host)) {
     memcpy_on(stream, dst.data_ptr(), host.const_data_ptr(), nbytes_of(dst),
               rt::CopyKind::HostToDevice, "copy_");
-    const bool pinned = rt::is_pinned(host.data_ptr());
-    if (pinned) device::call([&] { rt::host_record_stream(host.data_ptr(), stream); });
+    // (const: a copy-on-write source stays shared)
+    void* data = const_cast<void*>(host.const_data_ptr());
+    const bool pinned = rt::is_pinned(data);
+    if (pinned) device::call([&] { rt::host_record_stream(data, stream); });
     if (!non_blocking || !pinned) synchronize(stream);
     return;
   }

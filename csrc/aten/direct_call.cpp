@@ -95,12 +95,12 @@ class Converter {
       : device_(device), storages_(kernel_device(device)), host_(executor() == Executor::Host) {}
 
   // The tensor of the executor's device over the memory of an accel argument (dense, nested or
-  // sparse).
-  at::Tensor to_cpu(const at::Tensor& t) {
+  // sparse). Memory the kernel only reads stays shared where it is copy-on-write.
+  at::Tensor to_cpu(const at::Tensor& t, bool write) {
     if (!is_accel(t)) return t;
     if (is_sparse_any(t)) {
-      at::Tensor mine =
-          sparse_on(t, storages_.device(), [this](const at::Tensor& d) { return to_cpu(d); });
+      at::Tensor mine = sparse_on(t, storages_.device(),
+                                  [this, write](const at::Tensor& d) { return to_cpu(d, write); });
       sparse_.emplace_back(mine.unsafeGetTensorImpl(), t);
       return mine;
     }
@@ -108,9 +108,10 @@ class Converter {
     memory_.add(s);
     bases_.emplace_back(s.data(), t);
     guard(s);
-    if (!t.is_nested()) return Layout::of(t).view(storages_);
+    if (!t.is_nested()) return Layout::of(t, write).view(storages_);
     const auto* nt = at::native::get_nested_tensor_impl(t);
-    c10::Storage cpu = storages_.get(s.mutable_data(), s.nbytes());
+    c10::Storage cpu =
+        storages_.get(write ? s.mutable_data() : const_cast<void*>(s.data()), s.nbytes());
     const c10::DispatchKey key =
         c10::computeDispatchKey(t.scalar_type(), c10::kStrided, storages_.device());
     return nested_over(whole_buffer(std::move(cpu), c10::DispatchKeySet(key), t.dtype()), *nt);
@@ -274,13 +275,18 @@ void direct_call(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   bool cpu_target = nested_metadata(name);
   torch::jit::Stack cpu;
   cpu.reserve(n);
+  // What ATen's schemas do not mark as written is only read (copy-on-write inputs stay shared);
+  // other libraries' operators may write anything.
+  const bool aten = name.rfind("aten::", 0) == 0;
   for (size_t i = begin; i < stack->size(); ++i) {
     const c10::IValue& v = (*stack)[i];
+    const c10::AliasInfo* alias = schema.arguments()[i - begin].alias_info();
+    const bool write = !aten || (alias != nullptr && alias->isWrite());
     if (v.isTensor()) {
-      cpu.emplace_back(convert.to_cpu(v.toTensor()));
+      cpu.emplace_back(convert.to_cpu(v.toTensor(), write));
     } else if (v.isTensorList()) {
       std::vector<at::Tensor> ts;
-      for (const at::Tensor& t : v.toTensorVector()) ts.push_back(convert.to_cpu(t));
+      for (const at::Tensor& t : v.toTensorVector()) ts.push_back(convert.to_cpu(t, write));
       cpu.emplace_back(std::move(ts));
     } else if (v.isDevice()) {
       cpu_target = cpu_target || v.toDevice().is_cpu();

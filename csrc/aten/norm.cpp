@@ -1,14 +1,21 @@
-// Layer norm on the underlying tier, computing straight into its three results.
+// Layer norm on the underlying tier, computing straight into its three results; batch norm's
+// statistics in eval mode as CUDA returns them.
 //
 // native_layer_norm and its backward return several tensors and have no out= kernel, so the
 // generic underlying task would run the CPU operator and copy every result into accel memory
 // (a second pass over the data). These task functions (yaml `into:`) call ATen's CPU layer
 // norm kernels with the accel results as outputs instead. Shapes and dtypes of the results come
 // from the meta pass, as for every underlying operator; the checks ran there too.
+#include <ATen/OpMathType.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/ops/_native_batch_norm_legit.h>
+#include <ATen/ops/_native_batch_norm_legit_no_training.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/native_batch_norm.h>
 #include <ATen/ops/ones.h>
 #include <ATen/ops/zeros.h>
+#include <c10/util/ScopeExit.h>
 #include <c10/util/accumulate.h>
 
 #include <optional>
@@ -158,6 +165,106 @@ void native_layer_norm_backward_into(torch::jit::Stack& args,
   dx.finish();
   dgamma.finish();
   dbeta.finish();
+}
+
+// Batch norm in eval mode: native_batch_norm, _native_batch_norm_legit(_functional) (input,
+// weight?, bias?, running_mean?, running_var?, training, momentum, eps) and
+// _native_batch_norm_legit_no_training (no training), with their out= forms -> (out, save_mean,
+// save_invstd, ...). CUDA's kernels return the statistics they normalized with: running_mean
+// and 1/sqrt(running_var + eps), C values of the input's computation dtype (float for half
+// precision), out= tensors resized to C; so do PyTorch's meta functions, hence fake tensors and
+// torch.compile. The CPU kernel returns empty ones. Accel returns CUDA's: the call runs as usual
+// (empty statistics after the first call of a signature, which gives the CPU kernel's shapes),
+// then its statistics are replaced, or written into the out= tensors.
+bool batch_norm_eval_statistics(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  thread_local bool inside = false;  // the call below comes back here
+  if (inside) return false;
+  const c10::FunctionSchema& schema = op.schema();
+  const size_t n = schema.arguments().size();
+  const size_t begin = stack->size() - n;
+  auto arg = [&](size_t i) -> const c10::IValue& { return (*stack)[begin + i]; };
+  if (arg(3).isNone() || arg(4).isNone()) return false;  // batch statistics, or the kernel's error
+  if (schema.name() == "aten::_batch_norm_no_update") {
+    // Its kernel (CompositeExplicitAutograd) calls the CPU's batch norm whatever the device,
+    // cuda's too. As PyTorch's decomposition: _native_batch_norm_legit_no_training's results
+    // (on accel, these statistics) and an empty reserve.
+    static const c10::OperatorHandle no_update = c10::Dispatcher::singleton().findSchemaOrThrow(
+        "aten::_native_batch_norm_legit_no_training", "");
+    const at::Tensor input = arg(0).toTensor();
+    no_update.callBoxed(stack);
+    stack->emplace_back(at::empty({0}, input.options().dtype(at::kByte)));
+    return true;
+  }
+  const bool no_training = schema.name() == "aten::_native_batch_norm_legit_no_training";
+  if (!no_training && arg(5).toBool()) return false;
+  const at::Tensor input = arg(0).toTensor();
+  const at::Tensor running_mean = arg(3).toTensor();
+  const at::Tensor running_var = arg(4).toTensor();
+  const double eps = arg(no_training ? 6 : 7).toDouble();
+  {
+    inside = true;
+    const auto reset = c10::make_scope_exit([] { inside = false; });
+    op.callBoxed(stack);
+  }
+  // As PyTorch's decomposition computes them (torch._decomp's native_batch_norm_helper).
+  const c10::ScalarType dtype = at::toOpMathType(input.scalar_type());
+  at::Tensor invstd = running_var.to(dtype).add(eps);
+  invstd.sqrt_().reciprocal_();
+  at::Tensor mean = running_mean.to(dtype, /*non_blocking=*/false, /*copy=*/true);
+  const size_t first = stack->size() - schema.returns().size();
+  c10::IValue& save_mean = (*stack)[first + 1];
+  c10::IValue& save_invstd = (*stack)[first + 2];
+  if (schema.overload_name() == "out") {  // the results are the out= tensors
+    for (const auto& [to, from] :
+         {std::pair{save_mean.toTensor(), mean}, {save_invstd.toTensor(), invstd}}) {
+      to.resize_(from.sizes());
+      to.copy_(from);
+    }
+  } else {
+    save_mean = std::move(mean);
+    save_invstd = std::move(invstd);
+  }
+  return true;
+}
+
+// The task of the functional batch norm operators above, training or not: the CPU kernel's
+// results, except that statistics allocated from the meta functions (C of them, in a graph
+// capture that was the first call of its signature) where the CPU kernel returns none get the
+// values batch_norm_eval_statistics gives (it replaces them anyway; the task must not fail).
+void batch_norm_into(torch::jit::Stack& args, const std::vector<at::Tensor>& results) {
+  auto tensor = [&](size_t i) { return args[i].isNone() ? at::Tensor() : args[i].toTensor(); };
+  const at::Tensor input = tensor(0);
+  const at::Tensor running_mean = tensor(3);
+  const at::Tensor running_var = tensor(4);
+  std::vector<at::Tensor> cpu;
+  if (args.size() == 7) {  // _native_batch_norm_legit_no_training
+    const auto [y, m, s] = at::_native_batch_norm_legit_no_training(
+        input, tensor(1), tensor(2), running_mean, running_var, args[5].toDouble(),
+        args[6].toDouble());
+    cpu = {y, m, s};
+  } else if (results.size() == 5) {  // _native_batch_norm_legit_functional
+    const auto [y, m, s, rm, rv] = at::_native_batch_norm_legit_functional(
+        input, tensor(1), tensor(2), running_mean, running_var, args[5].toBool(),
+        args[6].toDouble(), args[7].toDouble());
+    cpu = {y, m, s, rm, rv};
+  } else {  // native_batch_norm, _native_batch_norm_legit: the same CPU kernel
+    const auto [y, m, s] =
+        at::native_batch_norm(input, tensor(1), tensor(2), running_mean, running_var,
+                              args[5].toBool(), args[6].toDouble(), args[7].toDouble());
+    cpu = {y, m, s};
+  }
+  const double eps = args[args.size() - 1].toDouble();
+  for (size_t i = 0; i < results.size(); ++i) {
+    const at::Tensor& to = results[i];
+    if (!to.defined()) continue;
+    if (to.sizes() == cpu[i].sizes()) {
+      to.copy_(cpu[i]);
+    } else if (i == 1) {
+      to.copy_(running_mean);
+    } else if (i == 2) {
+      to.copy_(running_var.to(to.scalar_type()).add(eps).sqrt_().reciprocal_());
+    }
+  }
 }
 
 }  // namespace accel::aten
