@@ -77,6 +77,19 @@ def test_argument_checks_of_cpu_kernels_raise_at_the_call() -> None:
     _usable()
 
 
+def test_bad_arguments_of_view_operators_raise_the_cpus_error() -> None:
+    """Views without an accel kernel are computed on meta tensors; the meta kernel's argument
+    checks are the call's errors (they were reported as accel lacking a kernel)."""
+    for call in (lambda t: t.unfold(0, 5, 1), lambda t: t.diagonal(dim1=0, dim2=0)):
+        with pytest.raises(RuntimeError) as cpu:
+            call(torch.randn(3))
+        with pytest.raises(type(cpu.value)) as accel:
+            call(torch.randn(3, device=ACCEL))
+        assert not isinstance(accel.value, NotImplementedError)
+        assert str(accel.value).splitlines()[0] == str(cpu.value).splitlines()[0]
+    _usable()
+
+
 def test_checks_of_float_arguments_raise_at_the_call() -> None:
     # A call with new floating-point values runs first on the caller, like any new signature:
     # kernels check them (CUDA checks them before launching).
