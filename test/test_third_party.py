@@ -234,6 +234,45 @@ def test_from_pretrained_device_map_puts_models_on_accel_devices(
         assert got.cpu().tolist() == expected.tolist()
 
 
+@pytest.mark.parametrize("variant", ["lora", "dora"])
+def test_peft_lora_fine_tuning_matches_cpu(variant: str, no_fallback: None) -> None:
+    """PEFT's adapters (its LoRA layers wrap the model's Linear modules; DoRA adds a weight
+    norm per output) train on accel as on the CPU, and merge back into the base weights."""
+    import peft
+
+    torch.manual_seed(0)
+    base, vocab = _llama()
+    ids = torch.randint(1, vocab, (2, 12))
+    runs = {}
+    for device in ("cpu", "accel"):
+        config = peft.LoraConfig(
+            r=4,
+            lora_alpha=8,
+            target_modules=["q_proj", "v_proj", "up_proj"],
+            init_lora_weights="gaussian",  # B not zero: the adapters change the outputs at once
+            use_dora=variant == "dora",
+        )
+        torch.manual_seed(1)
+        model = peft.get_peft_model(copy.deepcopy(base), config).to(device)
+        trained = [p for p in model.parameters() if p.requires_grad]
+        assert trained and all(p.device.type == device for p in trained)
+        opt = torch.optim.AdamW(trained, lr=1e-2)
+        losses = []
+        for _ in range(3):
+            loss = model(input_ids=ids.to(device), labels=ids.to(device)).loss
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            losses.append(loss.item())
+        merged = model.merge_and_unload()
+        assert not any("lora" in name for name, _ in merged.named_parameters())
+        with torch.no_grad():
+            runs[device] = (losses, merged(input_ids=ids.to(device)).logits.cpu())
+    torch.testing.assert_close(runs["accel"][0], runs["cpu"][0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(runs["accel"][1], runs["cpu"][1], rtol=1e-4, atol=1e-4)
+    assert runs["cpu"][0][-1] < runs["cpu"][0][0]  # the adapters learned
+
+
 def test_gpt2_embeddings_stay_tied_on_accel(no_fallback: None) -> None:
     torch.manual_seed(0)
     model, _ = _gpt2()
