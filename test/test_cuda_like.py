@@ -567,3 +567,75 @@ def test_batch_norm_in_eval_mode_captures_and_trains_like_the_cpu(fallback_mode)
         m(xi).pow(2).sum().backward()
     assert_same(xs[1].grad, xs[0].grad, exact=False)
     assert_same(bn_accel.weight.grad, bn.weight.grad, exact=False)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize(
+    ("fn", "affine"),
+    # (_batch_norm_no_update's backward needs a weight, on the CPU too)
+    [("batch_norm", False), ("batch_norm", True), ("no_update", True)],
+)
+def test_half_precision_batch_norm_in_eval_mode_backpropagates_like_the_cpu(
+    dtype: torch.dtype, fn: str, affine: bool, fallback_mode
+) -> None:
+    """The float statistics of eval mode (test above) reach the backward, whose CPU kernel
+    takes them only in its own dtype (half, with half parameters): found by the OpInfo sweep
+    ("expected scalar type BFloat16 but found Float")."""
+    x = torch.randn(3, 4, 5, dtype=dtype)
+    params = [torch.randn(4, dtype=dtype) for _ in range(2)] if affine else [None, None]
+    stats = (torch.randn(4, dtype=dtype), torch.rand(4, dtype=dtype) + 0.5)
+    dy = torch.randn(3, 4, 5, dtype=dtype)
+    grads = {}
+    for device in ("cpu", "accel"):
+        xd = x.to(device, copy=True).requires_grad_()
+        wd, bd = (None if p is None else p.to(device, copy=True).requires_grad_() for p in params)
+        mean, var = (t.to(device) for t in stats)
+        if fn == "batch_norm":
+            y = torch.nn.functional.batch_norm(xd, mean, var, wd, bd, training=False)
+        else:
+            y = torch.ops.aten._batch_norm_no_update(xd, wd, bd, mean, var, 0.1, 1e-5)[0]
+        y.backward(dy.to(device))
+        grads[device] = [t.grad for t in (xd, wd, bd) if t is not None]
+    for a, c in zip(grads["accel"], grads["cpu"], strict=True):
+        assert_same(a, c)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("weight", [None, "half", "float"])
+def test_layer_norm_statistics_are_float_like_cuda(
+    dtype: torch.dtype, weight: str | None, fallback_mode
+) -> None:
+    """native_layer_norm of a half-precision input returns float mean and rstd, as CUDA and the
+    meta function (which torch.compile's generated backward reads by) say, whatever the
+    parameters' dtype; the CPU's rounds them to the input's dtype unless a parameter is float.
+    The backward takes them back, also in the first call of its signature (the CPU kernel's)."""
+    x = torch.randn(4, 6, 8, dtype=dtype)
+    w = None if weight is None else torch.randn(8).to(dtype if weight == "half" else torch.float)
+    dy = torch.randn(4, 6, 8, dtype=dtype)
+
+    mask = [True, w is not None, w is not None]
+
+    def call(device: str, stats: tuple[torch.Tensor, torch.Tensor] | None = None):  # type: ignore[no-untyped-def]
+        on = lambda t: None if t is None else t.to(device)  # noqa: E731
+        y, mean, rstd = torch.ops.aten.native_layer_norm(on(x), [8], on(w), on(w), 1e-5)
+        mean, rstd = (mean, rstd) if stats is None else (on(stats[0]), on(stats[1]))
+        grads = torch.ops.aten.native_layer_norm_backward(
+            on(dy), on(x), [8], mean, rstd, on(w), on(w), mask
+        )
+        return y, mean, rstd, grads
+
+    y, mean, rstd, grads = call("cpu")
+    with torch._subclasses.FakeTensorMode(allow_non_fake_inputs=True):
+        fake = call("accel")
+    for _ in range(2):  # the first call of a signature runs on the caller, later ones as tasks
+        got = call("accel")
+        assert_same(got[0], y)
+        for g, f, c in zip(got[1:3], fake[1:3], (mean, rstd), strict=True):
+            assert (g.dtype, g.shape) == (f.dtype, f.shape) == (torch.float32, c.shape)
+            assert_same(g, c.float())  # the CPU kernel's values
+        # The backward from accel's float statistics is the backward from the CPU's.
+        given = call("accel", (mean, rstd))[3]
+        assert_same(got[3][0], grads[0])
+        for g, c in zip(got[3], given, strict=True):
+            if c is not None:
+                assert_same(g, c.cpu())

@@ -167,6 +167,48 @@ void native_layer_norm_backward_into(torch::jit::Stack& args,
   dbeta.finish();
 }
 
+// native_layer_norm of a half-precision input returns mean and rstd in float on CUDA, and
+// PyTorch's meta function says so for every device; the CPU kernel returns them in the input's
+// dtype unless a parameter is float. torch.compile keeps native_layer_norm whole on accel while
+// it decomposes the backward, whose generated kernels read the statistics as the meta function
+// typed them: half statistics there gave wrong gradients. The call runs as usual (the first
+// call of a signature gives the CPU kernel's dtypes), then its statistics are converted
+// (values rounded as the CPU kernel rounded them). The out= form keeps the CPU's rule.
+bool layer_norm_float_statistics(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  thread_local bool inside = false;  // the call below comes back here
+  if (inside || op.schema().overload_name() == "out") return false;
+  const size_t begin = stack->size() - op.schema().arguments().size();
+  const c10::ScalarType dtype = at::toOpMathType((*stack)[begin].toTensor().scalar_type());
+  {
+    inside = true;
+    const auto reset = c10::make_scope_exit([] { inside = false; });
+    op.callBoxed(stack);
+  }
+  for (size_t i = stack->size() - 2; i < stack->size(); ++i) {  // mean, rstd
+    const at::Tensor& t = (*stack)[i].toTensor();
+    if (t.scalar_type() != dtype) (*stack)[i] = t.to(dtype);
+  }
+  return true;
+}
+
+// native_layer_norm_backward(grad_out, input, normalized_shape, mean, rstd, weight?, bias?,
+// output_mask): the CPU kernel takes the statistics only in the dtype it returns them in (see
+// stats_dtype), accel's forward returns float: they are converted back, and the call runs with
+// them.
+bool layer_norm_backward_statistics(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const size_t begin = stack->size() - op.schema().arguments().size();
+  auto tensor = [&](size_t i) {
+    const c10::IValue& v = (*stack)[begin + i];
+    return v.isNone() ? at::Tensor() : v.toTensor();
+  };
+  const c10::ScalarType want = stats_dtype(tensor(1), tensor(5), tensor(6));
+  for (size_t i : {3, 4}) {
+    const at::Tensor t = tensor(i);
+    if (t.scalar_type() != want) (*stack)[begin + i] = t.to(want);
+  }
+  return false;  // the call runs as usual, with these statistics
+}
+
 // Batch norm in eval mode: native_batch_norm, _native_batch_norm_legit(_functional) (input,
 // weight?, bias?, running_mean?, running_var?, training, momentum, eps) and
 // _native_batch_norm_legit_no_training (no training), with their out= forms -> (out, save_mean,
@@ -225,6 +267,29 @@ bool batch_norm_eval_statistics(const c10::OperatorHandle& op, torch::jit::Stack
     save_invstd = std::move(invstd);
   }
   return true;
+}
+
+// native_batch_norm_backward and batch_norm_backward (grad_out, input, weight?, running_mean?,
+// running_var?, save_mean?, save_invstd?, ...): the CPU kernel takes the saved statistics only
+// in the dtype it returns them in: the parameters' (float for a half input with float
+// parameters), else the input's. Accel's float statistics of a half-precision input in eval
+// mode (above) are converted to it, and the call runs with them.
+bool batch_norm_backward_statistics(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const size_t begin = stack->size() - op.schema().arguments().size();
+  auto tensor = [&](size_t i) {
+    const c10::IValue& v = (*stack)[begin + i];
+    return v.isNone() ? at::Tensor() : v.toTensor();
+  };
+  const at::Tensor input = tensor(1);
+  const at::Tensor param = tensor(2).defined() ? tensor(2) : tensor(3);
+  const c10::ScalarType want = at::isReducedFloatingType(input.scalar_type()) && param.defined()
+                                   ? param.scalar_type()
+                                   : input.scalar_type();
+  for (size_t i : {5, 6}) {
+    const at::Tensor t = tensor(i);
+    if (t.defined() && t.scalar_type() != want) (*stack)[begin + i] = t.to(want);
+  }
+  return false;  // the call runs as usual, with these statistics
 }
 
 // The task of the functional batch norm operators above, training or not: the CPU kernel's

@@ -92,6 +92,9 @@ FILES: dict[str, str] = {
         "f0a8cfcff24e1ed0782306868682a1d0831c8e69ca78ab50a9f193775d222d73"
     ),
     "functorch/test_vmap.py": "4aea471f3c67195482c6d9ccb1cd63a70af33dca775cdbe855ae1386453b1f03",
+    "test_expanded_weights.py": "b2ccd0a56573ba7d777a658696a5b6035c2474895b18198b56f334fee5bfd29f",
+    "test_fake_tensor.py": "ba49e1874656e58333c993dca50b35a68bf256274c4467b18cca77f38cabdbbc",
+    "test_decomp.py": "872da78f6acb43f7fe4aa129d9762c502c2d2b7d694ebde351a942a968a2e507",
 }
 # Modules the test files import (test_optim.py: `from optim.test_optim import ...`), extracted
 # with them but not run as files of their own.
