@@ -28,7 +28,7 @@ the NOT_RUN tests (left out for their time).
 
 * default (make test): every file but those in FULL_ONLY, without the slow tests in SLOW
   (about 6 min on 2 cores);
-* PYTORCH_SUITES_FULL=1: every test of every file (about 140 min);
+* PYTORCH_SUITES_FULL=1: every test of every file (about 155 min);
 * PYTORCH_SUITES_FILES=test_a.py,test_b.py: those files only (without SLOW unless FULL too);
 * PYTORCH_SUITES_CPU=1 (with any): also runs the files on the CPU (plain torch, no
   torch_accel) as the reference: an accel failure whose CPU twin fails too is drift; checks that
@@ -143,7 +143,8 @@ FULL_ONLY = {
     # modules, none of which failed on accel when it was added
     "test_expanded_weights.py",
     "test_fake_tensor.py",  # 12 s: fake accel tensors (device propagation, constructors)
-    # TIME: PyTorch's decompositions (Inductor's) against accel's kernels, every OpInfo
+    # 14 min: PyTorch's decompositions (Inductor's) against accel's kernels, every OpInfo's
+    # first samples (test_quick)
     "test_decomp.py",
 }
 EXCLUDE = [f"{f}::*::{name}_{{device}}*" for f, names in SLOW.items() for name in names]
