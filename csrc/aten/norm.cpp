@@ -43,9 +43,13 @@ Rows rows_of(const at::Tensor& input, size_t normalized_ndim) {
   return {c10::multiply_integers(sizes.begin(), split), c10::multiply_integers(split, sizes.end())};
 }
 
+// An optional tensor argument: undefined for None.
+at::Tensor optional_tensor(const c10::IValue& v) {
+  return v.isNone() ? at::Tensor() : v.toTensor();
+}
+
 at::Tensor contiguous_or_undefined(const c10::IValue& v) {
-  if (v.isNone()) return at::Tensor();
-  const at::Tensor& t = v.toTensor();
+  const at::Tensor t = optional_tensor(v);
   return t.defined() ? t.contiguous() : t;
 }
 
@@ -83,6 +87,21 @@ struct Output {
     if (work.defined() && !work.is_same(target)) target.copy_(work);
   }
 };
+
+// Runs the call again through the dispatcher, flagging `inside` meanwhile: the hook that makes
+// it comes back with the same call and lets it through.
+void call_again(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool& inside) {
+  inside = true;
+  const auto reset = c10::make_scope_exit([&inside] { inside = false; });
+  op.callBoxed(stack);
+}
+
+// The statistic batch norm normalizes with in eval mode, as PyTorch's decomposition computes it
+// (torch._decomp's native_batch_norm_helper): 1/sqrt(running_var + eps), of `dtype`.
+at::Tensor eval_invstd(const at::Tensor& running_var, c10::ScalarType dtype, double eps) {
+  at::Tensor invstd = running_var.to(dtype).add(eps);
+  return invstd.sqrt_().reciprocal_();
+}
 
 }  // namespace
 
@@ -134,7 +153,7 @@ void native_layer_norm_backward_into(torch::jit::Stack& args,
   const size_t normalized_ndim = args[2].toDimVector().size();
   const at::Tensor gamma = contiguous_or_undefined(args[5]);
   // Only its dtype is read here (and ATen's kernel takes it as it is).
-  const at::Tensor beta = args[6].isNone() ? at::Tensor() : args[6].toTensor();
+  const at::Tensor beta = optional_tensor(args[6]);
   // The statistics in the dtype the kernel reads (see native_layer_norm_into).
   const c10::ScalarType stats = stats_dtype(x, gamma, beta);
   const at::Tensor mean = args[3].toTensor().to(stats).contiguous();
@@ -178,12 +197,10 @@ bool layer_norm_float_statistics(const c10::OperatorHandle& op, torch::jit::Stac
   thread_local bool inside = false;  // the call below comes back here
   if (inside || op.schema().overload_name() == "out") return false;
   const size_t begin = stack->size() - op.schema().arguments().size();
-  const c10::ScalarType dtype = at::toOpMathType((*stack)[begin].toTensor().scalar_type());
-  {
-    inside = true;
-    const auto reset = c10::make_scope_exit([] { inside = false; });
-    op.callBoxed(stack);
-  }
+  const c10::ScalarType input = (*stack)[begin].toTensor().scalar_type();
+  if (!at::isReducedFloatingType(input)) return false;  // statistics of the input's dtype
+  const c10::ScalarType dtype = at::toOpMathType(input);
+  call_again(op, stack, inside);
   for (size_t i = stack->size() - 2; i < stack->size(); ++i) {  // mean, rstd
     const at::Tensor& t = (*stack)[i].toTensor();
     if (t.scalar_type() != dtype) (*stack)[i] = t.to(dtype);
@@ -197,10 +214,7 @@ bool layer_norm_float_statistics(const c10::OperatorHandle& op, torch::jit::Stac
 // them.
 bool layer_norm_backward_statistics(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const size_t begin = stack->size() - op.schema().arguments().size();
-  auto tensor = [&](size_t i) {
-    const c10::IValue& v = (*stack)[begin + i];
-    return v.isNone() ? at::Tensor() : v.toTensor();
-  };
+  auto tensor = [&](size_t i) { return optional_tensor((*stack)[begin + i]); };
   const c10::ScalarType want = stats_dtype(tensor(1), tensor(5), tensor(6));
   for (size_t i : {3, 4}) {
     const at::Tensor t = tensor(i);
@@ -243,15 +257,9 @@ bool batch_norm_eval_statistics(const c10::OperatorHandle& op, torch::jit::Stack
   const at::Tensor running_mean = arg(3).toTensor();
   const at::Tensor running_var = arg(4).toTensor();
   const double eps = arg(no_training ? 6 : 7).toDouble();
-  {
-    inside = true;
-    const auto reset = c10::make_scope_exit([] { inside = false; });
-    op.callBoxed(stack);
-  }
-  // As PyTorch's decomposition computes them (torch._decomp's native_batch_norm_helper).
+  call_again(op, stack, inside);
   const c10::ScalarType dtype = at::toOpMathType(input.scalar_type());
-  at::Tensor invstd = running_var.to(dtype).add(eps);
-  invstd.sqrt_().reciprocal_();
+  at::Tensor invstd = eval_invstd(running_var, dtype, eps);
   at::Tensor mean = running_mean.to(dtype, /*non_blocking=*/false, /*copy=*/true);
   const size_t first = stack->size() - schema.returns().size();
   c10::IValue& save_mean = (*stack)[first + 1];
@@ -276,10 +284,7 @@ bool batch_norm_eval_statistics(const c10::OperatorHandle& op, torch::jit::Stack
 // mode (above) are converted to it, and the call runs with them.
 bool batch_norm_backward_statistics(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const size_t begin = stack->size() - op.schema().arguments().size();
-  auto tensor = [&](size_t i) {
-    const c10::IValue& v = (*stack)[begin + i];
-    return v.isNone() ? at::Tensor() : v.toTensor();
-  };
+  auto tensor = [&](size_t i) { return optional_tensor((*stack)[begin + i]); };
   const at::Tensor input = tensor(1);
   const at::Tensor param = tensor(2).defined() ? tensor(2) : tensor(3);
   const c10::ScalarType want = at::isReducedFloatingType(input.scalar_type()) && param.defined()
@@ -297,7 +302,7 @@ bool batch_norm_backward_statistics(const c10::OperatorHandle& op, torch::jit::S
 // capture that was the first call of its signature) where the CPU kernel returns none get the
 // values batch_norm_eval_statistics gives (it replaces them anyway; the task must not fail).
 void batch_norm_into(torch::jit::Stack& args, const std::vector<at::Tensor>& results) {
-  auto tensor = [&](size_t i) { return args[i].isNone() ? at::Tensor() : args[i].toTensor(); };
+  auto tensor = [&](size_t i) { return optional_tensor(args[i]); };
   const at::Tensor input = tensor(0);
   const at::Tensor running_mean = tensor(3);
   const at::Tensor running_var = tensor(4);
@@ -327,7 +332,7 @@ void batch_norm_into(torch::jit::Stack& args, const std::vector<at::Tensor>& res
     } else if (i == 1) {
       to.copy_(running_mean);
     } else if (i == 2) {
-      to.copy_(running_var.to(to.scalar_type()).add(eps).sqrt_().reciprocal_());
+      to.copy_(eval_invstd(running_var, to.scalar_type(), eps));
     }
   }
 }
