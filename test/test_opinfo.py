@@ -263,14 +263,19 @@ def compare(
 
 def _like_cuda(name: str, ref: Any, expected: Any) -> Any:
     """The CPU's results turned into CUDA's where accel returns CUDA's on purpose (README,
-    Operators): batch norm's statistics in eval mode (the running mean and 1/sqrt(running var +
-    eps), float for half inputs, where the CPU returns none) and layer norm's statistics of a
-    half input (float, where the CPU rounds them to the input's dtype)."""
+    Operators): batch norm's statistics (in eval mode the running mean and 1/sqrt(running var +
+    eps) where the CPU returns none; float for half inputs in both modes) and layer norm's
+    statistics of a half input (float, where the CPU rounds them to the input's dtype)."""
     x, args = ref.input, ref.args
     half = x.dtype in (torch.float16, torch.bfloat16)
-    if name in ("native_batch_norm", "_native_batch_norm_legit") and len(args) == 7:
-        _, _, mean, var, training, _, eps = args
-        if training or mean is None or var is None:
+    if name == "_batch_norm_with_update" and half:  # (input, weight, bias, mean, var, ...)
+        return (expected[0], expected[1].float(), expected[2].float(), *expected[3:])
+    if name in ("native_batch_norm", "_native_batch_norm_legit") and len(args) in (5, 7):
+        mean, var = args[2:4] if len(args) == 7 else (None, None)  # (no_stats: none)
+        training, eps = args[-3], args[-1]
+        if training:
+            return (expected[0], expected[1].float(), expected[2].float()) if half else expected
+        if mean is None or var is None:
             return expected
         dtype = torch.float32 if half else x.dtype
         return (expected[0], mean.to(dtype), 1 / torch.sqrt(var.to(dtype) + eps))

@@ -358,7 +358,7 @@ def test_empty_out_arguments_take_the_cpu_kernels_shapes_and_strides(no_fallback
     """Found by PyTorch's test_ops.py (test_out): an empty out= tensor was sized from the meta
     function even where the CPU kernel leaves it alone (of the right shape already: a batch of
     zero linear systems). (Batch norm's statistics in eval mode, which the CPU kernel leaves
-    empty, are CUDA's on accel: test_cuda_like.py.)"""
+    empty, are CUDA's on accel: test_norm_statistics.py.)"""
     torch.manual_seed(0)
     a, b = torch.randn(0, 5, 5), torch.randn(0, 5)
     x = torch.randn(3, 2, 4)
@@ -569,7 +569,7 @@ def test_layer_norm_computes_into_its_results(case: str, no_fallback: None) -> N
         res[dev] = [out.detach(), mean, rstd, *grads]
     for i, (a, c) in enumerate(zip(res["accel"], res["cpu"], strict=True)):
         if case == "bf16" and i in (1, 2):
-            c = c.float()  # float statistics, as CUDA's (test_cuda_like.py), the CPU's values
+            c = c.float()  # float statistics, as CUDA's (test_norm_statistics.py), the CPU's values
         assert a.shape == c.shape and a.dtype == c.dtype and a.stride() == c.stride()
         if case == "bf16_float_params":
             # The float gradients of the parameters sum bfloat16 products: CPU's kernel splits

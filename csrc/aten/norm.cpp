@@ -7,6 +7,7 @@
 // norm kernels with the accel results as outputs instead. Shapes and dtypes of the results come
 // from the meta pass, as for every underlying operator; the checks ran there too.
 #include <ATen/OpMathType.h>
+#include <ATen/native/Resize.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/_native_batch_norm_legit.h>
@@ -223,57 +224,114 @@ bool layer_norm_backward_statistics(const c10::OperatorHandle& op, torch::jit::S
   return false;  // the call runs as usual, with these statistics
 }
 
-// Batch norm in eval mode: native_batch_norm, _native_batch_norm_legit(_functional) (input,
-// weight?, bias?, running_mean?, running_var?, training, momentum, eps) and
-// _native_batch_norm_legit_no_training (no training), with their out= forms -> (out, save_mean,
-// save_invstd, ...). CUDA's kernels return the statistics they normalized with: running_mean
-// and 1/sqrt(running_var + eps), C values of the input's computation dtype (float for half
-// precision), out= tensors resized to C; so do PyTorch's meta functions, hence fake tensors and
-// torch.compile. The CPU kernel returns empty ones. Accel returns CUDA's: the call runs as usual
-// (empty statistics after the first call of a signature, which gives the CPU kernel's shapes),
-// then its statistics are replaced, or written into the out= tensors.
-bool batch_norm_eval_statistics(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+namespace {
+
+// An out= form of the batch norm operators below: its functional form (the overload without
+// "out"), whose statistics are CUDA's, written into the out= tensors as CUDA's out= kernels
+// write theirs (resized when their shape differs, a dtype the result casts to safely). The
+// running statistics, where the form updates them, are the same tensors in both.
+void batch_norm_out_through_functional(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const c10::FunctionSchema& schema = op.schema();
+  const auto& arguments = schema.arguments();
+  const size_t begin = stack->size() - arguments.size();
+  std::string overload = schema.overload_name();  // "out" or "no_stats_out"
+  overload = overload == "out" ? "" : overload.substr(0, overload.size() - 4);
+  const c10::OperatorHandle functional =
+      c10::Dispatcher::singleton().findSchemaOrThrow(schema.name().c_str(), overload.c_str());
+  size_t inputs = 0;
+  while (inputs < arguments.size() && !arguments[inputs].is_out()) ++inputs;
+  torch::jit::Stack call(stack->begin() + begin, stack->begin() + begin + inputs);
+  functional.callBoxed(&call);
+  std::vector<at::Tensor> outs;
+  for (size_t i = inputs; i < arguments.size(); ++i) outs.push_back((*stack)[begin + i].toTensor());
+  TORCH_INTERNAL_ASSERT(call.size() == outs.size(), schema.name(), ": unexpected results");
+  for (size_t i = 0; i < outs.size(); ++i) {
+    const at::Tensor& result = call[i].toTensor();
+    TORCH_CHECK(outs[i].device() == result.device(), schema.name(), ": out argument ",
+                arguments[inputs + i].name(), " is on ", outs[i].device(), ", expected ",
+                result.device());
+    TORCH_CHECK(c10::canCast(result.scalar_type(), outs[i].scalar_type()), schema.name(),
+                ": result type ", result.scalar_type(), " can't be cast to the desired output type ",
+                outs[i].scalar_type(), " (out argument ", arguments[inputs + i].name(), ")");
+    at::native::resize_output(outs[i], result.sizes());
+    outs[i].copy_(result);
+  }
+  torch::jit::drop(*stack, arguments.size());
+  for (auto& t : outs) stack->emplace_back(std::move(t));
+}
+
+}  // namespace
+
+// Batch norm's statistics as CUDA returns them: native_batch_norm, _native_batch_norm_legit
+// (_functional, .no_stats), _batch_norm_with_update, _native_batch_norm_legit_no_training and
+// _batch_norm_no_update -> (out, save_mean, save_invstd, ...). So do PyTorch's meta functions,
+// hence fake tensors and torch.compile:
+// - in eval mode CUDA's kernels return the statistics they normalized with: running_mean and
+//   1/sqrt(running_var + eps), C values of the input's computation dtype; the CPU kernel
+//   returns empty ones;
+// - in training mode the batch's statistics are float for a half-precision input; the CPU
+//   kernel rounds them to the input's dtype unless the parameters are float.
+// The call runs as usual (the first call of a signature gives the CPU kernel's shapes and
+// dtypes), then its statistics are replaced or converted. Their out= forms run the functional
+// form and write its results into the out= tensors.
+bool batch_norm_statistics(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   thread_local bool inside = false;  // the call below comes back here
   if (inside) return false;
   const c10::FunctionSchema& schema = op.schema();
+  const std::string& name = schema.name();
+  const std::string& overload = schema.overload_name();
+  if (overload == "out" || overload == "no_stats_out") {
+    batch_norm_out_through_functional(op, stack);
+    return true;
+  }
   const size_t n = schema.arguments().size();
   const size_t begin = stack->size() - n;
   auto arg = [&](size_t i) -> const c10::IValue& { return (*stack)[begin + i]; };
-  if (arg(3).isNone() || arg(4).isNone()) return false;  // batch statistics, or the kernel's error
-  if (schema.name() == "aten::_batch_norm_no_update") {
+  const at::Tensor input = arg(0).toTensor();
+  const bool no_stats = overload == "no_stats";  // no running statistics at all
+  const bool no_training = name == "aten::_native_batch_norm_legit_no_training";
+  bool training = false;
+  if (name == "aten::_batch_norm_with_update") {
+    training = true;
+  } else if (no_stats) {
+    training = arg(3).toBool();
+    if (!training) return false;  // the kernel's error: eval mode needs running statistics
+  } else if (!no_training && name != "aten::_batch_norm_no_update") {
+    training = arg(5).toBool();
+  }
+  const c10::ScalarType dtype = at::toOpMathType(input.scalar_type());
+  if (training) {
+    if (dtype == input.scalar_type()) return false;  // the CPU's dtypes are CUDA's
+    call_again(op, stack, inside);
+    for (size_t i = begin + 1; i < begin + 3; ++i) {  // save_mean, save_invstd
+      const at::Tensor& t = (*stack)[i].toTensor();
+      if (t.scalar_type() != dtype) (*stack)[i] = t.to(dtype);
+    }
+    return true;
+  }
+  if (arg(3).isNone() || arg(4).isNone()) {
+    // The CPU kernel of _batch_norm_no_update reads them anyway (a crash on the CPU device).
+    TORCH_CHECK(name != "aten::_batch_norm_no_update", name,
+                ": running_mean and running_var must be given (eval mode normalizes with them)");
+    return false;  // the kernel's error
+  }
+  if (name == "aten::_batch_norm_no_update") {
     // Its kernel (CompositeExplicitAutograd) calls the CPU's batch norm whatever the device,
     // cuda's too. As PyTorch's decomposition: _native_batch_norm_legit_no_training's results
     // (on accel, these statistics) and an empty reserve.
     static const c10::OperatorHandle no_update = c10::Dispatcher::singleton().findSchemaOrThrow(
         "aten::_native_batch_norm_legit_no_training", "");
-    const at::Tensor input = arg(0).toTensor();
     no_update.callBoxed(stack);
     stack->emplace_back(at::empty({0}, input.options().dtype(at::kByte)));
     return true;
   }
-  const bool no_training = schema.name() == "aten::_native_batch_norm_legit_no_training";
-  if (!no_training && arg(5).toBool()) return false;
-  const at::Tensor input = arg(0).toTensor();
   const at::Tensor running_mean = arg(3).toTensor();
   const at::Tensor running_var = arg(4).toTensor();
   const double eps = arg(no_training ? 6 : 7).toDouble();
   call_again(op, stack, inside);
-  const c10::ScalarType dtype = at::toOpMathType(input.scalar_type());
-  at::Tensor invstd = eval_invstd(running_var, dtype, eps);
-  at::Tensor mean = running_mean.to(dtype, /*non_blocking=*/false, /*copy=*/true);
-  const size_t first = stack->size() - schema.returns().size();
-  c10::IValue& save_mean = (*stack)[first + 1];
-  c10::IValue& save_invstd = (*stack)[first + 2];
-  if (schema.overload_name() == "out") {  // the results are the out= tensors
-    for (const auto& [to, from] :
-         {std::pair{save_mean.toTensor(), mean}, {save_invstd.toTensor(), invstd}}) {
-      to.resize_(from.sizes());
-      to.copy_(from);
-    }
-  } else {
-    save_mean = std::move(mean);
-    save_invstd = std::move(invstd);
-  }
+  // The results replaced the arguments: save_mean and save_invstd follow the output.
+  (*stack)[begin + 1] = running_mean.to(dtype, /*non_blocking=*/false, /*copy=*/true);
+  (*stack)[begin + 2] = eval_invstd(running_var, dtype, eps);
   return true;
 }
 
@@ -300,7 +358,7 @@ bool batch_norm_backward_statistics(const c10::OperatorHandle& op, torch::jit::S
 // The task of the functional batch norm operators above, training or not: the CPU kernel's
 // results, except that statistics allocated from the meta functions (C of them, in a graph
 // capture that was the first call of its signature) where the CPU kernel returns none get the
-// values batch_norm_eval_statistics gives (it replaces them anyway; the task must not fail).
+// values batch_norm_statistics gives (it replaces them anyway; the task must not fail).
 void batch_norm_into(torch::jit::Stack& args, const std::vector<at::Tensor>& results) {
   auto tensor = [&](size_t i) { return optional_tensor(args[i]); };
   const at::Tensor input = tensor(0);
