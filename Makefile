@@ -23,6 +23,9 @@
 #   make vision-sweep
 #                  set up, then every torchvision model forward and backward on accel against
 #                  the CPU, judged by the CPU's own error against float64 (test/vision_sweep.py)
+#   make hf-sweep
+#                  set up, then one eager training step of every transformers text architecture
+#                  (tiny configurations) on accel against the CPU (test/hf_sweep.py)
 #   make pytorch-suites
 #                  set up, then PyTorch's own device-generic test files (v2.6.0) on accel,
 #                  every test, with a CPU reference run (make test runs them without the
@@ -57,7 +60,7 @@ APT_PACKAGES := g++ ccache googletest libgtest-dev
 REQUIREMENTS := requirements-dev.txt
 DEPS_STAMP := $(VENV)/.deps-$(shell sha1sum $(REQUIREMENTS) | cut -c1-12)
 
-.PHONY: demo test install sanitize bench opinfo opinfo-sweep pytorch-suites compile-sweep vision-sweep inductor-sweep \
+.PHONY: demo test install sanitize bench opinfo opinfo-sweep pytorch-suites compile-sweep vision-sweep hf-sweep inductor-sweep \
         system-deps deps test-cpp \
         test-python test-python-default test-python-debug test-lane-default test-lane-debug \
         test-compile test-cuda bench-cuda build-cpp clean
@@ -188,6 +191,11 @@ compile-sweep: install
 
 vision-sweep: install
 	$(PY) test/vision_sweep.py $(MODELS)
+
+# Every transformers text architecture (tiny configurations), one eager training step on accel
+# against the CPU, no CPU fallback allowed (about 15 minutes; ARCHS="llama bert" for some).
+hf-sweep: install
+	$(PY) test/hf_sweep.py $(ARCHS)
 
 # PyTorch's own Inductor tests (test_torchinductor.py's CommonTemplate, v2.6.0) compiled for accel
 # against eager accel (about 35 minutes; test/inductor_sweep.py lists the known failures).

@@ -8,7 +8,8 @@ gradient match the reference as closely as the compiled CPU's do: a gradient mor
 CPU's is not off too (gradients whose true value is about zero, such as attention key biases,
 differ on both), and the loss may not be more than ten times (or 1e-5) further off than the CPU's.
 
-    python test/compile_sweep.py [ARCH ...]      (make compile-sweep: all of them, ~1 min each)
+    python test/compile_sweep.py [ARCH ...]      (make compile-sweep: all of them, ~1 min each;
+                                                  any other model type with SMALL alone)
 
 Each architecture runs in its own process; the exit status is 1 if any failed or crashed.
 """
@@ -47,13 +48,15 @@ SMALL: dict[str, Any] = dict(
     bos_token_id=1,
     eos_token_id=2,
     decoder_start_token_id=1,
-    # Dropout off: the reference and the compiled runs draw different random numbers.
+    # Dropout and router noise off: the reference and the compiled runs draw different random
+    # numbers.
     **{
         k: 0.0
         for k in (
             "hidden_dropout_prob attention_probs_dropout_prob attention_dropout dropout"
             " resid_pdrop embd_pdrop attn_pdrop summary_first_dropout activation_dropout"
-            " classifier_dropout hidden_dropout mlp_dropout embedding_dropout"
+            " classifier_dropout hidden_dropout mlp_dropout embedding_dropout residual_dropout"
+            " router_jitter_noise input_jitter_noise"
         ).split()
     },
 )
@@ -95,7 +98,7 @@ def _measure(name: str) -> dict[str, Any]:
     import torch_accel  # noqa: F401
 
     torch.manual_seed(0)
-    config = AutoConfig.for_model(name, **{**SMALL, **ARCHITECTURES[name]})
+    config = AutoConfig.for_model(name, **{**SMALL, **ARCHITECTURES.get(name, {})})
     for auto in (AutoModelForCausalLM, AutoModelForMaskedLM, AutoModel):
         try:
             model = auto.from_config(config)
@@ -154,9 +157,11 @@ def main(argv: list[str]) -> int:
         print("RESULT " + json.dumps(_measure(argv[1])))
         return 0
     names = argv or list(ARCHITECTURES)
-    unknown = [n for n in names if n not in ARCHITECTURES]
+    from transformers import CONFIG_MAPPING  # any model type, with SMALL alone if not listed
+
+    unknown = [n for n in names if n not in CONFIG_MAPPING]
     if unknown:
-        print(f"unknown architectures {unknown}; known: {' '.join(ARCHITECTURES)}")
+        print(f"unknown model types {unknown}; the sweep's own: {' '.join(ARCHITECTURES)}")
         return 2
     failed = []
     for name in names:

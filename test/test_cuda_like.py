@@ -11,6 +11,8 @@ import pytest
 import torch
 from torch import nn
 
+from helpers import assert_same
+
 ACCEL = torch.device("accel")
 
 
@@ -461,3 +463,64 @@ def test_dtypes_cuda_takes_and_the_cpu_does_not(name: str, dtype: torch.dtype, f
                 continue
             # The reference rounded (and overflowing) as accel's result, compared in its dtype.
             torch.testing.assert_close(g.cpu(), e.to(g.dtype), equal_nan=True, **(tol or {}))
+
+
+@pytest.mark.parametrize("mode", [0, 1, 2])  # sum, mean, max
+@pytest.mark.parametrize("last", [False, True])  # include_last_offset
+def test_embedding_bag_returns_its_bookkeeping_like_cuda(mode: int, last: bool, fallback_mode):
+    """_embedding_bag's offset2bag (the bag of each index), bag_size (one per offset) and
+    max_indices (mode max only) as CUDA's kernels and the meta functions (fake tensors,
+    torch.compile, graph capture) give them; the CPU's fast path leaves offset2bag empty and its
+    kernel sizes the others otherwise. Found by PyTorch's test_meta.py. The gradients stay the
+    CPU's."""
+    w = torch.randn(10, 4)
+    idx = torch.tensor([1, 2, 4, 5, 4, 3, 9])
+    offsets = torch.tensor([0, 2, 2, 7] if last else [0, 2, 2])  # an empty bag in the middle
+    bags = torch.tensor([0, 0, 2, 2, 2, 2, 2])
+    for op in (torch.ops.aten._embedding_bag, torch.ops.aten._embedding_bag_forward_only):
+        args = (idx.to(ACCEL), offsets.to(ACCEL), False, mode, False, None, last)
+        wa = w.to(ACCEL)
+        with torch._subclasses.FakeTensorMode(allow_non_fake_inputs=True):
+            fake = op(wa, *args)
+        cpu = op(w, idx, offsets, False, mode, False, None, last)
+        for _ in range(2):  # the first call of a signature runs on the caller, later ones as tasks
+            got = op(wa, *args)
+            for g, f in zip(got, fake, strict=True):
+                assert (g.shape, g.dtype) == (f.shape, f.dtype)
+            assert_same(got[0], cpu[0])
+            if mode != 2:
+                assert_same(got[1], bags)
+                assert_same(got[2], torch.tensor([2, 0, 5, 0][: len(offsets)]))
+            else:
+                assert_same(got[3], cpu[3])
+    wc, wa = w.clone().requires_grad_(), w.to(ACCEL).requires_grad_()
+    for weight, dev in ((wc, "cpu"), (wa, ACCEL)):
+        out = torch.nn.functional.embedding_bag(
+            idx.to(dev), weight, offsets.to(dev), mode=("sum", "mean", "max")[mode],
+            include_last_offset=last,
+        )  # fmt: skip
+        out.pow(2).sum().backward()
+    assert_same(wa.grad, wc.grad)
+
+
+def test_embedding_bag_captures_as_a_first_call(fallback_mode) -> None:
+    """A graph capture allocates the meta functions' results, the CPU kernel returns others:
+    the first call of a signature, captured, still writes the right output."""
+    w = torch.randn(6, 3, dtype=torch.float64)
+    idx, offsets = torch.tensor([0, 5, 2, 2]), torch.tensor([0, 1])
+    static_w, idx_accel, offsets_accel = w.to(ACCEL), idx.to(ACCEL), offsets.to(ACCEL)
+    graph = torch.accel.AccelGraph()
+    stream = torch.accel.Stream()
+    stream.wait_stream(torch.accel.current_stream())
+    with torch.accel.stream(stream), torch.accel.graph(graph):
+        # float64 in sum mode: a signature no call ran before (in this process)
+        out = torch.ops.aten._embedding_bag_forward_only(
+            static_w, idx_accel, offsets_accel, False, 0, False, None, False, -1
+        )
+    torch.accel.current_stream().wait_stream(stream)
+    for scale in (1.0, 3.0):
+        static_w.copy_(w * scale)
+        graph.replay()
+        expected = torch.ops.aten._embedding_bag_forward_only(w * scale, idx, offsets)
+        assert_same(out[0], expected[0])
+        assert_same(out[1], torch.tensor([0, 1, 1, 1]))

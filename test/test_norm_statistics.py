@@ -344,3 +344,19 @@ def test_layer_norm_statistics_are_float_like_cuda(
         for g, c in zip(got[3], given, strict=True):
             if c is not None:
                 assert_same(g, c.cpu())
+
+
+def test_layer_norm_out_form_writes_the_functional_results(fallback_mode) -> None:
+    """native_layer_norm.out with out= tensors shaped after the functional form's results
+    (float statistics of a bfloat16 input) takes them, as CUDA's; the CPU's out= kernel wanted
+    bfloat16 ones. Found by PyTorch's test_meta.py (it calls each operator's out= form)."""
+    x = torch.randn(4, 6, dtype=torch.bfloat16, device=ACCEL)
+    w = torch.randn(6, dtype=torch.bfloat16, device=ACCEL)
+    expected = torch.ops.aten.native_layer_norm(x, [6], w, w, 1e-5)
+    outs = [torch.full_like(t, float("nan")) for t in expected]
+    torch.ops.aten.native_layer_norm.out(
+        x, [6], w, w, 1e-5, out0=outs[0], out1=outs[1], out2=outs[2]
+    )
+    for o, e in zip(outs, expected, strict=True):
+        assert o.dtype == e.dtype
+        assert_same(o, e.cpu())

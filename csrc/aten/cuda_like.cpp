@@ -7,16 +7,27 @@
 //   other accel operators, as CUDA's kernel would.
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/native/Resize.h>
+#include <ATen/ops/_embedding_bag_forward_only.h>
+#include <ATen/ops/cumsum.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/index_add.h>
 #include <ATen/ops/isnan.h>
+#include <ATen/ops/ones.h>
 #include <ATen/ops/pow.h>
 #include <ATen/ops/scalar_tensor.h>
 #include <ATen/ops/where.h>
+#include <ATen/ops/zeros.h>
+#include <c10/util/ScopeExit.h>
 
 #include <algorithm>
+#include <array>
 #include <optional>
+#include <string>
 #include <utility>
 #include <vector>
 
+#include "aten/dispatch_util.h"
 #include "aten/host_task.h"
 #include "aten/underlying.h"
 
@@ -171,6 +182,130 @@ bool widened_call(const OpConfig& config, const c10::OperatorHandle& op, torch::
     }
   }
   return true;
+}
+
+namespace {
+
+// offset2bag (the bag of each index) and bag_size (the indices in each bag, one per offset) of
+// 1-D indices and offsets of the same dtype, as the CPU's backward computes offset2bag.
+std::pair<at::Tensor, at::Tensor> bag_bookkeeping(const at::Tensor& indices,
+                                                  const at::Tensor& offsets) {
+  // One more element than indices: offsets may hold indices.size(0) (empty trailing bags).
+  at::Tensor bags = at::zeros({indices.size(0) + 1}, indices.options());
+  bags.index_add_(0, offsets, at::ones({offsets.size(0)}, indices.options()));
+  bags.narrow(0, 0, 1).sub_(1);
+  at::Tensor offset2bag = bags.cumsum(0, indices.scalar_type()).narrow(0, 0, indices.size(0));
+  at::Tensor bag_size = at::zeros(offsets.sizes(), indices.options());
+  bag_size.index_add_(0, offset2bag, at::ones_like(offset2bag));
+  return {std::move(offset2bag), std::move(bag_size)};
+}
+
+}  // namespace
+
+void out_through_functional(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const c10::FunctionSchema& schema = op.schema();
+  const auto& arguments = schema.arguments();
+  const size_t begin = stack->size() - arguments.size();
+  std::string overload = schema.overload_name();  // "out" or "<name>_out"
+  overload = overload == "out" ? "" : overload.substr(0, overload.size() - 4);
+  const c10::OperatorHandle functional =
+      c10::Dispatcher::singleton().findSchemaOrThrow(schema.name().c_str(), overload.c_str());
+  size_t inputs = 0;
+  while (inputs < arguments.size() && !arguments[inputs].is_out()) ++inputs;
+  torch::jit::Stack call(stack->begin() + begin, stack->begin() + begin + inputs);
+  functional.callBoxed(&call);
+  std::vector<at::Tensor> outs;
+  for (size_t i = inputs; i < arguments.size(); ++i) outs.push_back((*stack)[begin + i].toTensor());
+  TORCH_INTERNAL_ASSERT(call.size() == outs.size(), schema.name(), ": unexpected results");
+  for (size_t i = 0; i < outs.size(); ++i) {
+    const at::Tensor& result = call[i].toTensor();
+    const std::string& name = arguments[inputs + i].name();
+    TORCH_CHECK(outs[i].device() == result.device(), schema.name(), ": out argument ", name,
+                " is on ", outs[i].device(), ", expected ", result.device());
+    TORCH_CHECK(c10::canCast(result.scalar_type(), outs[i].scalar_type()), schema.name(),
+                ": result type ", result.scalar_type(), " can't be cast to the desired output type ",
+                outs[i].scalar_type(), " (out argument ", name, ")");
+    at::native::resize_output(outs[i], result.sizes());
+    outs[i].copy_(result);
+  }
+  torch::jit::drop(*stack, arguments.size());
+  for (auto& t : outs) stack->emplace_back(std::move(t));
+}
+
+// _embedding_bag and _embedding_bag_forward_only (weight, indices, offsets, ...) -> (output,
+// offset2bag, bag_size, max_indices): CUDA's kernels return offset2bag, the bag of each index,
+// and the meta functions (fake tensors, torch.compile, graph capture) size it so; the CPU
+// kernel leaves it empty on its fast path (sum without per-sample weights or padding), and
+// bag_size zero. Filled here as the CPU's backward computes offset2bag where it finds it
+// empty, bag_size as the count of each bag. max_indices, which only mode
+// max has, is empty in the other modes as CUDA's (the CPU's has bag_size's shape; its backward
+// does not read it there), bag_size has one element per offset. Indices and offsets of
+// different dtypes keep the CPU's offset2bag and dtypes. out= forms write the functional form's
+// results.
+bool embedding_bag_offset2bag(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  thread_local bool inside = false;  // the call below comes back here
+  if (inside) return false;
+  if (op.schema().overload_name() == "out") {
+    out_through_functional(op, stack);
+    return true;
+  }
+  const size_t begin = stack->size() - op.schema().arguments().size();
+  const at::Tensor indices = (*stack)[begin + 1].toTensor();
+  const at::Tensor offsets = (*stack)[begin + 2].toTensor();
+  constexpr int64_t kMax = 2;  // modes: sum, mean, max
+  const int64_t mode = (*stack)[begin + 4].toInt();
+  {
+    inside = true;
+    const auto reset = c10::make_scope_exit([] { inside = false; });
+    op.callBoxed(stack);
+  }
+  if (indices.dim() != 1 || offsets.dim() != 1) return true;  // (the kernel refused them)
+  if (mode != kMax && (*stack)[begin + 3].toTensor().numel() != 0) {
+    (*stack)[begin + 3] = at::empty({0}, indices.options());  // no max_indices without max
+  }
+  // bag_size: one per offset (with include_last_offset the last is 0).
+  const at::Tensor sizes = (*stack)[begin + 2].toTensor();
+  if (sizes.size(0) != offsets.size(0)) {
+    at::Tensor sized = at::zeros(offsets.sizes(), sizes.options());
+    sized.narrow(0, 0, sizes.size(0)).copy_(sizes);
+    (*stack)[begin + 2] = sized;
+  }
+  if ((*stack)[begin + 1].toTensor().numel() == indices.numel()) return true;
+  // Left empty for indices and offsets of different dtypes: the CPU's backward kernels then
+  // want offset2bag in different ones.
+  if (indices.scalar_type() != offsets.scalar_type()) return true;
+  auto [offset2bag, bag_size] = bag_bookkeeping(indices, offsets);  // (the fast path's are 0)
+  (*stack)[begin + 1] = std::move(offset2bag);
+  (*stack)[begin + 2] = std::move(bag_size);
+  return true;
+}
+
+// The task of the operators above: the CPU kernel's results, except where a graph capture that
+// was the first call of its signature allocated results from the meta functions; those get the
+// values embedding_bag_offset2bag gives (it replaces the others anyway; the task must not fail).
+void embedding_bag_into(torch::jit::Stack& args, const std::vector<at::Tensor>& results) {
+  const at::Tensor indices = args[1].toTensor();
+  const at::Tensor offsets = args[2].toTensor();
+  const std::optional<at::Tensor> weights =
+      args[6].isNone() ? std::nullopt : std::optional<at::Tensor>(args[6].toTensor());
+  const auto cpu = at::_embedding_bag_forward_only(
+      args[0].toTensor(), indices, offsets, args[3].toBool(), args[4].toInt(), args[5].toBool(),
+      weights, args[7].toBool(), args[8].toInt());
+  const std::array<at::Tensor, 4> got = {std::get<0>(cpu), std::get<1>(cpu), std::get<2>(cpu),
+                                         std::get<3>(cpu)};
+  for (size_t i = 0; i < results.size(); ++i) {
+    if (!results[i].defined() || results[i].sizes() != got[i].sizes()) continue;
+    results[i].copy_(got[i]);
+  }
+  const bool own = results[1].defined() && results[1].sizes() != got[1].sizes();
+  if (own || (results[2].defined() && results[2].sizes() != got[2].sizes())) {
+    const auto [offset2bag, bag_size] = bag_bookkeeping(indices, offsets);
+    if (own) results[1].copy_(offset2bag);
+    // (_embedding_bag's CPU kernel gives one per bag, one fewer with include_last_offset)
+    if (results[2].sizes() != got[2].sizes()) {
+      results[2].copy_(bag_size.narrow(0, 0, results[2].size(0)));
+    }
+  }
 }
 
 // nansum (and nanmean, which calls it) of complex tensors: the CPU kernel refuses them; CUDA's

@@ -56,4 +56,11 @@ std::optional<size_t> aliased_argument(const c10::FunctionSchema& schema,
 // True if some result is a view of an argument (aliases it without writing).
 bool returns_view(const c10::FunctionSchema& schema);
 
+// Runs an out= form ("out", "<name>_out") as its functional form (the overload without the
+// suffix, through the dispatcher) and writes the results into the out= tensors as CUDA's out=
+// kernels do (resized where their shape differs; device and a safe cast checked), leaving
+// them on the stack. For `cuda_like` functions whose functional form returns CUDA's results
+// where the CPU's out= kernel would refuse the out= tensors shaped after them.
+void out_through_functional(const c10::OperatorHandle& op, torch::jit::Stack* stack);
+
 }  // namespace accel::aten

@@ -7,7 +7,6 @@
 // norm kernels with the accel results as outputs instead. Shapes and dtypes of the results come
 // from the meta pass, as for every underlying operator; the checks ran there too.
 #include <ATen/OpMathType.h>
-#include <ATen/native/Resize.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/_native_batch_norm_legit.h>
@@ -29,6 +28,7 @@
 #endif
 
 #include "AccelNativeFunctions.h"
+#include "aten/dispatch_util.h"
 
 namespace accel::aten {
 namespace {
@@ -193,10 +193,15 @@ void native_layer_norm_backward_into(torch::jit::Stack& args,
 // it decomposes the backward, whose generated kernels read the statistics as the meta function
 // typed them: half statistics there gave wrong gradients. The call runs as usual (the first
 // call of a signature gives the CPU kernel's dtypes), then its statistics are converted
-// (values rounded as the CPU kernel rounded them). The out= form keeps the CPU's rule.
+// (values rounded as the CPU kernel rounded them). The out= form writes the functional form's
+// results.
 bool layer_norm_float_statistics(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   thread_local bool inside = false;  // the call below comes back here
-  if (inside || op.schema().overload_name() == "out") return false;
+  if (inside) return false;
+  if (op.schema().overload_name() == "out") {
+    out_through_functional(op, stack);
+    return true;
+  }
   const size_t begin = stack->size() - op.schema().arguments().size();
   const c10::ScalarType input = (*stack)[begin].toTensor().scalar_type();
   if (!at::isReducedFloatingType(input)) return false;  // statistics of the input's dtype
@@ -224,44 +229,6 @@ bool layer_norm_backward_statistics(const c10::OperatorHandle& op, torch::jit::S
   return false;  // the call runs as usual, with these statistics
 }
 
-namespace {
-
-// An out= form of the batch norm operators below: its functional form (the overload without
-// "out"), whose statistics are CUDA's, written into the out= tensors as CUDA's out= kernels
-// write theirs (resized when their shape differs, a dtype the result casts to safely). The
-// running statistics, where the form updates them, are the same tensors in both.
-void batch_norm_out_through_functional(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  const c10::FunctionSchema& schema = op.schema();
-  const auto& arguments = schema.arguments();
-  const size_t begin = stack->size() - arguments.size();
-  std::string overload = schema.overload_name();  // "out" or "no_stats_out"
-  overload = overload == "out" ? "" : overload.substr(0, overload.size() - 4);
-  const c10::OperatorHandle functional =
-      c10::Dispatcher::singleton().findSchemaOrThrow(schema.name().c_str(), overload.c_str());
-  size_t inputs = 0;
-  while (inputs < arguments.size() && !arguments[inputs].is_out()) ++inputs;
-  torch::jit::Stack call(stack->begin() + begin, stack->begin() + begin + inputs);
-  functional.callBoxed(&call);
-  std::vector<at::Tensor> outs;
-  for (size_t i = inputs; i < arguments.size(); ++i) outs.push_back((*stack)[begin + i].toTensor());
-  TORCH_INTERNAL_ASSERT(call.size() == outs.size(), schema.name(), ": unexpected results");
-  for (size_t i = 0; i < outs.size(); ++i) {
-    const at::Tensor& result = call[i].toTensor();
-    TORCH_CHECK(outs[i].device() == result.device(), schema.name(), ": out argument ",
-                arguments[inputs + i].name(), " is on ", outs[i].device(), ", expected ",
-                result.device());
-    TORCH_CHECK(c10::canCast(result.scalar_type(), outs[i].scalar_type()), schema.name(),
-                ": result type ", result.scalar_type(), " can't be cast to the desired output type ",
-                outs[i].scalar_type(), " (out argument ", arguments[inputs + i].name(), ")");
-    at::native::resize_output(outs[i], result.sizes());
-    outs[i].copy_(result);
-  }
-  torch::jit::drop(*stack, arguments.size());
-  for (auto& t : outs) stack->emplace_back(std::move(t));
-}
-
-}  // namespace
-
 // Batch norm's statistics as CUDA returns them: native_batch_norm, _native_batch_norm_legit
 // (_functional, .no_stats), _batch_norm_with_update, _native_batch_norm_legit_no_training and
 // _batch_norm_no_update -> (out, save_mean, save_invstd, ...). So do PyTorch's meta functions,
@@ -281,7 +248,7 @@ bool batch_norm_statistics(const c10::OperatorHandle& op, torch::jit::Stack* sta
   const std::string& name = schema.name();
   const std::string& overload = schema.overload_name();
   if (overload == "out" || overload == "no_stats_out") {
-    batch_norm_out_through_functional(op, stack);
+    out_through_functional(op, stack);
     return true;
   }
   const size_t n = schema.arguments().size();
