@@ -202,6 +202,12 @@ std::pair<at::Tensor, at::Tensor> bag_bookkeeping(const at::Tensor& indices,
 
 }  // namespace
 
+void call_again(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool& inside) {
+  inside = true;
+  const auto reset = c10::make_scope_exit([&inside] { inside = false; });
+  op.callBoxed(stack);
+}
+
 void out_through_functional(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const c10::FunctionSchema& schema = op.schema();
   const auto& arguments = schema.arguments();
@@ -254,11 +260,7 @@ bool embedding_bag_offset2bag(const c10::OperatorHandle& op, torch::jit::Stack* 
   const at::Tensor offsets = (*stack)[begin + 2].toTensor();
   constexpr int64_t kMax = 2;  // modes: sum, mean, max
   const int64_t mode = (*stack)[begin + 4].toInt();
-  {
-    inside = true;
-    const auto reset = c10::make_scope_exit([] { inside = false; });
-    op.callBoxed(stack);
-  }
+  call_again(op, stack, inside);
   if (indices.dim() != 1 || offsets.dim() != 1) return true;  // (the kernel refused them)
   if (mode != kMax && (*stack)[begin + 3].toTensor().numel() != 0) {
     (*stack)[begin + 3] = at::empty({0}, indices.options());  // no max_indices without max

@@ -56,6 +56,10 @@ std::optional<size_t> aliased_argument(const c10::FunctionSchema& schema,
 // True if some result is a view of an argument (aliases it without writing).
 bool returns_view(const c10::FunctionSchema& schema);
 
+// Runs the call again through the dispatcher, flagging `inside` meanwhile: the `cuda_like`
+// function that makes it comes back with the same call and lets it through.
+void call_again(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool& inside);
+
 // Runs an out= form ("out", "<name>_out") as its functional form (the overload without the
 // suffix, through the dispatcher) and writes the results into the out= tensors as CUDA's out=
 // kernels do (resized where their shape differs; device and a safe cast checked), leaving

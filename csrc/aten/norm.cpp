@@ -15,7 +15,6 @@
 #include <ATen/ops/native_batch_norm.h>
 #include <ATen/ops/ones.h>
 #include <ATen/ops/zeros.h>
-#include <c10/util/ScopeExit.h>
 #include <c10/util/accumulate.h>
 
 #include <optional>
@@ -88,14 +87,6 @@ struct Output {
     if (work.defined() && !work.is_same(target)) target.copy_(work);
   }
 };
-
-// Runs the call again through the dispatcher, flagging `inside` meanwhile: the hook that makes
-// it comes back with the same call and lets it through.
-void call_again(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool& inside) {
-  inside = true;
-  const auto reset = c10::make_scope_exit([&inside] { inside = false; });
-  op.callBoxed(stack);
-}
 
 // The statistic batch norm normalizes with in eval mode, as PyTorch's decomposition computes it
 // (torch._decomp's native_batch_norm_helper): 1/sqrt(running_var + eps), of `dtype`.
