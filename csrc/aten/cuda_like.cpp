@@ -208,12 +208,24 @@ void call_again(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool& i
   op.callBoxed(stack);
 }
 
-void out_through_functional(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+void convert_tensors(torch::jit::Stack* stack, std::initializer_list<size_t> positions,
+                     c10::ScalarType dtype) {
+  for (size_t i : positions) {
+    if ((*stack)[i].isNone()) continue;
+    const at::Tensor t = (*stack)[i].toTensor();
+    if (t.defined() && t.scalar_type() != dtype) (*stack)[i] = t.to(dtype);
+  }
+}
+
+bool out_through_functional(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const c10::FunctionSchema& schema = op.schema();
+  std::string overload = schema.overload_name();
+  const bool suffixed =
+      overload.size() > 4 && overload.compare(overload.size() - 4, 4, "_out") == 0;
+  if (overload != "out" && !suffixed) return false;
+  overload = suffixed ? overload.substr(0, overload.size() - 4) : "";
   const auto& arguments = schema.arguments();
   const size_t begin = stack->size() - arguments.size();
-  std::string overload = schema.overload_name();  // "out" or "<name>_out"
-  overload = overload == "out" ? "" : overload.substr(0, overload.size() - 4);
   const c10::OperatorHandle functional =
       c10::Dispatcher::singleton().findSchemaOrThrow(schema.name().c_str(), overload.c_str());
   size_t inputs = 0;
@@ -229,13 +241,15 @@ void out_through_functional(const c10::OperatorHandle& op, torch::jit::Stack* st
     TORCH_CHECK(outs[i].device() == result.device(), schema.name(), ": out argument ", name,
                 " is on ", outs[i].device(), ", expected ", result.device());
     TORCH_CHECK(c10::canCast(result.scalar_type(), outs[i].scalar_type()), schema.name(),
-                ": result type ", result.scalar_type(), " can't be cast to the desired output type ",
-                outs[i].scalar_type(), " (out argument ", name, ")");
+                ": result type ", result.scalar_type(),
+                " can't be cast to the desired output type ", outs[i].scalar_type(),
+                " (out argument ", name, ")");
     at::native::resize_output(outs[i], result.sizes());
     outs[i].copy_(result);
   }
   torch::jit::drop(*stack, arguments.size());
   for (auto& t : outs) stack->emplace_back(std::move(t));
+  return true;
 }
 
 // _embedding_bag and _embedding_bag_forward_only (weight, indices, offsets, ...) -> (output,
@@ -251,10 +265,7 @@ void out_through_functional(const c10::OperatorHandle& op, torch::jit::Stack* st
 bool embedding_bag_offset2bag(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   thread_local bool inside = false;  // the call below comes back here
   if (inside) return false;
-  if (op.schema().overload_name() == "out") {
-    out_through_functional(op, stack);
-    return true;
-  }
+  if (out_through_functional(op, stack)) return true;
   const size_t begin = stack->size() - op.schema().arguments().size();
   const at::Tensor indices = (*stack)[begin + 1].toTensor();
   const at::Tensor offsets = (*stack)[begin + 2].toTensor();

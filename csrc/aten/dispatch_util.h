@@ -8,6 +8,7 @@
 #include <string>
 #include <string_view>
 
+#include <initializer_list>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -60,11 +61,16 @@ bool returns_view(const c10::FunctionSchema& schema);
 // function that makes it comes back with the same call and lets it through.
 void call_again(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool& inside);
 
-// Runs an out= form ("out", "<name>_out") as its functional form (the overload without the
-// suffix, through the dispatcher) and writes the results into the out= tensors as CUDA's out=
-// kernels do (resized where their shape differs; device and a safe cast checked), leaving
-// them on the stack. For `cuda_like` functions whose functional form returns CUDA's results
-// where the CPU's out= kernel would refuse the out= tensors shaped after them.
-void out_through_functional(const c10::OperatorHandle& op, torch::jit::Stack* stack);
+// If the call is an out= form ("out", "<name>_out"): runs its functional form (the overload
+// without the suffix, through the dispatcher), writes the results into the out= tensors as
+// CUDA's out= kernels do (resized where their shape differs; device and a safe cast checked),
+// leaves them on the stack and returns true; otherwise false. For `cuda_like` functions whose
+// functional form returns CUDA's results where the CPU's out= kernel would refuse the out=
+// tensors shaped after them.
+bool out_through_functional(const c10::OperatorHandle& op, torch::jit::Stack* stack);
+
+// Converts the tensors at these stack positions to `dtype` (None and undefined ones stay).
+void convert_tensors(torch::jit::Stack* stack, std::initializer_list<size_t> positions,
+                     c10::ScalarType dtype);
 
 }  // namespace accel::aten

@@ -189,19 +189,12 @@ void native_layer_norm_backward_into(torch::jit::Stack& args,
 bool layer_norm_float_statistics(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   thread_local bool inside = false;  // the call below comes back here
   if (inside) return false;
-  if (op.schema().overload_name() == "out") {
-    out_through_functional(op, stack);
-    return true;
-  }
+  if (out_through_functional(op, stack)) return true;
   const size_t begin = stack->size() - op.schema().arguments().size();
   const c10::ScalarType input = (*stack)[begin].toTensor().scalar_type();
   if (!at::isReducedFloatingType(input)) return false;  // statistics of the input's dtype
-  const c10::ScalarType dtype = at::toOpMathType(input);
   call_again(op, stack, inside);
-  for (size_t i = stack->size() - 2; i < stack->size(); ++i) {  // mean, rstd
-    const at::Tensor& t = (*stack)[i].toTensor();
-    if (t.scalar_type() != dtype) (*stack)[i] = t.to(dtype);
-  }
+  convert_tensors(stack, {begin + 1, begin + 2}, at::toOpMathType(input));  // mean, rstd
   return true;
 }
 
@@ -212,11 +205,7 @@ bool layer_norm_float_statistics(const c10::OperatorHandle& op, torch::jit::Stac
 bool layer_norm_backward_statistics(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const size_t begin = stack->size() - op.schema().arguments().size();
   auto tensor = [&](size_t i) { return optional_tensor((*stack)[begin + i]); };
-  const c10::ScalarType want = stats_dtype(tensor(1), tensor(5), tensor(6));
-  for (size_t i : {3, 4}) {
-    const at::Tensor t = tensor(i);
-    if (t.scalar_type() != want) (*stack)[begin + i] = t.to(want);
-  }
+  convert_tensors(stack, {begin + 3, begin + 4}, stats_dtype(tensor(1), tensor(5), tensor(6)));
   return false;  // the call runs as usual, with these statistics
 }
 
@@ -235,13 +224,10 @@ bool layer_norm_backward_statistics(const c10::OperatorHandle& op, torch::jit::S
 bool batch_norm_statistics(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   thread_local bool inside = false;  // the call below comes back here
   if (inside) return false;
+  if (out_through_functional(op, stack)) return true;
   const c10::FunctionSchema& schema = op.schema();
   const std::string& name = schema.name();
   const std::string& overload = schema.overload_name();
-  if (overload == "out" || overload == "no_stats_out") {
-    out_through_functional(op, stack);
-    return true;
-  }
   const size_t n = schema.arguments().size();
   const size_t begin = stack->size() - n;
   auto arg = [&](size_t i) -> const c10::IValue& { return (*stack)[begin + i]; };
@@ -261,10 +247,7 @@ bool batch_norm_statistics(const c10::OperatorHandle& op, torch::jit::Stack* sta
   if (training) {
     if (dtype == input.scalar_type()) return false;  // the CPU's dtypes are CUDA's
     call_again(op, stack, inside);
-    for (size_t i = begin + 1; i < begin + 3; ++i) {  // save_mean, save_invstd
-      const at::Tensor& t = (*stack)[i].toTensor();
-      if (t.scalar_type() != dtype) (*stack)[i] = t.to(dtype);
-    }
+    convert_tensors(stack, {begin + 1, begin + 2}, dtype);  // save_mean, save_invstd
     return true;
   }
   if (arg(3).isNone() || arg(4).isNone()) {
@@ -306,10 +289,7 @@ bool batch_norm_backward_statistics(const c10::OperatorHandle& op, torch::jit::S
   const c10::ScalarType want = at::isReducedFloatingType(input.scalar_type()) && param.defined()
                                    ? param.scalar_type()
                                    : input.scalar_type();
-  for (size_t i : {5, 6}) {
-    const at::Tensor t = tensor(i);
-    if (t.defined() && t.scalar_type() != want) (*stack)[begin + i] = t.to(want);
-  }
+  convert_tensors(stack, {begin + 5, begin + 6}, want);
   return false;  // the call runs as usual, with these statistics
 }
 
