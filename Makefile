@@ -24,8 +24,9 @@
 #                  set up, then every torchvision model forward and backward on accel against
 #                  the CPU, judged by the CPU's own error against float64 (test/vision_sweep.py)
 #   make hf-sweep
-#                  set up, then one eager training step of every transformers text architecture
-#                  (tiny configurations) on accel against the CPU (test/hf_sweep.py)
+#                  set up, then one eager training step of every transformers text, vision,
+#                  audio and image-text architecture (tiny configurations) on accel against
+#                  the CPU (test/hf_sweep.py)
 #   make pytorch-suites
 #                  set up, then PyTorch's own device-generic test files (v2.6.0) on accel,
 #                  every test, with a CPU reference run (make test runs them without the
@@ -112,8 +113,8 @@ test-cpp: build-cpp
 # memory protected (a stray host access to device memory crashes there instead of passing).
 # torch.compile's suite is test-compile's. The debug configurations skip the tests they cannot
 # change (test/conftest.py: config_independent, and run_python's fresh interpreters).
-COMPILE_TESTS := test/test_compile.py test/test_compile_fused.py test/test_compile_models.py \
-                 test/test_compile_modes.py test/test_compile_flex.py
+COMPILE_TESTS := test/test_compile.py test/test_compile_backend.py test/test_compile_fused.py \
+                 test/test_compile_models.py test/test_compile_modes.py test/test_compile_flex.py
 NOT_COMPILE := $(addprefix --ignore=,$(COMPILE_TESTS))
 test-python: test-python-default test-python-debug
 

@@ -97,3 +97,34 @@ def train_classifier_like_the_cpu(
             losses.append(loss.item())
         torch.testing.assert_close(losses[0], losses[1], atol=1e-5, rtol=1e-5)
     return model, compiled, reference
+
+
+def small_mlp() -> torch.nn.Sequential:
+    return torch.nn.Sequential(
+        torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.LayerNorm(32), torch.nn.Linear(32, 4)
+    )
+
+
+def compiled_mlp_trains_like_the_cpu(
+    compile_fn: Callable, steps: int
+) -> tuple[torch.nn.Sequential, torch.nn.Sequential]:
+    """Trains an MLP on accel through ``compile_fn(model)`` and a copy on the CPU eagerly, with
+    the same batches, checking each step's loss; returns (accel model, CPU model)."""
+    torch.manual_seed(0)
+    model, reference = small_mlp(), small_mlp()
+    reference.load_state_dict(model.state_dict())
+    model.to("accel")
+    compiled = compile_fn(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1)
+    for step in range(steps):
+        x = torch.randn(8, 16, generator=torch.Generator().manual_seed(step))
+        for m, o, data in ((compiled, opt, x.to("accel")), (reference, ref_opt, x)):
+            loss = m(data).square().mean()
+            loss.backward()
+            o.step()
+            o.zero_grad()
+            if m is compiled:
+                got = loss.item()
+        torch.testing.assert_close(got, loss.item(), atol=1e-5, rtol=1e-5)
+    return model, reference
