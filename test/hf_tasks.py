@@ -1,0 +1,289 @@
+"""transformers' vision and audio architectures for hf_sweep.py: configurations and inputs.
+
+Each task names the auto mappings whose model types it covers and builds, for one model type,
+the model and its inputs: the first of several configurations (a tiny one with the usual size
+keys, the same without its list-valued keys, the default) that transformers accepts, that stays
+under the parameter limit and whose forward runs on the CPU. Vision and audio configurations
+have no common set of size keys, so the tiny one is a guess that fits many; the default catches
+the rest where it is small enough.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from typing import Any
+
+from compile_sweep import SMALL
+
+_NO_DROPOUT = {k: v for k, v in SMALL.items() if v == 0.0}
+_COMMON = dict(
+    _NO_DROPOUT,
+    drop_path_rate=0.0,
+    layerdrop=0.0,
+    encoder_layerdrop=0.0,
+    decoder_layerdrop=0.0,
+    speech_encoder_layerdrop=0.0,
+    mask_time_prob=0.0,
+    mask_feature_prob=0.0,
+    num_labels=3,
+)
+VISION_SMALL: dict[str, Any] = dict(
+    _COMMON,
+    image_size=64,
+    patch_size=4,
+    num_channels=3,
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    intermediate_size=64,
+    embedding_size=16,
+    embed_dim=16,
+    window_size=4,
+    hidden_sizes=[16, 32],
+    depths=[1, 1],
+    num_heads=[2, 4],
+)
+AUDIO_SMALL: dict[str, Any] = dict(
+    _COMMON,
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    intermediate_size=64,
+    conv_dim=[16, 16, 16],
+    conv_stride=[5, 2, 2],
+    conv_kernel=[10, 3, 3],
+    num_conv_pos_embeddings=16,
+    num_conv_pos_embedding_groups=4,
+    d_model=32,
+    encoder_layers=2,
+    decoder_layers=2,
+    encoder_attention_heads=4,
+    decoder_attention_heads=4,
+    encoder_ffn_dim=64,
+    decoder_ffn_dim=64,
+    vocab_size=64,
+    max_source_positions=64,
+    max_target_positions=64,
+    num_mel_bins=16,
+    max_length=64,
+    pad_token_id=0,
+    bos_token_id=1,
+    eos_token_id=2,
+    decoder_start_token_id=1,
+)
+
+
+def _without_lists(kwargs: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in kwargs.items() if not isinstance(v, list)}
+
+
+def _image_inputs(config: Any, model: Any) -> list[dict[str, Any]]:
+    import torch
+
+    size = getattr(config, "image_size", 224)
+    size = size if isinstance(size, int) else size[0]
+    channels = getattr(config, "num_channels", 3)
+    g = torch.Generator().manual_seed(1)
+    return [{"pixel_values": torch.randn(2, channels, size, size, generator=g)}]
+
+
+def _audio_inputs(config: Any, model: Any) -> list[dict[str, Any]]:
+    """Candidate inputs: models read waveforms, spectrograms or feature frames of many shapes."""
+    import torch
+
+    g = torch.Generator().manual_seed(1)
+    name = getattr(model, "main_input_name", "input_values")
+    shapes = []
+    if name != "input_features" and hasattr(config, "max_length"):  # AST: (frames, mel bins)
+        shapes.append((2, config.max_length, getattr(config, "num_mel_bins", 128)))
+    elif name != "input_features":  # a raw waveform
+        shapes.append((2, 4000))
+    else:  # log-mel or filter-bank frames
+        if hasattr(config, "max_source_positions") and hasattr(config, "num_mel_bins"):
+            shapes.append((2, config.num_mel_bins, 2 * config.max_source_positions))  # whisper
+        where = [config, getattr(config, "encoder_config", None)]
+        for key in ("feature_projection_input_dim", "input_feat_per_channel", "num_mel_bins"):
+            for c in where:
+                if isinstance(getattr(c, key, None), int):
+                    shapes.append((2, 64, getattr(c, key) * getattr(c, "input_channels", 1)))
+    candidates = []
+    for shape in shapes:
+        inputs: dict[str, Any] = {name: torch.randn(*shape, generator=g)}
+        if getattr(config, "is_encoder_decoder", False):
+            inputs["decoder_input_ids"] = torch.randint(3, 60, (2, 8), generator=g)
+        candidates.append(inputs)
+    return candidates
+
+
+def _image_text_inputs(config: Any, model: Any) -> list[dict[str, Any]]:
+    import torch
+
+    vision = getattr(config, "vision_config", config)
+    (inputs,) = _image_inputs(vision, model)
+    vocab = getattr(getattr(config, "text_config", config), "vocab_size", 64)
+    g = torch.Generator().manual_seed(2)
+    inputs["input_ids"] = torch.randint(3, min(vocab, 64), (2, 8), generator=g)
+    return [inputs]
+
+
+IMAGE_TOKEN = 5  # within the tiny vocabulary; text tokens are drawn above it
+
+
+def _count_image_features(features: Any, batch: int) -> int:
+    """Feature vectors per image from what a model's get_image_features returned."""
+    import torch
+
+    if not isinstance(features, torch.Tensor | list | tuple):  # a ModelOutput
+        pooled = getattr(features, "pooler_output", None)
+        features = features[0] if pooled is None else pooled
+    if isinstance(features, list | tuple):  # one tensor per image
+        return sum(f.reshape(-1, f.shape[-1]).shape[0] for f in features) // batch
+    return features.reshape(-1, features.shape[-1]).shape[0] // batch
+
+
+def _vision_language_inputs(config: Any, model: Any) -> list[dict[str, Any]]:
+    """Text with as many image tokens as the vision tower yields features, and the images.
+
+    The image token moves into the tiny vocabulary; the model's get_image_features says how
+    many tokens each image takes (patches, pooled or merged as this model does).
+    """
+    import inspect
+
+    import torch
+
+    for key in ("image_token_id", "image_token_index"):
+        for c in (config, getattr(config, "text_config", None)):
+            if isinstance(getattr(c, key, None), int):
+                setattr(c, key, IMAGE_TOKEN)
+    (images,) = _image_inputs(getattr(config, "vision_config", config), model)
+    size = images["pixel_values"].shape[-1]
+    candidates = [images]
+    if "image_sizes" in inspect.signature(model.forward).parameters:  # llava-next, pixtral
+        candidates.append({**images, "image_sizes": torch.tensor([[size, size]] * 2)})
+    g = torch.Generator().manual_seed(2)
+    text = torch.randint(IMAGE_TOKEN + 1, 64, (2, 8), generator=g)
+    for inputs in candidates:
+        try:
+            with torch.no_grad():
+                features = model.model.get_image_features(**inputs)
+        except Exception:  # noqa: BLE001,S112 (the model wants the other inputs)
+            continue
+        count = _count_image_features(features, 2)
+        images = torch.full((2, count), IMAGE_TOKEN)
+        ids = torch.cat([torch.ones(2, 1, dtype=torch.long), images, text], 1)
+        return [{**inputs, "input_ids": ids, "labels": ids}]
+    return []
+
+
+# task: (auto mapping names, candidate configurations, inputs)
+TASKS: dict[str, tuple[tuple[str, ...], list[dict[str, Any]], Callable[..., list[Any]]]] = {
+    "image": (
+        (
+            "MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES",
+            "MODEL_FOR_SEMANTIC_SEGMENTATION_MAPPING_NAMES",
+            "MODEL_FOR_DEPTH_ESTIMATION_MAPPING_NAMES",
+            "MODEL_FOR_OBJECT_DETECTION_MAPPING_NAMES",
+        ),
+        [VISION_SMALL, _without_lists(VISION_SMALL), _COMMON],
+        _image_inputs,
+    ),
+    "image-text": (
+        ("MODEL_FOR_ZERO_SHOT_IMAGE_CLASSIFICATION_MAPPING_NAMES",),
+        [VISION_SMALL, _without_lists(VISION_SMALL), _COMMON],
+        _image_text_inputs,
+    ),
+    "vision-language": (
+        ("MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES",),
+        [VISION_SMALL, _without_lists(VISION_SMALL)],
+        _vision_language_inputs,
+    ),
+    "audio": (
+        (
+            "MODEL_FOR_CTC_MAPPING_NAMES",
+            "MODEL_FOR_AUDIO_CLASSIFICATION_MAPPING_NAMES",
+            "MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES",
+        ),
+        [AUDIO_SMALL, _without_lists(AUDIO_SMALL), _COMMON],
+        _audio_inputs,
+    ),
+}
+
+
+def _mapping(task: str) -> dict[str, str]:
+    from transformers.models.auto import modeling_auto as auto
+
+    merged: dict[str, str] = {}
+    for name in TASKS[task][0]:
+        for model_type, cls in getattr(auto, name, {}).items():
+            merged.setdefault(model_type, cls if isinstance(cls, str) else cls[0])
+    return merged
+
+
+def architectures() -> list[str]:
+    """Entries "task/model_type" of every vision and audio model type with a head we drive."""
+    return sorted(f"{task}/{model_type}" for task in TASKS for model_type in _mapping(task))
+
+
+def _config(model_type: str, kwargs: dict[str, Any]) -> Any:
+    """The configuration of `model_type` with `kwargs`, its sub-configurations made alike.
+
+    A text sub-configuration (CLIP's text tower) takes the text sweep's tiny sizes, any other
+    (a vision tower, a detector's backbone) `kwargs`; one that refuses them keeps its default.
+    """
+    from transformers import AutoConfig, PretrainedConfig
+
+    default = AutoConfig.for_model(model_type)
+    subs = {}
+    for key in getattr(default, "sub_configs", None) or {}:
+        sub = getattr(default, key, None)
+        if not isinstance(sub, PretrainedConfig) or not kwargs:
+            continue
+        if isinstance(getattr(sub, "backbone", None), str):  # a timm model by name (DETR's)
+            subs[key] = copy.deepcopy(sub)
+            subs[key].backbone = "resnet18"
+            continue
+        small = SMALL if "text" in key else kwargs
+        for candidate in (small, _without_lists(small)):
+            try:
+                subs[key] = type(sub)(**candidate)
+                break
+            except Exception:  # noqa: BLE001,S112 (this sub-configuration wants other sizes)
+                continue
+    return AutoConfig.for_model(model_type, **kwargs, **subs)
+
+
+def build(entry: str, max_parameters: float) -> tuple[Any, Any, dict[str, Any]] | str:
+    """(config, model, inputs) for "task/model_type", or why none of its configurations runs."""
+    import torch
+    import transformers
+
+    task, model_type = entry.split("/", 1)
+    _, candidates, make_inputs = TASKS[task]
+    head = getattr(transformers, _mapping(task)[model_type], None)
+    if head is None:
+        return f"transformers has no {_mapping(task)[model_type]}"
+    reasons = []
+    for kwargs in candidates:
+        try:
+            config = _config(model_type, kwargs)
+            with torch.device("meta"):  # sized before any memory is spent (some are 3B)
+                size = sum(p.numel() for p in head(config).parameters())
+            if size > max_parameters:
+                reasons.append(f"{size / 1e6:.0f}M parameters")
+                continue
+            torch.manual_seed(0)
+            model = head(config)
+            candidates = make_inputs(config, model)
+            if not candidates:
+                reasons.append("no inputs of ours fit the model")
+            for inputs in candidates:
+                try:
+                    with torch.no_grad():
+                        model.eval()(**inputs)
+                    return config, model.train(), inputs
+                except Exception as e:  # noqa: BLE001 (inputs of another shape, or no fit)
+                    reasons.append(f"{type(e).__name__}: {e}".splitlines()[0][:100])
+        except Exception as e:  # noqa: BLE001 (this configuration does not fit the model)
+            reasons.append(f"{type(e).__name__}: {e}".splitlines()[0][:100])
+    return "no configuration runs on the CPU: " + " / ".join(reasons)
