@@ -9,7 +9,9 @@ CPU's is not off too (gradients whose true value is about zero, such as attentio
 differ on both), and the loss may not be more than ten times (or 1e-5) further off than the CPU's.
 
     python test/compile_sweep.py [ARCH ...]      (make compile-sweep: all of them, ~1 min each;
-                                                  any other model type with SMALL alone)
+                                                  any other model type with SMALL alone, and
+                                                  hf_sweep's vision, audio and image-text
+                                                  entries such as image/vit or audio/whisper)
 
 Each architecture runs in its own process; the exit status is 1 if any failed or crashed.
 """
@@ -92,34 +94,46 @@ GRAD_TOLERANCE = 1e-3
 
 def _measure(name: str) -> dict[str, Any]:
     """In the worker: the compiled CPU's and accel's errors against the eager CPU."""
+    import hf_tasks
     import torch
     from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForMaskedLM
 
     import torch_accel  # noqa: F401
 
     torch.manual_seed(0)
-    config = AutoConfig.for_model(name, **{**SMALL, **ARCHITECTURES.get(name, {})})
-    for auto in (AutoModelForCausalLM, AutoModelForMaskedLM, AutoModel):
-        try:
-            model = auto.from_config(config)
-            break
-        except ValueError:  # no such head for this architecture
-            continue
+    if "/" in name:  # a vision, audio or image-text architecture: hf_tasks builds it
+        built = hf_tasks.build(name, 30e6)
+        if isinstance(built, str):
+            return {"skip": built}
+        config, model, inputs = built
+        hf_tasks.without_randomness(model)
+    else:
+        config = AutoConfig.for_model(name, **{**SMALL, **ARCHITECTURES.get(name, {})})
+        for auto in (AutoModelForCausalLM, AutoModelForMaskedLM, AutoModel):
+            try:
+                model = auto.from_config(config)
+                break
+            except ValueError:  # no such head for this architecture
+                continue
+        ids = torch.randint(3, 64, (2, 16), generator=torch.Generator().manual_seed(1))
+        inputs = {"input_ids": ids, "labels": ids}
+        if config.is_encoder_decoder:
+            inputs["decoder_input_ids"] = ids
     model.train()
-    ids = torch.randint(3, 64, (2, 16), generator=torch.Generator().manual_seed(1))
 
     def run(device: str, compiled: bool) -> tuple[float, dict[str, torch.Tensor]]:
         m = copy.deepcopy(model).to(device)
         torch._dynamo.reset()
         f = torch.compile(m) if compiled else m
-        kwargs = {"input_ids": ids.to(device)}
-        if config.is_encoder_decoder:
-            kwargs["decoder_input_ids"] = ids.to(device)
+        kwargs = {k: v.to(device) for k, v in inputs.items()}
         try:
-            out = f(**kwargs, labels=ids.to(device))
-        except TypeError:  # no labels: a base model
             out = f(**kwargs)
-        loss = out.loss if getattr(out, "loss", None) is not None else out[0].square().mean()
+        except TypeError:  # no labels: a base model
+            kwargs.pop("labels", None)
+            out = f(**kwargs)
+        loss = getattr(out, "loss", None)
+        if loss is None:
+            loss = next(v for v in out.values() if isinstance(v, torch.Tensor)).square().mean()
         loss.backward()
         grads = {n: p.grad.cpu() for n, p in m.named_parameters() if p.grad is not None}
         return float(loss), grads
@@ -141,6 +155,8 @@ def _measure(name: str) -> dict[str, Any]:
 
 
 def _verdict(result: dict[str, Any]) -> tuple[bool, str]:
+    if "skip" in result:
+        return True, f"skipped: {result['skip'][:160]}"
     cpu, accel = result["cpu"], result["accel"]
     only_accel = sorted(set(accel["off"]) - set(cpu["off"]))
     loss_ok = accel["loss_error"] <= max(1e-5, 10 * cpu["loss_error"])
@@ -157,9 +173,11 @@ def main(argv: list[str]) -> int:
         print("RESULT " + json.dumps(_measure(argv[1])))
         return 0
     names = argv or list(ARCHITECTURES)
+    import hf_tasks  # vision, audio and image-text architectures: "image/vit"
     from transformers import CONFIG_MAPPING  # any model type, with SMALL alone if not listed
 
-    unknown = [n for n in names if n not in CONFIG_MAPPING]
+    unknown = [n for n in names if n not in CONFIG_MAPPING and "/" not in n]
+    unknown += [n for n in names if "/" in n and n not in hf_tasks.architectures()]
     if unknown:
         print(f"unknown model types {unknown}; the sweep's own: {' '.join(ARCHITECTURES)}")
         return 2

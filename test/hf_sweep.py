@@ -109,13 +109,7 @@ def _compare(model: Any, inputs: Any) -> dict[str, Any]:
 
     import torch_accel
 
-    # Random draws differ between the devices: every dropout off, whatever the configuration
-    # key that sets it (mobilenet's classifier_dropout_prob is 0.999, in place).
-    for module in model.modules():
-        if isinstance(module, torch.nn.modules.dropout._DropoutNd):
-            module.p = 0.0
-        if isinstance(getattr(module, "drop_prob", None), float):
-            module.drop_prob = 0.0
+    hf_tasks.without_randomness(model)
 
     def run(device: str, dtype: Any = None) -> tuple[float, dict[str, torch.Tensor]]:
         m = copy.deepcopy(model).to(device, dtype)

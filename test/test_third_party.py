@@ -449,3 +449,22 @@ def test_more_models_forward_and_backward_like_cpu(name: str, no_fallback: None)
     for (n, p), q in zip(model.named_parameters(), acc.parameters(), strict=True):
         if p.grad is not None:
             _assert_close(q.grad, p.grad, f"gradient of {n}")
+
+
+# One of each kind of hf_sweep's vision, audio and multimodal entries (make hf-sweep runs all):
+# configurations and inputs built by test/hf_tasks.py, judged by the sweep's own verdict.
+@pytest.mark.parametrize(
+    "entry",
+    [
+        "image/deformable_detr",  # multi-scale deformable attention (grid_sample), a timm backbone
+        "image/swin",  # shifted windows (roll), relative position bias
+        "audio/wav2vec2",  # strided 1-d convolutions over a waveform, CTC head
+        "image-text/clip",  # two towers and a contrastive logit scale
+        "vision-language/llava",  # image features scattered into the text embeddings
+    ],
+)
+def test_transformers_vision_audio_and_multimodal_models_train_like_cpu(entry: str) -> None:
+    import hf_sweep
+
+    verdict, detail = hf_sweep._verdict(hf_sweep._measure(entry))
+    assert verdict == "ok", f"{entry}: {detail}"
