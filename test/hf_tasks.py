@@ -11,6 +11,8 @@ the rest where it is small enough.
 from __future__ import annotations
 
 import copy
+import importlib
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -128,6 +130,7 @@ def _image_text_inputs(config: Any, model: Any) -> list[dict[str, Any]]:
 
 
 IMAGE_TOKEN = 5  # within the tiny vocabulary; text tokens are drawn above it
+VISION_START, VISION_END = 4, 3  # Qwen-VL's markers around an image's tokens
 
 
 def _count_image_features(features: Any, batch: int) -> int:
@@ -148,19 +151,33 @@ def _vision_language_inputs(config: Any, model: Any) -> list[dict[str, Any]]:
     The image token moves into the tiny vocabulary; the model's get_image_features says how
     many tokens each image takes (patches, pooled or merged as this model does).
     """
-    import inspect
 
     import torch
 
-    for key in ("image_token_id", "image_token_index"):
+    tokens = {
+        "image_token_id": IMAGE_TOKEN,
+        "image_token_index": IMAGE_TOKEN,
+        "vision_start_token_id": VISION_START,
+        "vision_end_token_id": VISION_END,
+    }
+    for key, value in tokens.items():
         for c in (config, getattr(config, "text_config", None)):
             if isinstance(getattr(c, key, None), int):
-                setattr(c, key, IMAGE_TOKEN)
-    (images,) = _image_inputs(getattr(config, "vision_config", config), model)
+                setattr(c, key, value)
+    vision = getattr(config, "vision_config", config)
+    (images,) = _image_inputs(vision, model)
     size = images["pixel_values"].shape[-1]
     candidates = [images]
-    if "image_sizes" in inspect.signature(model.forward).parameters:  # llava-next, pixtral
+    parameters = inspect.signature(model.forward).parameters
+    if "image_sizes" in parameters:  # llava-next, pixtral
         candidates.append({**images, "image_sizes": torch.tensor([[size, size]] * 2)})
+    if "image_grid_thw" in parameters:  # Qwen-VL: flattened patches of a 1 x 4 x 4 grid
+        patch = getattr(vision, "in_channels", 3) * getattr(vision, "temporal_patch_size", 1)
+        patch *= getattr(vision, "patch_size", 14) ** 2
+        g = torch.Generator().manual_seed(1)
+        flat = torch.randn(2 * 16, patch, generator=g)
+        grid = torch.tensor([[1, 4, 4]] * 2)
+        candidates.insert(0, {"pixel_values": flat, "image_grid_thw": grid})
     g = torch.Generator().manual_seed(2)
     text = torch.randint(IMAGE_TOKEN + 1, 64, (2, 8), generator=g)
     for inputs in candidates:
@@ -171,8 +188,12 @@ def _vision_language_inputs(config: Any, model: Any) -> list[dict[str, Any]]:
             continue
         count = _count_image_features(features, 2)
         images = torch.full((2, count), IMAGE_TOKEN)
-        ids = torch.cat([torch.ones(2, 1, dtype=torch.long), images, text], 1)
-        return [{**inputs, "input_ids": ids, "labels": ids}]
+        marker = torch.full((2, 1), VISION_START)
+        ids = torch.cat([torch.ones(2, 1, dtype=torch.long), marker, images, text], 1)
+        inputs = {**inputs, "input_ids": ids, "labels": ids}
+        if "mm_token_type_ids" in parameters:  # Qwen-VL: 1 marks the image's tokens
+            inputs["mm_token_type_ids"] = (ids == IMAGE_TOKEN).long()
+        return [inputs]
     return []
 
 
@@ -247,10 +268,25 @@ def _config(model_type: str, kwargs: dict[str, Any]) -> Any:
         for candidate in (small, _without_lists(small)):
             try:
                 subs[key] = type(sub)(**candidate)
+                if hasattr(subs[key], "out_hidden_size"):  # Qwen-VL: merged patches -> text
+                    subs[key].out_hidden_size = SMALL["hidden_size"]
                 break
             except Exception:  # noqa: BLE001,S112 (this sub-configuration wants other sizes)
                 continue
-    return AutoConfig.for_model(model_type, **kwargs, **subs)
+    config = AutoConfig.for_model(model_type, **kwargs, **subs)
+    # Qwen-VL's multimodal rotary embedding splits head_dim / 2 into three sections.
+    modeling = type(default).__module__.replace(".configuration_", ".modeling_")
+    try:
+        uses_mrope = "mrope_section" in inspect.getsource(importlib.import_module(modeling))
+    except (ImportError, OSError):
+        uses_mrope = False
+    if uses_mrope:
+        text = getattr(config, "text_config", config)
+        half = (getattr(text, "head_dim", None) or SMALL["head_dim"]) // 2
+        rope = dict(getattr(text, "rope_parameters", None) or {})
+        rope["mrope_section"] = [half - 2 * (half // 4), half // 4, half // 4]
+        text.rope_parameters = rope
+    return config
 
 
 def build(entry: str, max_parameters: float) -> tuple[Any, Any, dict[str, Any]] | str:
