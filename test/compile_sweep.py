@@ -153,9 +153,14 @@ def _measure(name: str) -> dict[str, Any]:
         return {"loss_error": abs(loss - ref_loss) / (abs(ref_loss) + 1e-12), "off": off}
 
     eager_cpu = run("cpu", False)
+    try:
+        compiled_cpu = run("cpu", True)
+    except Exception as e:  # noqa: BLE001 (Inductor fails on the CPU too: not accel's to test)
+        message = str(e).split("error:")[-1].strip().splitlines()[0][:120]
+        return {"skip": f"compiled on the CPU: {type(e).__name__}: {message}"}
     compiled_accel = run("accel", True)
     return {
-        "cpu": errors(eager_cpu, run("cpu", True)),
+        "cpu": errors(eager_cpu, compiled_cpu),
         "accel": errors(eager_cpu, compiled_accel),
         # accel's eager kernels may differ from the CPU's (its own attention kernel, say):
         # compiled accel is then judged against eager accel
@@ -205,14 +210,16 @@ def main(argv: list[str]) -> int:
         )
         lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
         if proc.returncode != 0 or not lines:
-            ok, detail = False, "crashed: " + " / ".join(proc.stderr.strip().splitlines()[-3:])
+            err = proc.stderr.strip().splitlines()
+            errors = [ln for ln in err if "Error" in ln or "error:" in ln]  # not compile warnings
+            ok, detail = False, "crashed: " + " / ".join((errors or err)[-3:])[-400:]
         else:
             ok, detail = _verdict(json.loads(lines[-1][len("RESULT ") :]))
         took = time.perf_counter() - start
         print(f"{'ok  ' if ok else 'FAIL'} {name:14} {took:5.0f} s  {detail}", flush=True)
         if not ok:
             failed.append(name)
-    print(f"{len(names) - len(failed)} of {len(names)} architectures match the compiled CPU")
+    print(f"{len(names) - len(failed)} of {len(names)} architectures pass or skip")
     return 1 if failed else 0
 
 
