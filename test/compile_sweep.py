@@ -4,11 +4,13 @@ For each architecture (a tiny configuration built from transformers' AutoConfig,
 downloaded), one forward and backward runs eagerly on the CPU (the reference), compiled with
 Inductor on the CPU, and compiled on accel. An architecture passes when accel's loss and every
 gradient match the reference as closely as the compiled CPU's do: a gradient more than 1e-3
-(relative to its largest element) off the reference counts against accel only where the compiled
-CPU's is not off too (gradients whose true value is about zero, such as attention key biases,
-differ on both), and the loss may not be more than ten times (or 1e-5) further off than the CPU's.
-Where accel's eager kernels differ from the CPU's (accel's own attention kernel), compiled accel
-may instead meet the same bar against eager accel; the verdict names the reference it met.
+(relative to its largest element, or to 1e-4 of the model's largest if that is more) off the
+reference counts against accel only where the compiled CPU's is not off too (gradients whose
+true value is about zero, such as attention key biases, differ on both), and the loss may not be
+more than ten times (or 1e-5) further off than the CPU's. Where accel's eager results differ
+from the CPU's in the last bits (DETR), compiled accel may instead meet the same bar against
+eager accel; the verdict names the reference it met. Architectures that Inductor cannot compile
+on the CPU either are skipped, saying so.
 
     python test/compile_sweep.py [ARCH ...]      (make compile-sweep: all of them, ~1 min each;
                                                   any other model type with SMALL alone, and
@@ -142,12 +144,15 @@ def _measure(name: str) -> dict[str, Any]:
 
     def errors(reference: tuple[float, dict], got: tuple[float, dict]) -> dict[str, Any]:
         (ref_loss, ref_grads), (loss, grads) = reference, got
+        # Relative to each gradient's largest element, but not below 1e-4 of the model's: a
+        # gradient that is exactly zero (a softmax over one key) may come out as 1e-15.
+        largest = (float(g.abs().max()) for g in ref_grads.values() if g.numel())
+        floor = 1e-4 * max(largest, default=0.0)
         off = {}
         for n, g in ref_grads.items():
             h = grads.get(n)
-            err = (
-                float("inf") if h is None else float((g - h).abs().max() / (g.abs().max() + 1e-12))
-            )
+            scale = max(float(g.abs().max()) if g.numel() else 0.0, floor) + 1e-12
+            err = float("inf") if h is None else float((g - h).abs().max()) / scale
             if err > GRAD_TOLERANCE:
                 off[n] = err
         return {"loss_error": abs(loss - ref_loss) / (abs(ref_loss) + 1e-12), "off": off}
