@@ -30,15 +30,25 @@ _COMMON = dict(
     mask_feature_prob=0.0,
     num_labels=3,
 )
+# The text sweep's sizes of a transformer body and of an encoder-decoder's parts and tokens.
+_BODY = {
+    k: SMALL[k]
+    for k in "hidden_size num_hidden_layers num_attention_heads intermediate_size".split()
+}
+_SEQ2SEQ = {
+    k: SMALL[k]
+    for k in (
+        "d_model encoder_layers decoder_layers encoder_attention_heads decoder_attention_heads"
+        " encoder_ffn_dim decoder_ffn_dim vocab_size pad_token_id bos_token_id eos_token_id"
+        " decoder_start_token_id"
+    ).split()
+}
 VISION_SMALL: dict[str, Any] = dict(
     _COMMON,
+    **_BODY,
     image_size=64,
     patch_size=4,
     num_channels=3,
-    hidden_size=32,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    intermediate_size=64,
     embedding_size=16,
     embed_dim=16,
     window_size=4,
@@ -48,31 +58,17 @@ VISION_SMALL: dict[str, Any] = dict(
 )
 AUDIO_SMALL: dict[str, Any] = dict(
     _COMMON,
-    hidden_size=32,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    intermediate_size=64,
+    **_BODY,
+    **_SEQ2SEQ,
     conv_dim=[16, 16, 16],
     conv_stride=[5, 2, 2],
     conv_kernel=[10, 3, 3],
     num_conv_pos_embeddings=16,
     num_conv_pos_embedding_groups=4,
-    d_model=32,
-    encoder_layers=2,
-    decoder_layers=2,
-    encoder_attention_heads=4,
-    decoder_attention_heads=4,
-    encoder_ffn_dim=64,
-    decoder_ffn_dim=64,
-    vocab_size=64,
     max_source_positions=64,
     max_target_positions=64,
     num_mel_bins=16,
     max_length=64,
-    pad_token_id=0,
-    bos_token_id=1,
-    eos_token_id=2,
-    decoder_start_token_id=1,
 )
 
 
