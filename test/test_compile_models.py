@@ -203,9 +203,11 @@ def test_the_compile_sweep_blames_accel_only_for_what_the_cpu_gets_right() -> No
     import compile_sweep
 
     def result(cpu_off, accel_off, cpu_loss=1e-7, accel_loss=1e-7):  # type: ignore[no-untyped-def]
+        accel = {"loss_error": accel_loss, "off": accel_off}
         return {
             "cpu": {"loss_error": cpu_loss, "off": cpu_off},
-            "accel": {"loss_error": accel_loss, "off": accel_off},
+            "accel": accel,  # compiled accel against eager CPU
+            "accel_eager": accel,  # ... and against eager accel
         }
 
     key_bias = {"layer.0.key.bias": 0.68}  # about zero in truth: off on both
@@ -214,3 +216,12 @@ def test_the_compile_sweep_blames_accel_only_for_what_the_cpu_gets_right() -> No
     assert not ok and "off on accel only: 1, worst A_log 0.43" in detail
     assert not compile_sweep._verdict(result({}, {}, accel_loss=4.8e-4))[0]
     assert compile_sweep._verdict(result({}, {}, cpu_loss=1e-3, accel_loss=2e-3))[0]
+    # Eager accel differs from eager CPU in the last bits (DETR): compiled accel may meet the bar
+    # against eager accel instead, and the verdict says so.
+    detr = result(key_bias, {**key_bias, "query_position_embeddings.weight": 2.5e-3})
+    assert not compile_sweep._verdict(detr)[0]
+    detr["accel_eager"] = {"loss_error": 0.0, "off": key_bias}
+    ok, detail = compile_sweep._verdict(detr)
+    assert ok and detail.startswith("against eager accel")
+    ok, detail = compile_sweep._verdict({"skip": "compiled on the CPU: InductorError: ..."})
+    assert ok and detail.startswith("skipped: compiled on the CPU")
