@@ -67,7 +67,7 @@ def _measure(name: str) -> dict[str, Any]:
 
     warnings.simplefilter("ignore")
     torch.manual_seed(0)
-    if "/" in name:  # a vision or audio architecture
+    if "/" in name:  # a vision, audio or multimodal architecture (hf_tasks.py)
         built = hf_tasks.build(name, MAX_PARAMETERS)
         if isinstance(built, str):
             return {"skip": built[:160]}
@@ -112,21 +112,11 @@ def _compare(model: Any, inputs: Any) -> dict[str, Any]:
     hf_tasks.without_randomness(model)
 
     def run(device: str, dtype: Any = None) -> tuple[float, dict[str, torch.Tensor]]:
-        m = copy.deepcopy(model).to(device, dtype)
         kwargs = inputs(device)
         if dtype is not None:
             kwargs = {k: v.to(dtype) if v.is_floating_point() else v for k, v in kwargs.items()}
-        try:
-            out = m(**kwargs)
-        except TypeError:  # no labels: a base model
-            kwargs.pop("labels", None)
-            out = m(**kwargs)
-        loss = getattr(out, "loss", None)
-        if loss is None:
-            first = next(v for v in out.values() if isinstance(v, torch.Tensor))
-            loss = first.float().square().mean()
-        loss.backward()
-        return float(loss), {n: p.grad.cpu() for n, p in m.named_parameters() if p.grad is not None}
+        m = copy.deepcopy(model).to(device, dtype)
+        return hf_tasks.training_step(m, kwargs), hf_tasks.gradients(m)
 
     def errors(a: Any, b: Any) -> tuple[float, dict[str, float]]:
         """Loss error relative to b's loss, gradient errors relative to b's largest element."""

@@ -1,4 +1,4 @@
-"""transformers' vision and audio architectures for hf_sweep.py: configurations and inputs.
+"""transformers' vision, audio and multimodal architectures for the sweeps: models and inputs.
 
 Each task names the auto mappings whose model types it covers and builds, for one model type,
 the model and its inputs: the first of several configurations (a tiny one with the usual size
@@ -18,9 +18,10 @@ from typing import Any
 
 from compile_sweep import SMALL
 
-_NO_DROPOUT = {k: v for k, v in SMALL.items() if v == 0.0}
+_NO_DROPOUT = {k: v for k, v in SMALL.items() if isinstance(v, float) and v == 0.0}
 _COMMON = dict(
     _NO_DROPOUT,
+    pad_token_id=0,  # as in the text sweep
     drop_path_rate=0.0,
     layerdrop=0.0,
     encoder_layerdrop=0.0,
@@ -238,7 +239,7 @@ def _mapping(task: str) -> dict[str, str]:
 
 
 def architectures() -> list[str]:
-    """Entries "task/model_type" of every vision and audio model type with a head we drive."""
+    """Entries "task/model_type" of every model type with a head of one of the TASKS."""
     return sorted(f"{task}/{model_type}" for task in TASKS for model_type in _mapping(task))
 
 
@@ -306,10 +307,10 @@ def build(entry: str, max_parameters: float) -> tuple[Any, Any, dict[str, Any]] 
                 continue
             torch.manual_seed(0)
             model = head(config)
-            candidates = make_inputs(config, model)
-            if not candidates:
+            tries = make_inputs(config, model)
+            if not tries:
                 reasons.append("no inputs of ours fit the model")
-            for inputs in candidates:
+            for inputs in tries:
                 try:
                     with torch.no_grad():
                         model.eval()(**inputs)
@@ -332,3 +333,27 @@ def without_randomness(model: Any) -> Any:
         if isinstance(getattr(module, "drop_prob", None), float):
             module.drop_prob = 0.0
     return model
+
+
+def training_step(model: Any, kwargs: dict[str, Any]) -> float:
+    """One forward and backward of `model` (a copy the caller owns); returns the loss: the
+    model's own where it computes one from `labels` (dropped for a model that takes none), else
+    the mean square of its first output, in at least float32."""
+    import torch
+
+    try:
+        out = model(**kwargs)
+    except TypeError:  # no labels: a base model
+        kwargs = {k: v for k, v in kwargs.items() if k != "labels"}
+        out = model(**kwargs)
+    loss = getattr(out, "loss", None)
+    if loss is None:
+        first = next(v for v in out.values() if isinstance(v, torch.Tensor))
+        loss = first.to(torch.promote_types(first.dtype, torch.float32)).square().mean()
+    loss.backward()
+    return float(loss)
+
+
+def gradients(model: Any) -> dict[str, Any]:
+    """The gradients training_step left in `model`, on the CPU, by parameter name."""
+    return {n: p.grad.cpu() for n, p in model.named_parameters() if p.grad is not None}
