@@ -14,8 +14,9 @@ on the CPU either are skipped, saying so.
 
     python test/compile_sweep.py [ARCH ...]      (make compile-sweep: all of them, ~1 min each;
                                                   any other model type with SMALL alone, and
-                                                  hf_sweep's vision, audio and image-text
-                                                  entries such as image/vit or audio/whisper)
+                                                  hf_sweep's vision, audio, image-text and
+                                                  diffusers entries such as image/vit,
+                                                  audio/whisper or diffusion/AutoencoderKL)
 
 Each architecture runs in its own process; the exit status is 1 if any failed or crashed.
 """
@@ -129,7 +130,7 @@ def _measure(name: str) -> dict[str, Any]:
         m = copy.deepcopy(model).to(device)
         torch._dynamo.reset()
         f = torch.compile(m) if compiled else m
-        loss = hf_tasks.training_step(f, {k: v.to(device) for k, v in inputs.items()})
+        loss = hf_tasks.training_step(f, hf_tasks.to(inputs, device))
         return loss, hf_tasks.gradients(m)  # (the compiled module's names have a prefix)
 
     def errors(reference: tuple[float, dict], got: tuple[float, dict]) -> dict[str, Any]:

@@ -6,6 +6,8 @@ downloaded). Vision, audio and image-text (entries "image/vit", "audio/wav2vec2"
 "image-text/clip"): each model type with an image classification, segmentation, depth or
 detection head, a CTC, audio classification or speech sequence-to-sequence head, or a
 zero-shot image classification model (hf_tasks.py builds their configurations and inputs).
+Diffusers (entries "diffusion/UNet2DConditionModel"): its UNets, VAEs and diffusion
+transformers at toy sizes (diffusers_tasks.py).
 One forward and backward runs on the CPU (the reference) and on accel with the CPU fallback
 allowed and counted, every dropout off. An architecture passes when no operator took the
 fallback, the loss is within 1e-5 (relative) of the CPU's and every gradient within 1e-3 of the
@@ -72,7 +74,7 @@ def _measure(name: str) -> dict[str, Any]:
         if isinstance(built, str):
             return {"skip": built[:160]}
         config, model, inputs = built
-        return _compare(model, lambda device: {k: v.to(device) for k, v in inputs.items()})
+        return _compare(model, lambda device: hf_tasks.to(inputs, device))
     try:
         config = AutoConfig.for_model(name, **SMALL)
     except Exception as e:  # noqa: BLE001 (transformers refuses the tiny configuration)
@@ -112,9 +114,7 @@ def _compare(model: Any, inputs: Any) -> dict[str, Any]:
     hf_tasks.without_randomness(model)
 
     def run(device: str, dtype: Any = None) -> tuple[float, dict[str, torch.Tensor]]:
-        kwargs = inputs(device)
-        if dtype is not None:
-            kwargs = {k: v.to(dtype) if v.is_floating_point() else v for k, v in kwargs.items()}
+        kwargs = hf_tasks.to(inputs(device), device, dtype)
         m = copy.deepcopy(model).to(device, dtype)
         return hf_tasks.training_step(m, kwargs), hf_tasks.gradients(m)
 

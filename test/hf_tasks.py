@@ -16,6 +16,7 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
+import diffusers_tasks
 from compile_sweep import SMALL
 
 _NO_DROPOUT = {k: v for k, v in SMALL.items() if isinstance(v, float) and v == 0.0}
@@ -239,8 +240,10 @@ def _mapping(task: str) -> dict[str, str]:
 
 
 def architectures() -> list[str]:
-    """Entries "task/model_type" of every model type with a head of one of the TASKS."""
-    return sorted(f"{task}/{model_type}" for task in TASKS for model_type in _mapping(task))
+    """Entries "task/model_type" of every model type with a head of one of the TASKS, then
+    diffusers' models ("diffusion/<entry>", diffusers_tasks.py)."""
+    entries = sorted(f"{task}/{model_type}" for task in TASKS for model_type in _mapping(task))
+    return entries + diffusers_tasks.architectures()
 
 
 def _config(model_type: str, kwargs: dict[str, Any]) -> Any:
@@ -292,6 +295,8 @@ def build(entry: str, max_parameters: float) -> tuple[Any, Any, dict[str, Any]] 
     import transformers
 
     task, model_type = entry.split("/", 1)
+    if task == "diffusion":
+        return diffusers_tasks.build(model_type, max_parameters)
     _, candidates, make_inputs = TASKS[task]
     head = getattr(transformers, _mapping(task)[model_type], None)
     if head is None:
@@ -330,8 +335,9 @@ def without_randomness(model: Any) -> Any:
     for module in model.modules():
         if isinstance(module, torch.nn.modules.dropout._DropoutNd):
             module.p = 0.0
-        if isinstance(getattr(module, "drop_prob", None), float):
-            module.drop_prob = 0.0
+        for name in ("drop_prob", "dropout_prob"):  # layer drop; diffusers' class-label drop
+            if isinstance(getattr(module, name, None), float):
+                setattr(module, name, 0.0)
     return model
 
 
@@ -347,11 +353,31 @@ def training_step(model: Any, kwargs: dict[str, Any]) -> float:
         kwargs = {k: v for k, v in kwargs.items() if k != "labels"}
         out = model(**kwargs)
     loss = getattr(out, "loss", None)
+    if isinstance(out, (tuple, list, torch.Tensor)):  # T2I-Adapter's features, aMUSEd's logits
+        tensors = [out] if isinstance(out, torch.Tensor) else out
+        tensors = [t for t in tensors if isinstance(t, torch.Tensor)]
+        loss = sum(
+            t.to(torch.promote_types(t.dtype, torch.float32)).square().mean() for t in tensors
+        )
     if loss is None:
         first = next(v for v in out.values() if isinstance(v, torch.Tensor))
         loss = first.to(torch.promote_types(first.dtype, torch.float32)).square().mean()
     loss.backward()
     return float(loss)
+
+
+def to(inputs: Any, device: str, dtype: Any = None) -> Any:
+    """`inputs` with every tensor in it on `device`, the floating ones in `dtype` if given
+    (diffusers' models take nested dicts and lists)."""
+    import torch
+
+    if isinstance(inputs, dict):
+        return {k: to(v, device, dtype) for k, v in inputs.items()}
+    if isinstance(inputs, (list, tuple)):
+        return type(inputs)(to(v, device, dtype) for v in inputs)
+    if not isinstance(inputs, torch.Tensor):
+        return inputs
+    return inputs.to(device, dtype if dtype and inputs.is_floating_point() else None)
 
 
 def gradients(model: Any) -> dict[str, Any]:
