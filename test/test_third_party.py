@@ -383,6 +383,31 @@ def test_custom_operators_with_a_cpu_kernel_run_on_accel(no_fallback: None) -> N
     _assert_close(out, x + 0.5 * y, "custom operator written into an accel tensor")
 
 
+def test_a_library_operator_with_cpu_and_composite_kernels_runs_its_cpu_kernel(
+    no_fallback: None,
+) -> None:
+    """An operator with a CPU kernel and a CompositeExplicitAutograd one (torchaudio's lfilter
+    loop): accel takes the composite, unless torch_accel._C._prefer_executor_kernels registers
+    the CPU kernel for accel, as torch_accel does for torchaudio once it is imported."""
+    import torch_accel
+
+    lib = torch.library.Library("accel_test_pair", "DEF")
+    lib.define("mark(Tensor x) -> Tensor")
+    lib.impl("mark", lambda x: x + 1, "CPU")  # which kernel ran shows in the result
+    lib.impl("mark", lambda x: x + 2, "CompositeExplicitAutograd")
+    x = torch.zeros(3)
+    assert torch.ops.accel_test_pair.mark(x.to(ACCEL)).cpu().tolist() == [2.0] * 3
+    assert torch_accel._C._prefer_executor_kernels("accel_test_pair") == ["accel_test_pair::mark"]
+    assert torch_accel._C._prefer_executor_kernels("accel_test_pair") == []  # once
+    got = torch.ops.accel_test_pair.mark(x.to(ACCEL))
+    assert got.device.type == "accel" and got.cpu().tolist() == [1.0] * 3
+    assert torch_accel._C._prefer_executor_kernels("aten") == []  # ATen's stay ATen's
+    pytest.importorskip("torchaudio")
+    assert torch._C._dispatch_has_kernel_for_dispatch_key(
+        "torchaudio::_lfilter_core_loop", "PrivateUse1"
+    )
+
+
 def _t5() -> tuple[nn.Module, dict[str, Any], LossFn]:
     cfg = transformers.T5Config(
         vocab_size=64, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4,

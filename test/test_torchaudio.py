@@ -2,12 +2,12 @@
 
 torchaudio's signal processing is code we did not write that leans on what models rarely do:
 complex FFTs and their inverses (spectrograms, phase vocoder, Griffin-Lim), IIR filters run
-sample by sample (torchaudio's lfilter operator, whose generic composite kernel accel takes
-where the CPU has its own), polyphase resampling, and its own C++ operators (rnnt_loss,
-forced_align: CPU kernels only, which accel runs on its own memory, as any other library's
-operator with a CPU kernel, without the copying fallback). Each case runs on the CPU and on accel
-from the same inputs; values and gradients must match the CPU's, and the CPU fallback is
-forbidden. Tacotron2 is left out: its prenet applies dropout in evaluation too (a random draw
+sample by sample (torchaudio's lfilter loop operator, with a CPU kernel and a composite one:
+accel runs the CPU kernel, see torch_accel/__init__.py), polyphase resampling, and its own C++
+operators (rnnt_loss, forced_align: CPU kernels only, which accel runs on its own memory, as any
+other library's operator with a CPU kernel, without the copying fallback). Each case runs on the
+CPU and on accel from the same inputs; values and gradients must match the CPU's, and the CPU
+fallback is forbidden. Tacotron2 is left out: its prenet applies dropout in evaluation too (a random draw
 that differs between devices).
 """
 
@@ -177,6 +177,26 @@ def test_torchaudio_functions_like_cpu(name: str, no_fallback: None) -> None:
                 rtol=1e-4,
                 atol=1e-5,
             )
+
+
+@pytest.mark.parametrize(
+    "imports",
+    ["import torchaudio, torch_accel", "import torch_accel, torchaudio", "import torchaudio"],
+)
+def test_lfilter_runs_its_cpu_kernel_on_accel_whatever_the_import_order(
+    run_python, imports: str
+) -> None:
+    """torchaudio's IIR loop operator has a CPU kernel and a composite one (a few small
+    operators per sample); accel runs the CPU kernel on its memory, registered once torchaudio
+    has loaded its operators, also when torchaudio imports torch (and through its backend
+    autoload torch_accel) before it has loaded them."""
+    code = f"""{imports}
+import torch
+print(torch._C._dispatch_has_kernel_for_dispatch_key("torchaudio::_lfilter_core_loop", "PrivateUse1"))
+"""
+    proc = run_python(code, TORCH_DEVICE_BACKEND_AUTOLOAD="1")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["True"]
 
 
 def test_rnnt_loss_and_forced_align_like_cpu(no_fallback: None) -> None:

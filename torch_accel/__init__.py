@@ -70,6 +70,13 @@ def _register() -> None:
     from torch_accel.accel import amp_torchvision
 
     _import_hook.after_import("torchvision.ops", amp_torchvision.register)
+    # Other libraries' operators with a CPU kernel and a composite one: accel runs the CPU kernel
+    # on its memory, as for those with a CPU kernel alone, not the composite (torchaudio's lfilter
+    # loop, one small operator per sample otherwise). torchaudio._extension loads its operators;
+    # not "torchaudio", which imports torch (and through its autoload torch_accel) before them.
+    _import_hook.after_import(
+        "torchaudio._extension", lambda: _C._prefer_executor_kernels("torchaudio")
+    )
     # torch.accel's device, stream and property functions traced by Dynamo as torch.cuda's.
     from torch_accel._dynamo import polyfills
 

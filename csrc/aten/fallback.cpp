@@ -30,6 +30,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <unordered_map>
@@ -208,6 +209,25 @@ void copying_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack,
   count_and_warn(name, mode);
 }
 
+// The executor device's dispatch key (CPU on the host driver, CUDA on cuda), if it has one.
+std::optional<c10::DispatchKey> executor_key() {
+  switch (executor()) {
+    case Executor::Host: return c10::DispatchKey::CPU;
+    case Executor::Cuda: return c10::DispatchKey::CUDA;
+    default: return std::nullopt;
+  }
+}
+
+// Another library's operator with a kernel for the executor's device (torchvision::nms): it
+// runs on accel memory without copies, as the underlying tier runs ATen's. Not a fallback.
+void library_executor_call(const c10::OperatorHandle& op, torch::jit::Stack* stack,
+                           const std::string& name) {
+  const c10::DeviceIndex dev = call_device(op, *stack, name);
+  c10::DeviceGuard guard(c10::Device(kAccel, dev));
+  const auto draws = substitute_kernel_generators(op, stack, dev);  // cuda: after the call
+  direct_call(op, stack);
+}
+
 void accel_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const std::string name = op_name(op);
   if (name.rfind("aten::_nested", 0) == 0 || name.rfind("aten::_to_sparse", 0) == 0) {
@@ -216,16 +236,10 @@ void accel_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     direct_call(op, stack);
     return;
   }
-  const Executor ex = executor();
-  if (name.rfind("aten::", 0) != 0 && ex != Executor::None && !force_fallback() &&
-      op.hasKernelForDispatchKey(ex == Executor::Host ? c10::DispatchKey::CPU
-                                                      : c10::DispatchKey::CUDA)) {
-    // Another library's operator with a kernel for the executor's device (torchvision::nms): it
-    // runs on accel memory without copies, as the underlying tier runs ATen's. Not a fallback.
-    const c10::DeviceIndex dev = call_device(op, *stack, name);
-    c10::DeviceGuard guard(c10::Device(kAccel, dev));
-    const auto draws = substitute_kernel_generators(op, stack, dev);  // cuda: after the call
-    direct_call(op, stack);
+  const auto key = executor_key();
+  if (name.rfind("aten::", 0) != 0 && key && !force_fallback() &&
+      op.hasKernelForDispatchKey(*key)) {
+    library_executor_call(op, stack, name);
     return;
   }
   const std::string why = denied(name);
@@ -252,6 +266,16 @@ void accel_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   warn_or_error_on_sync(name.c_str(), "it has no accel kernel and runs through the CPU fallback");
   const QuietSyncs quiet;  // reported once: not each copy it makes
   copying_fallback(op, stack, name, mode);
+}
+
+// The accel kernel prefer_executor_kernels registers: the executor device's kernel on accel
+// memory, or the copying fallback where the tests force it.
+void executor_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  if (force_fallback()) {
+    accel_fallback(op, stack);
+    return;
+  }
+  library_executor_call(op, stack, op_name(op));
 }
 
 void unsupported_fallback(const char* what, const c10::OperatorHandle& op, torch::jit::Stack*) {
@@ -331,6 +355,38 @@ TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
 }
 TORCH_LIBRARY_IMPL(_, QuantizedPrivateUse1, m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&quantized_fallback>());
+}
+
+std::vector<std::string> prefer_executor_kernels(const std::string& ns) {
+  std::vector<std::string> registered;
+  const auto key = executor_key();
+  if (!key || ns.empty() || ns == "aten" || ns == "accel") return registered;
+  // One IMPL block per namespace and call, alive for the process: a Library deregisters its
+  // kernels when destroyed, and static destruction order at exit is not ours to choose.
+  static std::mutex mutex;
+  static auto* libraries = new std::vector<std::unique_ptr<torch::Library>>();
+  std::lock_guard<std::mutex> lock(mutex);
+  torch::Library* library = nullptr;
+  const std::string prefix = ns + "::";
+  for (const c10::OperatorName& name : c10::Dispatcher::singleton().getAllOpNames()) {
+    if (name.name.rfind(prefix, 0) != 0) continue;
+    const auto op = c10::Dispatcher::singleton().findOp(name);
+    if (!op || !op->hasSchema() || !op->hasKernelForDispatchKey(*key) ||
+        !op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd) ||
+        op->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1)) {
+      continue;
+    }
+    if (library == nullptr) {
+      libraries->push_back(std::make_unique<torch::Library>(
+          torch::Library::IMPL, ns, c10::DispatchKey::PrivateUse1, __FILE__, __LINE__));
+      library = libraries->back().get();
+    }
+    const std::string overload = name.overload_name.empty() ? "" : "." + name.overload_name;
+    const std::string qualified = name.name.substr(prefix.size()) + overload;
+    library->impl(qualified.c_str(), torch::CppFunction::makeFromBoxedFunction<&executor_kernel>());
+    registered.push_back(name.name + overload);
+  }
+  return registered;
 }
 
 void host_round_trip(const std::string& name, c10::DeviceIndex device) {

@@ -28,6 +28,14 @@ const char* fallback_mode_name(FallbackMode mode);
 // the CPU fallback does for `name`.
 void host_round_trip(const std::string& name, c10::DeviceIndex device);
 
+// Another library's operators (namespace `ns`) with a kernel for the executor's device (the CPU
+// on the host driver, CUDA on cuda) and a CompositeExplicitAutograd one, but no accel kernel,
+// get one that runs the executor device's kernel on accel memory, as the fallback runs those
+// without a composite kernel: accel would otherwise take the composite, a decomposition for
+// devices with no kernel of their own (torchaudio's lfilter loop: one small operator per
+// sample, 26x slower than its CPU kernel). Returns the operators it registered.
+std::vector<std::string> prefer_executor_kernels(const std::string& ns);
+
 // Calls that went through the CPU fallback, per operator ("aten::add.Tensor").
 std::vector<std::pair<std::string, int64_t>> fallback_stats();
 void reset_fallback_stats();
