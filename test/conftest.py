@@ -43,6 +43,11 @@ def pytest_configure(config: pytest.Config) -> None:
         "config_independent: checks nothing the debug modes change (generated code, Triton's "
         "interpreter on CPU tensors); runs in the default configuration only",
     )
+    config.addinivalue_line(
+        "markers",
+        "default_only: one more case of a kind the debug modes already run (another scheduler, "
+        "another model of a family), left to the default configuration for time",
+    )
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -54,9 +59,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         return
     skip = pytest.mark.skip(reason=f"unaffected by {'/'.join(modes)}: the default run has it")
     for item in items:
-        if item.get_closest_marker("config_independent") or "run_python" in getattr(
-            item, "fixturenames", ()
-        ):
+        if item.get_closest_marker("config_independent") or item.get_closest_marker("default_only"):
+            item.add_marker(skip)
+        elif "run_python" in getattr(item, "fixturenames", ()):
             item.add_marker(skip)
 
 

@@ -37,15 +37,18 @@ ACCEL = torch.device("accel")
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::FutureWarning")
 
 
+ONCE = pytest.mark.default_only  # the debug modes run the others of the kind (for time)
+
+
 @pytest.mark.parametrize(
     "entry",
     [
         "UNet2DConditionModel-sdxl",  # cross attention, added text and time embeddings
-        "UNet3DConditionModel",  # video: 3-d convolutions, temporal attention
+        pytest.param("UNet3DConditionModel", marks=ONCE),  # video: 3-d convolutions
         "AutoencoderKL",  # the VAE of Stable Diffusion
         "FluxTransformer2DModel",  # joint attention, 3-axis rotary embedding, guidance
-        "WanTransformer3DModel",  # video transformer, RMS-normed queries and keys
-        "DiTTransformer2DModel",  # adaLN-zero, class labels
+        pytest.param("WanTransformer3DModel", marks=ONCE),  # video, RMS-normed queries and keys
+        pytest.param("DiTTransformer2DModel", marks=ONCE),  # adaLN-zero, class labels
     ],
 )
 def test_diffusers_models_train_like_cpu(entry: str) -> None:
@@ -140,7 +143,15 @@ SCHEDULERS = [
 ]
 
 
-@pytest.mark.parametrize("scheduler", SCHEDULERS)
+@pytest.mark.parametrize(
+    "scheduler",
+    [
+        s
+        if s in ("DDIMScheduler", "EulerAncestralDiscreteScheduler")
+        else pytest.param(s, marks=ONCE)
+        for s in SCHEDULERS
+    ],
+)
 def test_stable_diffusion_pipeline_samples_like_cpu(scheduler: str, no_fallback: None) -> None:
     torch.manual_seed(0)
     cls, kwargs, _ = diffusers_tasks.ENTRIES["UNet2DConditionModel"]

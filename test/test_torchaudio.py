@@ -7,8 +7,8 @@ accel runs the CPU kernel, see torch_accel/__init__.py), polyphase resampling, a
 operators (rnnt_loss, forced_align: CPU kernels only, which accel runs on its own memory, as any
 other library's operator with a CPU kernel, without the copying fallback). Each case runs on the
 CPU and on accel from the same inputs; values and gradients must match the CPU's, and the CPU
-fallback is forbidden. Tacotron2 is left out: its prenet applies dropout in evaluation too (a random draw
-that differs between devices).
+fallback is forbidden. Tacotron2 is left out: its prenet applies dropout in evaluation too (a
+random draw that differs between devices).
 """
 
 from __future__ import annotations
@@ -192,7 +192,8 @@ def test_lfilter_runs_its_cpu_kernel_on_accel_whatever_the_import_order(
     autoload torch_accel) before it has loaded them."""
     code = f"""{imports}
 import torch
-print(torch._C._dispatch_has_kernel_for_dispatch_key("torchaudio::_lfilter_core_loop", "PrivateUse1"))
+op = "torchaudio::_lfilter_core_loop"
+print(torch._C._dispatch_has_kernel_for_dispatch_key(op, "PrivateUse1"))
 """
     proc = run_python(code, TORCH_DEVICE_BACKEND_AUTOLOAD="1")
     assert proc.returncode == 0, proc.stderr
