@@ -167,8 +167,16 @@ def _vision_language_inputs(config: Any, model: Any) -> list[dict[str, Any]]:
     size = images["pixel_values"].shape[-1]
     candidates = [images]
     parameters = inspect.signature(model.forward).parameters
+    pixels = images["pixel_values"]
     if "image_sizes" in parameters:  # llava-next, pixtral
         candidates.append({**images, "image_sizes": torch.tensor([[size, size]] * 2)})
+        if hasattr(config, "image_grid_pinpoints"):  # LLaVA-NeXT: the image and one tile of it
+            config.image_grid_pinpoints = [[size, size]]
+            tiles = torch.stack([pixels, pixels.flip(-1)], 1)
+            candidates.append(
+                {"pixel_values": tiles, "image_sizes": torch.tensor([[size, size]] * 2)}
+            )
+    candidates.append({"pixel_values": pixels[:, None]})  # Idefics3, SmolVLM: images per sample
     if "image_grid_thw" in parameters:  # Qwen-VL: flattened patches of a 1 x 4 x 4 grid
         patch = getattr(vision, "in_channels", 3) * getattr(vision, "temporal_patch_size", 1)
         patch *= getattr(vision, "patch_size", 14) ** 2
@@ -280,6 +288,12 @@ def _config(model_type: str, kwargs: dict[str, Any]) -> Any:
         uses_mrope = "mrope_section" in inspect.getsource(importlib.import_module(modeling))
     except (ImportError, OSError):
         uses_mrope = False
+    # Qwen2.5-VL's window attention counts windows in merged patches: a window smaller than one
+    # (VISION_SMALL's Swin-sized 4) leaves none.
+    vision = getattr(config, "vision_config", None)
+    if getattr(vision, "spatial_merge_size", None) and getattr(vision, "window_size", None):
+        unit = vision.patch_size * vision.spatial_merge_size
+        vision.window_size = max(vision.window_size, 2 * unit)
     if uses_mrope:
         text = getattr(config, "text_config", config)
         half = (getattr(text, "head_dim", None) or SMALL["head_dim"]) // 2

@@ -486,6 +486,7 @@ def test_more_models_forward_and_backward_like_cpu(name: str, no_fallback: None)
         "audio/wav2vec2",  # strided 1-d convolutions over a waveform, CTC head
         "image-text/clip",  # two towers and a contrastive logit scale
         "vision-language/llava",  # image features scattered into the text embeddings
+        "vision-language/qwen2_5_vl",  # windowed vision attention over variable-length patches
     ],
 )
 def test_transformers_vision_audio_and_multimodal_models_train_like_cpu(entry: str) -> None:
