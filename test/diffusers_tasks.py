@@ -111,6 +111,27 @@ def _flux_inputs(config: Any) -> dict[str, Any]:
     return inputs
 
 
+def _latents_and_text(text_dim: int, pooled: int = 0, **fixed: Any) -> Callable[[Any], dict]:
+    """Inputs of a text-conditioned image transformer: 4-channel 8x8 latents, T text tokens of
+    `text_dim` features, timesteps, a pooled text vector of `pooled` if nonzero, and `fixed`."""
+
+    def inputs(config: Any) -> dict[str, Any]:
+        out = {
+            "hidden_states": _randn(B, 4, 8, 8),
+            "encoder_hidden_states": _randn(B, T, text_dim),
+            "timestep": _steps(),
+            **fixed,
+        }
+        if pooled:
+            out["pooled_projections"] = _randn(B, pooled)
+        return out
+
+    return inputs
+
+
+_HEADS = dict(num_attention_heads=2, attention_head_dim=8)
+
+
 # name: (class, configuration, inputs from the built configuration)
 ENTRIES: dict[str, tuple[str, dict[str, Any], Callable[[Any], dict[str, Any]]]] = {
     "UNet2DModel": (
@@ -266,19 +287,13 @@ ENTRIES: dict[str, tuple[str, dict[str, Any], Callable[[Any], dict[str, Any]]]] 
     "PixArtTransformer2DModel": (
         "PixArtTransformer2DModel",
         dict(
-            num_attention_heads=2,
-            attention_head_dim=8,
+            **_HEADS,
             num_layers=2,
             cross_attention_dim=16,
             caption_channels=12,
             sample_size=8,
         ),
-        lambda c: {
-            "hidden_states": _randn(B, 4, 8, 8),
-            "encoder_hidden_states": _randn(B, T, 12),
-            "timestep": _steps(),
-            "added_cond_kwargs": {"resolution": None, "aspect_ratio": None},
-        },
+        _latents_and_text(12, added_cond_kwargs={"resolution": None, "aspect_ratio": None}),
     ),
     "SD3Transformer2DModel": (
         "SD3Transformer2DModel",
@@ -296,12 +311,7 @@ ENTRIES: dict[str, tuple[str, dict[str, Any], Callable[[Any], dict[str, Any]]]] 
             dual_attention_layers=(0,),
             qk_norm="rms_norm",
         ),
-        lambda c: {
-            "hidden_states": _randn(B, 4, 8, 8),
-            "encoder_hidden_states": _randn(B, T, 16),
-            "pooled_projections": _randn(B, 12),
-            "timestep": _steps(),
-        },
+        _latents_and_text(16, pooled=12),
     ),
     "FluxTransformer2DModel": (
         "FluxTransformer2DModel",
@@ -323,8 +333,7 @@ ENTRIES: dict[str, tuple[str, dict[str, Any], Callable[[Any], dict[str, Any]]]] 
         dict(
             in_channels=4,
             out_channels=4,
-            num_attention_heads=2,
-            attention_head_dim=8,
+            **_HEADS,
             num_layers=2,
             num_cross_attention_heads=2,
             cross_attention_head_dim=8,
@@ -332,11 +341,7 @@ ENTRIES: dict[str, tuple[str, dict[str, Any], Callable[[Any], dict[str, Any]]]] 
             caption_channels=12,
             sample_size=8,
         ),
-        lambda c: {
-            "hidden_states": _randn(B, 4, 8, 8),
-            "encoder_hidden_states": _randn(B, T, 12),
-            "timestep": _steps(),
-        },
+        _latents_and_text(12),
     ),
     "AuraFlowTransformer2DModel": (
         "AuraFlowTransformer2DModel",
@@ -350,17 +355,12 @@ ENTRIES: dict[str, tuple[str, dict[str, Any], Callable[[Any], dict[str, Any]]]] 
             caption_projection_dim=16,
             pos_embed_max_size=64,
         ),
-        lambda c: {
-            "hidden_states": _randn(B, 4, 8, 8),
-            "encoder_hidden_states": _randn(B, T, 12),
-            "timestep": _steps(),
-        },
+        _latents_and_text(12),
     ),
     "CogVideoXTransformer3DModel": (
         "CogVideoXTransformer3DModel",
         dict(
-            num_attention_heads=2,
-            attention_head_dim=8,
+            **_HEADS,
             in_channels=4,
             out_channels=4,
             time_embed_dim=8,
@@ -383,8 +383,7 @@ ENTRIES: dict[str, tuple[str, dict[str, Any], Callable[[Any], dict[str, Any]]]] 
         dict(
             in_channels=8,
             out_channels=8,
-            num_attention_heads=2,
-            attention_head_dim=8,
+            **_HEADS,
             cross_attention_dim=16,
             num_layers=1,
             caption_channels=12,
@@ -421,8 +420,7 @@ ENTRIES: dict[str, tuple[str, dict[str, Any], Callable[[Any], dict[str, Any]]]] 
     "HunyuanDiT2DModel": (
         "HunyuanDiT2DModel",
         dict(
-            num_attention_heads=2,
-            attention_head_dim=8,
+            **_HEADS,
             in_channels=4,
             patch_size=2,
             sample_size=8,
@@ -538,8 +536,7 @@ ENTRIES: dict[str, tuple[str, dict[str, Any], Callable[[Any], dict[str, Any]]]] 
     "PriorTransformer": (
         "PriorTransformer",
         dict(
-            num_attention_heads=2,
-            attention_head_dim=8,
+            **_HEADS,
             num_layers=2,
             embedding_dim=16,
             num_embeddings=T,
