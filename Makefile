@@ -193,8 +193,9 @@ compile-sweep: install
 vision-sweep: install
 	$(PY) test/vision_sweep.py $(MODELS)
 
-# Every transformers text architecture (tiny configurations), one eager training step on accel
-# against the CPU, no CPU fallback allowed (about 15 minutes; ARCHS="llama bert" for some).
+# Every transformers architecture the sweep can feed (text, vision, audio, multimodal) and 31
+# diffusers models, tiny configurations, one eager training step on accel against the CPU, no
+# CPU fallback allowed (about 10 minutes; ARCHS="llama image/vit diffusion/AutoencoderKL").
 hf-sweep: install
 	$(PY) test/hf_sweep.py $(ARCHS)
 
