@@ -288,9 +288,15 @@ def _config(model_type: str, kwargs: dict[str, Any]) -> Any:
         uses_mrope = "mrope_section" in inspect.getsource(importlib.import_module(modeling))
     except (ImportError, OSError):
         uses_mrope = False
+    # PaliGemma's projector maps image features to the vision configuration's projection_dim,
+    # which must be the text's width.
+    text, vision = getattr(config, "text_config", None), getattr(config, "vision_config", None)
+    if hasattr(config, "image_token_id") and text is not None:
+        for c in (config, vision):
+            if hasattr(c, "projection_dim"):
+                c.projection_dim = text.hidden_size
     # Qwen2.5-VL's window attention counts windows in merged patches: a window smaller than one
     # (VISION_SMALL's Swin-sized 4) leaves none.
-    vision = getattr(config, "vision_config", None)
     if getattr(vision, "spatial_merge_size", None) and getattr(vision, "window_size", None):
         unit = vision.patch_size * vision.spatial_merge_size
         vision.window_size = max(vision.window_size, 2 * unit)
