@@ -160,7 +160,8 @@ def _vision_language_inputs(config: Any, model: Any) -> list[dict[str, Any]]:
     }
     for key, value in tokens.items():
         for c in (config, getattr(config, "text_config", None)):
-            if isinstance(getattr(c, key, None), int):
+            current = getattr(c, key, False)  # (BLIP-2's is None until a checkpoint sets it)
+            if current is None or (isinstance(current, int) and not isinstance(current, bool)):
                 setattr(c, key, value)
     vision = getattr(config, "vision_config", config)
     (images,) = _image_inputs(vision, model)
@@ -189,7 +190,7 @@ def _vision_language_inputs(config: Any, model: Any) -> list[dict[str, Any]]:
     for inputs in candidates:
         try:
             with torch.no_grad():
-                features = model.model.get_image_features(**inputs)
+                features = getattr(model, "model", model).get_image_features(**inputs)
         except Exception:  # noqa: BLE001,S112 (the model wants the other inputs)
             continue
         count = _count_image_features(features, 2)
@@ -295,6 +296,9 @@ def _config(model_type: str, kwargs: dict[str, Any]) -> Any:
         for c in (config, vision):
             if hasattr(c, "projection_dim"):
                 c.projection_dim = text.hidden_size
+    # VipLLaVA concatenates five layers' features, as deep as 11 layers down: the tiny tower's two.
+    if isinstance(getattr(config, "vision_feature_layer", None), list | tuple):
+        config.vision_feature_layer = [-2, -1]
     # Qwen2.5-VL's window attention counts windows in merged patches: a window smaller than one
     # (VISION_SMALL's Swin-sized 4) leaves none.
     if getattr(vision, "spatial_merge_size", None) and getattr(vision, "window_size", None):
