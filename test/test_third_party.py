@@ -395,12 +395,20 @@ def test_a_library_operator_with_cpu_and_composite_kernels_runs_its_cpu_kernel(
     lib.define("mark(Tensor x) -> Tensor")
     lib.impl("mark", lambda x: x + 1, "CPU")  # which kernel ran shows in the result
     lib.impl("mark", lambda x: x + 2, "CompositeExplicitAutograd")
+    # A CUDA kernel and a composite: the host driver's executor (the CPU) has no kernel for it,
+    # so accel keeps the composite.
+    lib.define("cuda_mark(Tensor x) -> Tensor")
+    lib.impl("cuda_mark", lambda x: x + 3, "CUDA")
+    lib.impl("cuda_mark", lambda x: x + 4, "CompositeExplicitAutograd")
     x = torch.zeros(3)
     assert torch.ops.accel_test_pair.mark(x.to(ACCEL)).cpu().tolist() == [2.0] * 3
-    assert torch_accel._C._prefer_executor_kernels("accel_test_pair") == ["accel_test_pair::mark"]
+    registered = torch_accel._C._prefer_executor_kernels("accel_test_pair")
+    assert sorted(registered) == ["accel_test_pair::cuda_mark", "accel_test_pair::mark"]
     assert torch_accel._C._prefer_executor_kernels("accel_test_pair") == []  # once
     got = torch.ops.accel_test_pair.mark(x.to(ACCEL))
     assert got.device.type == "accel" and got.cpu().tolist() == [1.0] * 3
+    expected = 3.0 if torch_accel._C.driver_name() == "cuda" else 4.0
+    assert torch.ops.accel_test_pair.cuda_mark(x.to(ACCEL)).cpu().tolist() == [expected] * 3
     assert torch_accel._C._prefer_executor_kernels("aten") == []  # ATen's stay ATen's
     pytest.importorskip("torchaudio")
     assert torch._C._dispatch_has_kernel_for_dispatch_key(

@@ -191,13 +191,14 @@ def test_lfilter_runs_its_cpu_kernel_on_accel_whatever_the_import_order(
     has loaded its operators, also when torchaudio imports torch (and through its backend
     autoload torch_accel) before it has loaded them."""
     code = f"""{imports}
-import torch
+import torch, torch_accel
 op = "torchaudio::_lfilter_core_loop"
 print(torch._C._dispatch_has_kernel_for_dispatch_key(op, "PrivateUse1"))
+print(torch_accel._C.is_initialized())  # registering starts nothing (forks stay safe)
 """
     proc = run_python(code, TORCH_DEVICE_BACKEND_AUTOLOAD="1")
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.split() == ["True"]
+    assert proc.stdout.split() == ["True", "False"]
 
 
 def test_rnnt_loss_and_forced_align_like_cpu(no_fallback: None) -> None:

@@ -269,13 +269,23 @@ void accel_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 }
 
 // The accel kernel prefer_executor_kernels registers: the executor device's kernel on accel
-// memory, or the copying fallback where the tests force it.
+// memory; the copying fallback where the tests force it; else (a driver without an executor, or
+// an operator without a kernel for it) the CompositeExplicitAutograd kernel accel took before,
+// reached through PrivateUse3, a backend key nobody registers for, whose table entry holds it
+// (prefer_executor_kernels skips operators with a PrivateUse3 kernel of their own).
 void executor_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   if (force_fallback()) {
     accel_fallback(op, stack);
     return;
   }
-  library_executor_call(op, stack, op_name(op));
+  const auto key = executor_key();
+  if (key && op.hasKernelForDispatchKey(*key)) {
+    library_executor_call(op, stack, op_name(op));
+    return;
+  }
+  // (redispatchBoxed reads the computed dispatch table; callBoxedForDispatchKey would look for
+  // a kernel or backend fallback registered for PrivateUse3 itself, and finds none.)
+  op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::PrivateUse3), stack);
 }
 
 void unsupported_fallback(const char* what, const c10::OperatorHandle& op, torch::jit::Stack*) {
@@ -358,9 +368,10 @@ TORCH_LIBRARY_IMPL(_, QuantizedPrivateUse1, m) {
 }
 
 std::vector<std::string> prefer_executor_kernels(const std::string& ns) {
+  // Decides nothing about the driver (the runtime stays uninitialized until accel is used:
+  // torchaudio's import must not start it); executor_kernel picks at each call.
   std::vector<std::string> registered;
-  const auto key = executor_key();
-  if (!key || ns.empty() || ns == "aten" || ns == "accel") return registered;
+  if (ns.empty() || ns == "aten" || ns == "accel") return registered;
   // One IMPL block per namespace and call, alive for the process: a Library deregisters its
   // kernels when destroyed, and static destruction order at exit is not ours to choose.
   static std::mutex mutex;
@@ -371,9 +382,12 @@ std::vector<std::string> prefer_executor_kernels(const std::string& ns) {
   for (const c10::OperatorName& name : c10::Dispatcher::singleton().getAllOpNames()) {
     if (name.name.rfind(prefix, 0) != 0) continue;
     const auto op = c10::Dispatcher::singleton().findOp(name);
-    if (!op || !op->hasSchema() || !op->hasKernelForDispatchKey(*key) ||
+    if (!op || !op->hasSchema() ||
+        !(op->hasKernelForDispatchKey(c10::DispatchKey::CPU) ||
+          op->hasKernelForDispatchKey(c10::DispatchKey::CUDA)) ||
         !op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd) ||
-        op->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1)) {
+        op->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1) ||
+        op->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse3)) {
       continue;
     }
     if (library == nullptr) {

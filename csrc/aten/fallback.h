@@ -33,7 +33,9 @@ void host_round_trip(const std::string& name, c10::DeviceIndex device);
 // get one that runs the executor device's kernel on accel memory, as the fallback runs those
 // without a composite kernel: accel would otherwise take the composite, a decomposition for
 // devices with no kernel of their own (torchaudio's lfilter loop: one small operator per
-// sample, 26x slower than its CPU kernel). Returns the operators it registered.
+// sample, 26x slower than its CPU kernel). Where the driver has no executor, or the operator
+// no kernel for it, the kernel calls the composite. Does not initialize the runtime. Returns the
+// operators it registered.
 std::vector<std::string> prefer_executor_kernels(const std::string& ns);
 
 // Calls that went through the CPU fallback, per operator ("aten::add.Tensor").
