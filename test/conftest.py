@@ -51,17 +51,20 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under a debug mode, skips the tests whose outcome cannot depend on it: those marked
-    config_independent, and those that use run_python (their subject runs in a fresh interpreter
-    without the ACCEL_* settings, the same in every configuration)."""
+    """Under a debug mode, skips the tests marked default_only, and those whose outcome cannot
+    depend on it: those marked config_independent, and those that use run_python (their subject
+    runs in a fresh interpreter without the ACCEL_* settings, the same in every configuration)."""
     modes = [m for m in DEBUG_MODES if os.environ.get(m, "") not in ("", "0")]
     if not modes:
         return
     skip = pytest.mark.skip(reason=f"unaffected by {'/'.join(modes)}: the default run has it")
+    once = pytest.mark.skip(reason="default_only: others of its kind run here, this one by default")
     for item in items:
-        if item.get_closest_marker("config_independent") or item.get_closest_marker("default_only"):
-            item.add_marker(skip)
-        elif "run_python" in getattr(item, "fixturenames", ()):
+        if item.get_closest_marker("default_only"):
+            item.add_marker(once)
+        elif item.get_closest_marker("config_independent") or "run_python" in getattr(
+            item, "fixturenames", ()
+        ):
             item.add_marker(skip)
 
 
