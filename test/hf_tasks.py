@@ -165,18 +165,17 @@ def _vision_language_inputs(config: Any, model: Any) -> list[dict[str, Any]]:
                 setattr(c, key, value)
     vision = getattr(config, "vision_config", config)
     (images,) = _image_inputs(vision, model)
-    size = images["pixel_values"].shape[-1]
+    pixels = images["pixel_values"]
+    size = pixels.shape[-1]
     candidates = [images]
     parameters = inspect.signature(model.forward).parameters
-    pixels = images["pixel_values"]
     if "image_sizes" in parameters:  # llava-next, pixtral
-        candidates.append({**images, "image_sizes": torch.tensor([[size, size]] * 2)})
+        sizes = torch.tensor([[size, size]] * 2)
+        candidates.append({**images, "image_sizes": sizes})
         if hasattr(config, "image_grid_pinpoints"):  # LLaVA-NeXT: the image and one tile of it
             config.image_grid_pinpoints = [[size, size]]
             tiles = torch.stack([pixels, pixels.flip(-1)], 1)
-            candidates.append(
-                {"pixel_values": tiles, "image_sizes": torch.tensor([[size, size]] * 2)}
-            )
+            candidates.append({"pixel_values": tiles, "image_sizes": sizes})
     candidates.append({"pixel_values": pixels[:, None]})  # Idefics3, SmolVLM: images per sample
     if "image_grid_thw" in parameters:  # Qwen-VL: flattened patches of a 1 x 4 x 4 grid
         patch = getattr(vision, "in_channels", 3) * getattr(vision, "temporal_patch_size", 1)
@@ -283,12 +282,6 @@ def _config(model_type: str, kwargs: dict[str, Any]) -> Any:
             except Exception:  # noqa: BLE001,S112 (this sub-configuration wants other sizes)
                 continue
     config = AutoConfig.for_model(model_type, **kwargs, **subs)
-    # Qwen-VL's multimodal rotary embedding splits head_dim / 2 into three sections.
-    modeling = type(default).__module__.replace(".configuration_", ".modeling_")
-    try:
-        uses_mrope = "mrope_section" in inspect.getsource(importlib.import_module(modeling))
-    except (ImportError, OSError):
-        uses_mrope = False
     # PaliGemma's projector maps image features to the vision configuration's projection_dim,
     # which must be the text's width.
     text, vision = getattr(config, "text_config", None), getattr(config, "vision_config", None)
@@ -304,6 +297,12 @@ def _config(model_type: str, kwargs: dict[str, Any]) -> Any:
     if getattr(vision, "spatial_merge_size", None) and getattr(vision, "window_size", None):
         unit = vision.patch_size * vision.spatial_merge_size
         vision.window_size = max(vision.window_size, 2 * unit)
+    # Qwen-VL's multimodal rotary embedding splits head_dim / 2 into three sections.
+    modeling = type(default).__module__.replace(".configuration_", ".modeling_")
+    try:
+        uses_mrope = "mrope_section" in inspect.getsource(importlib.import_module(modeling))
+    except (ImportError, OSError):
+        uses_mrope = False
     if uses_mrope:
         text = getattr(config, "text_config", config)
         half = (getattr(text, "head_dim", None) or SMALL["head_dim"]) // 2
@@ -376,16 +375,18 @@ def training_step(model: Any, kwargs: dict[str, Any]) -> float:
     except TypeError:  # no labels: a base model
         kwargs = {k: v for k, v in kwargs.items() if k != "labels"}
         out = model(**kwargs)
-    loss = getattr(out, "loss", None)
-    if isinstance(out, (tuple, list, torch.Tensor)):  # T2I-Adapter's features, aMUSEd's logits
-        tensors = [out] if isinstance(out, torch.Tensor) else out
-        tensors = [t for t in tensors if isinstance(t, torch.Tensor)]
-        loss = sum(
-            t.to(torch.promote_types(t.dtype, torch.float32)).square().mean() for t in tensors
-        )
-    if loss is None:
-        first = next(v for v in out.values() if isinstance(v, torch.Tensor))
-        loss = first.to(torch.promote_types(first.dtype, torch.float32)).square().mean()
+
+    def mean_square(t: torch.Tensor) -> torch.Tensor:
+        return t.to(torch.promote_types(t.dtype, torch.float32)).square().mean()
+
+    if isinstance(out, torch.Tensor):  # aMUSEd's logits
+        loss = mean_square(out)
+    elif isinstance(out, (tuple, list)):  # T2I-Adapter's features: every tensor counts
+        loss = sum(mean_square(t) for t in out if isinstance(t, torch.Tensor))
+    else:  # a ModelOutput
+        loss = getattr(out, "loss", None)
+        if loss is None:
+            loss = mean_square(next(v for v in out.values() if isinstance(v, torch.Tensor)))
     loss.backward()
     return float(loss)
 

@@ -17,6 +17,7 @@ import copy
 from collections.abc import Callable
 from typing import Any
 
+import hf_tasks
 import pytest
 import torch
 
@@ -33,14 +34,6 @@ pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::Deprecat
 
 def _wave(*shape: int, seed: int = 0) -> torch.Tensor:
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)) * 0.3
-
-
-def _to(x: Any, device: Any) -> Any:
-    if isinstance(x, torch.Tensor):
-        return x.to(device)
-    if isinstance(x, (tuple, list)):
-        return type(x)(_to(v, device) for v in x)
-    return x
 
 
 def _check(cpu: Any, acc: Any, what: str, rtol: float, atol: float) -> None:
@@ -244,9 +237,7 @@ def _models() -> dict[str, tuple[Callable[[], torch.nn.Module], Callable[[], tup
         encoder_layer_drop=0.0,
         aux_num_out=10,
     )
-    wavlm = {k: v for k, v in small_w2v.items()} | dict(
-        encoder_num_buckets=16, encoder_max_distance=32
-    )
+    wavlm = small_w2v | dict(encoder_num_buckets=16, encoder_max_distance=32)
     return {
         "wav2vec2": (lambda: M.wav2vec2_model(**small_w2v), wave),
         "wavlm": (lambda: M.wavlm_model(**wavlm), wave),
@@ -350,13 +341,10 @@ MODELS = _models()
 def test_torchaudio_models_forward_and_backward_like_cpu(name: str, no_fallback: None) -> None:
     make, inputs = MODELS[name]
     torch.manual_seed(0)
-    model = make().train()
-    for module in model.modules():  # the devices draw different random numbers
-        if isinstance(module, torch.nn.modules.dropout._DropoutNd):
-            module.p = 0.0
+    model = hf_tasks.without_randomness(make().train())  # the devices draw different numbers
     acc = copy.deepcopy(model).to(ACCEL)
     args = inputs()
-    expected, got = model(*args), acc(*_to(args, ACCEL))
+    expected, got = model(*args), acc(*hf_tasks.to(args, ACCEL))
     first = lambda out: out[0] if isinstance(out, (tuple, list)) else out  # noqa: E731
     _check(first(expected), first(got), f"{name} output", rtol=1e-4, atol=1e-5)
     first(expected).square().mean().backward()

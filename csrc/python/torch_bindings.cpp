@@ -123,9 +123,10 @@ void init_torch_bindings(py::module_& m, PyObject* capture_error) {
       },
       py::arg("mode"));
   m.def("_prefer_executor_kernels", &aten::prefer_executor_kernels, py::arg("namespace"),
-        "Registers accel kernels for the namespace's operators that have a CPU (host driver) or "
-        "CUDA (cuda driver) kernel and a CompositeExplicitAutograd one: the device kernel runs "
-        "on accel memory instead of the composite; returns the operators registered.");
+        "Registers accel kernels for the namespace's operators that have a CPU or CUDA kernel "
+        "and a CompositeExplicitAutograd one: each call runs the driver's executor kernel (CPU "
+        "on the host driver, CUDA on cuda) on accel memory, or the composite where there is "
+        "none; returns the operators registered.");
   // Benchmarks and tests compare the underlying tier with the copying CPU fallback.
   m.def("_set_force_fallback", &aten::set_force_fallback, py::arg("force"),
         "Sends underlying-tier operators through the CPU fallback (for comparisons).");
