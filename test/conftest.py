@@ -2,7 +2,8 @@
 
 Every test process starts from the default runtime configuration: ACCEL_* variables are removed,
 except the driver choice (ACCEL_DRIVER, ACCEL_DRIVER_PATH: the suites run on whichever driver is
-asked for) and the two debug modes the whole suite is also run under (make test-python runs it
+asked for), the language of compiled kernels (ACCEL_INDUCTOR_KERNELS: test_compile_triton.py's
+interpreted run) and the two debug modes the whole suite is also run under (make test-python runs it
 with ACCEL_LAUNCH_BLOCKING=1 and with ACCEL_PROTECT_DEVICE_MEMORY=1 too). The CPU fallback is silent
 unless a test asks otherwise (tests that check warnings set the mode).
 """
@@ -20,6 +21,7 @@ import pytest
 _KEPT = (
     "ACCEL_DRIVER",
     "ACCEL_DRIVER_PATH",
+    "ACCEL_INDUCTOR_KERNELS",
     "ACCEL_LAUNCH_BLOCKING",
     "ACCEL_PROTECT_DEVICE_MEMORY",
 )

@@ -7,7 +7,8 @@
 #           .gtest in .git/info/exclude and in the call's carry)
 #   smoke   the driver's selection, the runtime's C++ suite on cuda, test/test_cuda_driver.py
 #           (accel against native CUDA), test/test_distributed_cuda.py (accl through NCCL),
-#           the quickstart
+#           test/test_compile_triton.py (torch.compile: Inductor's Triton kernels on accel
+#           streams, against eager), the quickstart
 #   suites  every pytest suite with ACCEL_DRIVER=cuda, then the OpInfo sweep against the CPU
 #           and against native CUDA (OPINFO_AGAINST=cuda)
 #   bench   benchmarks/cuda_vs_native.py (accel against native CUDA on the same GPU) and
@@ -62,6 +63,8 @@ assert t.driver() == 'cuda', t.init_error()"
       step test_cuda_driver "$py" -m pytest -q -p no:cacheprovider -rs test/test_cuda_driver.py
       step test_distributed_cuda "$py" -m pytest -q -p no:cacheprovider -rs \
         test/test_distributed_cuda.py
+      step test_compile_triton "$py" -m pytest -q -p no:cacheprovider -rs \
+        test/test_compile_triton.py
       step quickstart "$py" examples/transformer_lm.py
       ;;
     suites)

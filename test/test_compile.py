@@ -251,8 +251,9 @@ def test_a_driver_whose_memory_the_host_cannot_touch_refuses_compiled_kernels(
     run_python, test_driver
 ) -> None:
     # Generated C++ kernels read accel memory on the host: the limited test driver's memory is
-    # not host memory, so compiling refuses, and a launcher (what a cached kernel reaches
-    # without compiling) refuses before it runs anything.
+    # not host memory, and its operators do not run through CUDA (where accel's Triton kernels
+    # would run), so compiling refuses, and a launcher (what a cached C++ kernel reaches without
+    # compiling) refuses before it runs anything.
     code = (
         "import torch, torch_accel\n"
         "x = torch.ones(3, device='accel')\n"
@@ -269,8 +270,9 @@ def test_a_driver_whose_memory_the_host_cannot_touch_refuses_compiled_kernels(
     r = run_python(code, **test_driver("limited"))
     assert r.returncode == 0, r.stderr[-2000:]
     compile_line, launch_line = r.stdout.strip().splitlines()
-    assert "torch.compile on accel generates C++ kernels that run on the host" in compile_line
     assert "the limited driver's device memory is not host memory" in compile_line
+    assert "Inductor's C++ kernels cannot run on it" in compile_line
+    assert "Triton kernels run only where accel's operators run through CUDA" in compile_line
     assert launch_line.startswith("launch: kernel_0: kernels torch.compile generated for accel")
     assert "the limited driver's device memory is not host memory" in launch_line
 

@@ -4,8 +4,10 @@ Registered the first time Inductor looks for accel's code generators (through th
 ``torch.accel.Scheduling`` attribute, which Inductor reads for the PrivateUse1 device before any
 accel compile), so that importing torch_accel stays cheap:
 
-- ``register_backend_for_device("accel", AccelCppScheduling, AccelWrapper, ...,
-  device_custom_pass=AccelPostGradPass())``: the C++ backend within the device's kernel limits,
+- ``register_backend_for_device("accel", <scheduling>, AccelWrapper, ...,
+  device_custom_pass=AccelPostGradPass())``: the C++ backend within the device's kernel limits
+  where the host can touch device memory (the host driver), Inductor's Triton backend elsewhere
+  (the cuda driver; ``ACCEL_INDUCTOR_KERNELS`` chooses otherwise: ``kernels()``),
   accel's wrapper code (kernels on streams, device indices, subgraphs), a C++ wrapper that
   refuses with a message saying so (``cpp_wrapper``, AOTInductor), and the pass whose identity
   keys the caches;
@@ -23,6 +25,7 @@ Everything goes through PyTorch's registration functions; nothing of torch is pa
 
 from __future__ import annotations
 
+import os
 import threading
 
 import torch
@@ -57,12 +60,11 @@ def register() -> None:
         from torch_accel._inductor.device_ops import AccelDeviceOpOverrides
         from torch_accel._inductor.interface import AccelInterface
         from torch_accel._inductor.passes import AccelPostGradPass
-        from torch_accel._inductor.scheduling import AccelCppScheduling
         from torch_accel._inductor.wrapper import AccelCppWrapperRefusal, AccelWrapper
 
         register_backend_for_device(
             "accel",
-            AccelCppScheduling,
+            scheduling_class(),
             AccelWrapper,
             AccelCppWrapperRefusal,
             device_custom_pass=AccelPostGradPass(),
@@ -80,6 +82,34 @@ def register() -> None:
 def scheduling() -> type:
     """``torch.accel.Scheduling``: registers everything, returns accel's scheduling class."""
     register()
+    return scheduling_class()
+
+
+_KERNELS = ("auto", "cpp", "triton")
+
+
+def kernels() -> str:
+    """The language of accel's generated kernels: ``"cpp"`` (Inductor's C++ backend, kernels
+    run on the host) or ``"triton"``. ``ACCEL_INDUCTOR_KERNELS`` chooses (read when accel
+    registers with Inductor); ``auto`` (the default) takes C++ where the driver's device memory
+    is host memory (the host driver) and Triton elsewhere (the cuda driver)."""
+    value = os.environ.get("ACCEL_INDUCTOR_KERNELS", "auto").strip().lower() or "auto"
+    if value not in _KERNELS:
+        raise ValueError(f"ACCEL_INDUCTOR_KERNELS={value!r}: use one of {', '.join(_KERNELS)}")
+    if value != "auto":
+        return value
+    from torch_accel import _C  # not torch_accel's functions: this runs while it is imported
+
+    return "cpp" if _C.driver_capabilities()["host_accessible_memory"] else "triton"
+
+
+def scheduling_class() -> type:
+    """Accel's Inductor scheduling: C++ kernels (scheduling.py) or Triton kernels
+    (triton_scheduling.py), as ``kernels()`` says."""
+    if kernels() == "triton":
+        from torch_accel._inductor.triton_scheduling import AccelTritonScheduling
+
+        return AccelTritonScheduling
     from torch_accel._inductor.scheduling import AccelCppScheduling
 
     return AccelCppScheduling

@@ -35,9 +35,13 @@ def apply() -> None:
     if getattr(inductor_lowering, "accel", False):
         return
 
+    from torch_accel._inductor import kernels
+
+    cpp = kernels() == "cpp"
+
     def flex_attention(query: Any, *args: Any, **kwargs: Any) -> Any:
         device = query.get_device()
-        if device is not None and device.type == "accel":
+        if cpp and device is not None and device.type == "accel":
             # The template renders its score_mod and mask_mod while it is lowered: with the
             # C++ backend's rules, as accel's kernels are generated (scheduling.py).
             with _cpp_codegen():

@@ -43,14 +43,16 @@ class AccelInterface(DeviceInterface):
         _accel().set_device(device)
 
     @staticmethod
-    def maybe_exchange_device(device: int) -> int:
+    def maybe_exchange_device(device: Any) -> int:
+        # Inductor's Triton runtime passes a kernel's DeviceProperties (DeviceGuard); -1: none.
+        index = getattr(device, "index", device)
         previous = _accel().current_device()
-        if device != previous:
-            _accel().set_device(device)
+        if index is not None and index >= 0 and index != previous:
+            _accel().set_device(index)
         return previous
 
     @staticmethod
-    def exchange_device(device: int) -> int:
+    def exchange_device(device: Any) -> int:
         return AccelInterface.maybe_exchange_device(device)
 
     @staticmethod
@@ -81,8 +83,9 @@ class AccelInterface(DeviceInterface):
 
     @staticmethod
     def get_raw_stream(device_idx: int) -> int:
-        # Host-driver streams have no native handle; kernels are launched through the runtime
-        # (torch_accel._C._InductorLauncher) on the current stream instead.
+        # Only Inductor's Triton autotuner asks (generated code takes device_ops.raw_stream):
+        # it times candidate launches on this stream with torch.cuda's events, recorded on
+        # torch.cuda's current stream, which is the null stream unless the user set another.
         return 0
 
     @staticmethod

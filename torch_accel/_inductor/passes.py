@@ -4,8 +4,8 @@ accel operators onto the device.
 
 Inductor's FX-graph and AOTAutograd caches do not include the registered code generators: an
 entry compiled for another backend (or another version of this one) would be served to accel.
-The pass's ``uuid()`` (the hash of this package's sources and the torch_accel version) enters
-the cache key, so accel's entries are accel's own.
+The pass's ``uuid()`` (the hash of this package's sources, the torch_accel version and the
+language of the kernels, C++ or Triton) enters the cache key, so accel's entries are accel's own.
 
 A pointwise operator lowers onto the device of its first input unless another input is a GPU
 tensor (2.11's rule, and accel is not a GPU to Inductor): ``s * x`` with a 0-dim CPU ``s`` and an
@@ -90,7 +90,7 @@ class AccelPostGradPass(CustomGraphModulePass):
         gm.recompile()
 
     def uuid(self) -> Any:
-        from torch_accel._inductor import fusion_patterns
+        from torch_accel._inductor import fusion_patterns, kernels
         from torch_accel._inductor.decompositions import KEEP_WHOLE
 
         return (
@@ -98,4 +98,5 @@ class AccelPostGradPass(CustomGraphModulePass):
             get_hash_for_files(_SOURCES),
             KEEP_WHOLE,
             fusion_patterns.cache_key(),
+            kernels(),  # C++ and Triton code for the same graph are different entries
         )

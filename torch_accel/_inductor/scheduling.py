@@ -79,7 +79,7 @@ def _node_buffers(node: Any) -> set[str]:
     return {dep.name for dep in node.read_writes.reads_and_writes()}
 
 
-def _group_buffers(group: Any) -> set[str]:
+def group_buffers(group: Any) -> set[str]:
     args = group.args
     names = set(args.input_buffers)
     names |= {k for k, v in args.output_buffers.items() if v is not REMOVED}
@@ -87,18 +87,41 @@ def _group_buffers(group: Any) -> set[str]:
     return names
 
 
+def check_kernel_limits(buffers: int, args: int, max_buffers: int, max_args: int) -> None:
+    """Raises where one generated kernel takes more buffers or arguments than the device's."""
+    if buffers > max_buffers or args > max_args:
+        raise RuntimeError(
+            f"torch_accel: one Inductor kernel needs {buffers} buffers and {args} arguments, "
+            f"beyond accel's limits ({max_buffers} buffers, {max_args} arguments: "
+            "ACCEL_MAX_KERNEL_BUFFERS / ACCEL_MAX_KERNEL_ARGS, less Inductor's headroom); "
+            "lower torch._inductor.config.realize_acc_reads_threshold or "
+            "max_pointwise_cat_inputs so that lowering merges fewer inputs into one node"
+        )
+
+
+def too_many_buffers(scheduler: Any, node1: Any, node2: Any) -> bool:
+    """Whether fusing ``node1`` and ``node2`` would take one kernel past the device's buffer
+    limit (or past the user's ``max_fusion_unique_io_buffers``, counted as Inductor counts)."""
+    if config.max_fusion_unique_io_buffers is not None:
+        return scheduler.fusion_prevent_too_many_reads_and_writes(
+            node1, node2, config.max_fusion_unique_io_buffers
+        )
+    # Inductor's count credits the buffers fusion makes internal, but the C++ backend keeps
+    # some of them as kernel arguments (one written in one loop nest of the fused kernel and
+    # read in another): a fusion it allowed at 64 of 64 became a 68-buffer kernel (RWKV's
+    # backward). Counting every buffer the fused nodes touch keeps the device's limit.
+    return len(_node_buffers(node1) | _node_buffers(node2)) > _limits(node1)[1]
+
+
 class AccelCppScheduling(CppScheduling):
     def __init__(self, scheduler: Any) -> None:
         # Generated C++ kernels run on the host, on accel memory: only where the host can touch
-        # it (the host driver). The cuda driver needs Triton kernels, which are not written yet.
-        import torch_accel
-
+        # it (the host driver; the cuda driver gets Triton kernels: triton_scheduling.py).
         if not torch_accel.driver_capabilities()["host_accessible_memory"]:
-            raise NotImplementedError(
-                f"torch.compile on accel generates C++ kernels that run on the host, and the "
-                f"{torch_accel.driver()} driver's device memory is not host memory (Triton "
-                "kernels for it are not written yet): run this model eagerly, or with "
-                "ACCEL_DRIVER=host"
+            raise RuntimeError(
+                f"ACCEL_INDUCTOR_KERNELS=cpp: Inductor's C++ kernels run on the host, and the "
+                f"{torch_accel.driver()} driver's device memory is not host memory; use "
+                "ACCEL_INDUCTOR_KERNELS=auto (Triton kernels on this driver)"
             )
         super().__init__(scheduler)
 
@@ -111,17 +134,6 @@ class AccelCppScheduling(CppScheduling):
             return super().define_kernel(src_code, nodes, kernel_args)
         finally:
             wrapper.accel_kernel_definition = False
-
-    def _too_many(self, node1: Any, node2: Any) -> bool:
-        if config.max_fusion_unique_io_buffers is not None:  # the user's limit, as Inductor counts
-            return self.scheduler.fusion_prevent_too_many_reads_and_writes(
-                node1, node2, config.max_fusion_unique_io_buffers
-            )
-        # Inductor's count credits the buffers fusion makes internal, but the C++ backend keeps
-        # some of them as kernel arguments (one written in one loop nest of the fused kernel and
-        # read in another): a fusion it allowed at 64 of 64 became a 68-buffer kernel (RWKV's
-        # backward). Counting every buffer the fused nodes touch keeps the device's limit.
-        return len(_node_buffers(node1) | _node_buffers(node2)) > _limits(node1)[1]
 
     def _follow_loop_order(self, *nodes: Any) -> None:
         """Makes each node's ``group`` (the loop ranges the C++ backend generates) follow its
@@ -163,11 +175,15 @@ class AccelCppScheduling(CppScheduling):
 
     def can_fuse_vertical(self, node1: Any, node2: Any) -> bool:
         self._follow_loop_order(node1, node2)
-        return not self._too_many(node1, node2) and super().can_fuse_vertical(node1, node2)
+        if too_many_buffers(self.scheduler, node1, node2):
+            return False
+        return super().can_fuse_vertical(node1, node2)
 
     def can_fuse_horizontal(self, node1: Any, node2: Any) -> bool:
         self._follow_loop_order(node1, node2)
-        return not self._too_many(node1, node2) and super().can_fuse_horizontal(node1, node2)
+        if too_many_buffers(self.scheduler, node1, node2):
+            return False
+        return super().can_fuse_horizontal(node1, node2)
 
     def fuse(self, node1: Any, node2: Any) -> Any:
         self._follow_loop_order(node1, node2)
@@ -184,7 +200,7 @@ class AccelCppScheduling(CppScheduling):
         max_args -= _ARG_HEADROOM
         group = self.kernel_group
         if group.scheduled_nodes:
-            current = _group_buffers(group)
+            current = group_buffers(group)
             added = _node_buffers(node) - current
             if (
                 len(current) + len(added) > max_buffers
@@ -194,12 +210,4 @@ class AccelCppScheduling(CppScheduling):
         with _cpp_codegen():
             super().codegen_node(node)
         group = self.kernel_group
-        buffers, args = len(_group_buffers(group)), group.get_num_args()
-        if buffers > max_buffers or args > max_args:
-            raise RuntimeError(
-                f"torch_accel: one Inductor kernel needs {buffers} buffers and {args} arguments, "
-                f"beyond accel's limits ({max_buffers} buffers, {max_args} arguments: "
-                "ACCEL_MAX_KERNEL_BUFFERS / ACCEL_MAX_KERNEL_ARGS, less Inductor's headroom); "
-                "lower torch._inductor.config.realize_acc_reads_threshold or "
-                "max_pointwise_cat_inputs so that lowering merges fewer inputs into one node"
-            )
+        check_kernel_limits(len(group_buffers(group)), group.get_num_args(), max_buffers, max_args)

@@ -1,10 +1,11 @@
 """Inductor's Python wrapper code for accel graphs (and their subgraphs: torch.cond, ...).
 
-Differences from the CPU wrapper: kernels are defined with ``accel_cpp_kernel`` (kernel.py)
+Differences from the CPU wrapper: C++ kernels are defined with ``accel_cpp_kernel`` (kernel.py)
 and so run on the current accel stream; kernel calls are written as for the CPU (2.11 raises
-``device accel nyi`` for any other device); buffers are allocated on the graph's accel device
-with its index (2.11 writes ``device='accel'``, the current device, which is wrong for inputs
-on another device).
+``device accel nyi`` for any other device); Triton kernels (the cuda driver) are launched on
+the current accel stream's handle under their device's guard; buffers are allocated on the
+graph's accel device with its index (2.11 writes ``device='accel'``, the current device, which
+is wrong for inputs on another device).
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from __future__ import annotations
 from typing import Any
 
 from torch._inductor.codegen.wrapper import PythonWrapperCodegen, SubgraphPythonWrapperCodegen
+from torch._inductor.utils import IndentedBuffer
+from torch._inductor.virtualized import V
 
 _PYBINDING = "async_compile.cpp_pybinding("
 
@@ -51,6 +54,20 @@ class _AccelWrapperMixin:
     ) -> None:  # fmt: skip
         if not triton and device is not None and device.type == "accel":
             self.writeline(self.wrap_kernel_call(kernel_name, call_args))  # type: ignore[attr-defined]
+            return
+        # A Triton kernel is loaded and launched for the current CUDA device: Inductor guards
+        # the devices it knows to be GPUs around their kernels, not accel (its GPU list is
+        # fixed), so each accel Triton launch carries its device's guard. Kernel calls are
+        # written when the wrapper's lines are generated, into the buffer writeline points at.
+        buffer = getattr(self.writeline, "__self__", None)  # type: ignore[attr-defined]
+        if triton and device is not None and device.type == "accel":
+            if not isinstance(buffer, IndentedBuffer):
+                raise RuntimeError("torch_accel: a Triton kernel call outside the wrapper's code")
+            self.writeline(f"with {V.graph.device_ops.device_guard(device.index or 0)}:")  # type: ignore[attr-defined]
+            with buffer.indent():
+                super()._generate_kernel_call_helper(  # type: ignore[misc]
+                    kernel_name, call_args, device=device, triton=triton, **kwargs
+                )
             return
         super()._generate_kernel_call_helper(  # type: ignore[misc]
             kernel_name, call_args, device=device, triton=triton, **kwargs
