@@ -36,7 +36,34 @@ def install_shim() -> None:
 
     interpreter._patch_lang_tensor = patch_lang_tensor
     _install_libdevice(interpreter)
+    _install_contiguous_atomics(interpreter)
     interpreter._accel_shim = True
+
+
+def _install_contiguous_atomics(interpreter: Any) -> None:
+    """Triton 3.6's interpreter runs atomics in C++ over the numpy arrays of the pointers,
+    values and mask as if they were contiguous; a mask broadcast from one row ([1, 1] to
+    [1, R], numpy's stride-0 view) reads past its element, so only the first element of such an
+    atomic_add applied (Inductor's persistent reductions with XBLOCK=1 that scatter, as in an
+    embedding's backward fused with RMSNorm's, gave wrong gradients). Test-only: the arrays are
+    made contiguous first."""
+    import numpy as np
+
+    def contiguous(handle: Any) -> Any:
+        data = np.ascontiguousarray(handle.data)
+        return interpreter.TensorHandle(data, handle.dtype, handle.attr)
+
+    rmw = interpreter.InterpreterBuilder.create_atomic_rmw
+    cas = interpreter.InterpreterBuilder.create_atomic_cas
+
+    def create_atomic_rmw(self, op, ptr, val, mask, sem, scope):  # type: ignore[no-untyped-def]
+        return rmw(self, op, contiguous(ptr), contiguous(val), contiguous(mask), sem, scope)
+
+    def create_atomic_cas(self, ptr, cmp, val, sem, scope):  # type: ignore[no-untyped-def]
+        return cas(self, contiguous(ptr), contiguous(cmp), contiguous(val), sem, scope)
+
+    interpreter.InterpreterBuilder.create_atomic_rmw = create_atomic_rmw
+    interpreter.InterpreterBuilder.create_atomic_cas = create_atomic_cas
 
 
 def _libdevice_functions() -> dict[str, Any]:
@@ -109,6 +136,7 @@ def _install_libdevice(interpreter: Any) -> None:
     each interpreted kernel sees CUDA's libdevice functions behind the generic names."""
     import numpy as np
     import triton.language as tl
+    from triton.language.extra import libdevice
     from triton.language.extra.cuda import libdevice as cuda_libdevice
 
     functions = _libdevice_functions()
@@ -128,11 +156,11 @@ def _install_libdevice(interpreter: Any) -> None:
 
     def patch_lang(fn):  # type: ignore[no-untyped-def]
         scope = original(fn)
-        for name in dir(tl.extra.libdevice):
+        for name in dir(libdevice):
             member = getattr(cuda_libdevice, name, None)
             if not name.startswith("_") and tl.core.is_builtin(member):
                 interpreter._patch_attr(
-                    tl.extra.libdevice, name, member, interpreter.interpreter_builder, scope
+                    libdevice, name, member, interpreter.interpreter_builder, scope
                 )
         return scope
 
