@@ -128,3 +128,43 @@ def compiled_mlp_trains_like_the_cpu(
                 got = loss.item()
         torch.testing.assert_close(got, loss.item(), atol=1e-5, rtol=1e-5)
     return model, reference
+
+
+# Checks of the kernel limits (ACCEL_MAX_KERNEL_BUFFERS=16) on the code torch.compile generates,
+# for a fresh interpreter that defined `widths(code)` (the buffers each generated kernel takes):
+# a 40-input sum splits into several kernels, a foreach Adam step stays within the limit, and a
+# node that lowering merged past the limit is an error naming it. Prints "ok".
+KERNEL_LIMIT_CHECKS = """
+import torch
+from torch._inductor.utils import run_and_get_code
+
+def total(*xs):
+    out = xs[0]
+    for x in xs[1:]:
+        out = out + x
+    return out
+
+xs = [torch.randn(256, device="accel") for _ in range(40)]
+got, (code,) = run_and_get_code(torch.compile(total), *xs)
+torch.testing.assert_close(got.cpu(), total(*[x.cpu() for x in xs]))
+w = widths(code)
+assert len(w) > 1 and max(w) <= 16, w
+
+params = [torch.nn.Parameter(torch.randn(8, device="accel")) for _ in range(12)]
+for p in params:
+    p.grad = torch.randn(8, device="accel")
+opt = torch.optim.Adam(params, lr=0.1, foreach=True)
+_, (code,) = run_and_get_code(torch.compile(opt.step))
+w = widths(code)
+assert w and max(w) <= 16, w
+
+torch._dynamo.reset()
+with torch._inductor.config.patch(realize_acc_reads_threshold=64):
+    try:
+        torch.compile(total)(*xs)
+    except Exception as e:
+        assert "beyond accel's limits" in str(e), e
+    else:
+        raise AssertionError("a 40-input kernel compiled past a 16-buffer limit")
+print("ok")
+"""

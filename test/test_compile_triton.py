@@ -30,6 +30,7 @@ import pytest
 import torch
 import triton_interpreter  # test/
 
+import helpers  # test/
 import torch_accel  # noqa: F401
 
 pytest.importorskip("triton")
@@ -241,50 +242,22 @@ def test_seeded_random_ops_reproduce() -> None:
     assert 0.25 < dropped < 0.35, dropped
 
 
-_LIMITS = textwrap.dedent(
-    """
-    import re, sys, torch, torch_accel
-    sys.path.insert(0, sys.argv[1])
-    import triton_interpreter
-    triton_interpreter.install_shim()
-    triton_interpreter.install_host_driver()
-    from torch._inductor.utils import run_and_get_code
+_LIMITS = (
+    textwrap.dedent(
+        """
+        import re, sys, torch, torch_accel
+        sys.path.insert(0, sys.argv[1])
+        import triton_interpreter
+        triton_interpreter.install_shim()
+        triton_interpreter.install_host_driver()
 
-    def widths(code):
-        # Pointer arguments of each Triton kernel (its buffers).
-        return [len(re.findall(r"\\b(?:in_out|in|out)_ptr\\d+", sig))
-                for sig in re.findall(r"def triton_\\w+\\(([^)]*)\\)", code)]
-
-    def total(*xs):
-        out = xs[0]
-        for x in xs[1:]:
-            out = out + x
-        return out
-
-    xs = [torch.randn(256, device="accel") for _ in range(40)]
-    got, (code,) = run_and_get_code(torch.compile(total), *xs)
-    torch.testing.assert_close(got.cpu(), total(*[x.cpu() for x in xs]))
-    w = widths(code)
-    assert len(w) > 1 and max(w) <= 16, w
-
-    params = [torch.nn.Parameter(torch.randn(8, device="accel")) for _ in range(12)]
-    for p in params:
-        p.grad = torch.randn(8, device="accel")
-    opt = torch.optim.Adam(params, lr=0.1, foreach=True)
-    _, (code,) = run_and_get_code(torch.compile(opt.step))
-    w = widths(code)
-    assert w and max(w) <= 16, w
-
-    torch._dynamo.reset()
-    with torch._inductor.config.patch(realize_acc_reads_threshold=64):
-        try:
-            torch.compile(total)(*xs)
-        except Exception as e:
-            assert "beyond accel's limits" in str(e), e
-        else:
-            raise AssertionError("a 40-input kernel compiled past a 16-buffer limit")
-    print("ok")
-    """
+        def widths(code):
+            # Pointer arguments of each Triton kernel (its buffers).
+            return [len(re.findall(r"\\b(?:in_out|in|out)_ptr\\d+", sig))
+                    for sig in re.findall(r"def triton_\\w+\\(([^)]*)\\)", code)]
+        """
+    )
+    + helpers.KERNEL_LIMIT_CHECKS
 )
 
 
