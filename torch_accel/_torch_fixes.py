@@ -17,9 +17,11 @@ is only supported on CUDA, CPU or HPU devices`` for accel, although its eager pa
 flex_attention higher-order operator's math, forward and backward) is made of operators accel
 runs. Models that pick it (transformers' ``attn_implementation="flex_attention"``, diffusers'
 LTX-2 decoder) stop there. The check is wrapped: accel inputs pass as CUDA's do (backward
-included), all others go to torch's own check. Under torch.compile, Inductor lowers accel's
-flex_attention with its C++ template (torch_accel/_inductor/flex.py), which serves inference
-only; the kernel options (``_apply_kernel_options``, where flex_attention decides whether the
+included), all others go to torch's own check. Under torch.compile with accel's C++ kernels
+(the host driver), Inductor lowers accel's flex_attention with its C++ template
+(torch_accel/_inductor/flex.py), which serves inference only (with Triton kernels, the cuda
+driver, Inductor's Triton templates serve training too, and nothing below applies); the kernel
+options (``_apply_kernel_options``, where flex_attention decides whether the
 kernel must return logsumexp: with gradients enabled or ``return_lse``) are wrapped too, so that
 on accel Dynamo traces flex_attention only where that template applies and otherwise breaks the
 graph there, saying why (the call then runs eagerly, backward included). PrivateUse1 was asked
