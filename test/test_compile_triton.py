@@ -452,3 +452,25 @@ def test_max_min_and_clamp_propagate_nan_as_eager(dtype: torch.dtype) -> None:
         # code: test_compile_fused.py's xfail for the C++ kernels; here the interpreter's.
         zero_sign = name not in ("max", "amax", "min", "amin")
         assert _same(compiled[name], expected, zero_sign), f"compiled {name}: {compiled[name]}"
+
+
+@outside
+def test_a_driver_that_fails_to_start_leaves_import_and_cpu_compiles_working(run_python) -> None:
+    # The kernel language is read from the driver while torch_accel is imported (flex_attention's
+    # rule) and when Inductor is: a driver that cannot start must not break either.
+    if torch.cuda.is_available():
+        pytest.skip("the cuda driver starts here")
+    code = (
+        "import torch, torch_accel\n"
+        "print(torch_accel.is_available())\n"
+        "print(torch.compile(lambda t: t + 1)(torch.ones(2)))\n"
+        "try:\n"
+        "    torch.compile(lambda t: t + 1)(torch.ones(2, device='accel'))\n"
+        "except Exception as e:\n"
+        "    print(type(e).__name__, str(e).splitlines()[0])\n"
+    )
+    r = run_python(code, ACCEL_DRIVER="cuda")
+    assert r.returncode == 0, r.stderr[-3000:]
+    lines = r.stdout.splitlines()
+    assert lines[:2] == ["False", "tensor([2., 2.])"], r.stdout
+    assert "the accel runtime failed to start: ACCEL_DRIVER=cuda" in lines[2], r.stdout
