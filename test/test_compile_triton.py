@@ -474,3 +474,28 @@ def test_a_driver_that_fails_to_start_leaves_import_and_cpu_compiles_working(run
     lines = r.stdout.splitlines()
     assert lines[:2] == ["False", "tensor([2., 2.])"], r.stdout
     assert "the accel runtime failed to start: ACCEL_DRIVER=cuda" in lines[2], r.stdout
+
+
+@outside
+def test_registered_before_the_runtime_started_hands_over_to_triton(
+    run_python, test_driver
+) -> None:
+    # Registering with Inductor starts nothing, so an Inductor imported before any accel work
+    # gets the C++ scheduling; the first accel compile on a driver whose memory the host cannot
+    # touch (the limited test driver) switches accel to Triton's, whose check then speaks.
+    code = (
+        "import torch, torch_accel\n"
+        "import torch._inductor.compile_fx\n"
+        "from torch._inductor.codegen.common import get_scheduling_for_device as get\n"
+        "print(get('accel').__name__)\n"
+        "try:\n"
+        "    torch.compile(lambda t: t * 2 + 1)(torch.ones(3, device='accel'))\n"
+        "except Exception as e:\n"
+        "    print(str(e).splitlines()[0])\n"
+        "print(get('accel').__name__)\n"
+    )
+    r = run_python(code, **test_driver("limited"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    first, error, last = r.stdout.strip().splitlines()
+    assert (first, last) == ("AccelCppScheduling", "AccelTritonScheduling"), r.stdout
+    assert "Triton kernels run only where accel's operators run through CUDA" in error

@@ -104,8 +104,9 @@ _CPP_FLEX = torch.cpu._is_avx2_supported() and os.environ.get("ATEN_CPU_CAPABILI
 _CPP_FLEX_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
+@torch.compiler.assume_constant_result  # Dynamo calls it while tracing (accel tensors exist)
 def _cpp_kernels() -> bool:
-    """Whether accel's compiled kernels are C++ (the template's limits apply), read once."""
+    """Whether accel's compiled kernels are C++ (the template's limits apply)."""
     from torch_accel._inductor import kernels
 
     try:
@@ -114,15 +115,12 @@ def _cpp_kernels() -> bool:
         return True
 
 
-_CPP_KERNELS = _cpp_kernels()
-
-
 @functools.wraps(_original_apply_kernel_options)
 def _apply_kernel_options(
     query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *args: Any, **kwargs: Any
 ) -> dict[str, Any]:
     options = _original_apply_kernel_options(query, key, value, *args, **kwargs)
-    if query.device.type == "accel" and _CPP_KERNELS and torch.compiler.is_compiling():
+    if query.device.type == "accel" and torch.compiler.is_compiling() and _cpp_kernels():
         why = _why_not_compiled(query, key, value, options)
         if why:
             raise NotImplementedError(

@@ -51,24 +51,13 @@ def register() -> None:
         if _registered:
             return
         from torch._dynamo.device_interface import register_interface_for_device
-        from torch._inductor.codegen.common import (
-            register_backend_for_device,
-            register_device_op_overrides,
-        )
+        from torch._inductor.codegen.common import register_device_op_overrides
 
         from torch_accel._inductor import decompositions, flex, heuristics
         from torch_accel._inductor.device_ops import AccelDeviceOpOverrides
         from torch_accel._inductor.interface import AccelInterface
-        from torch_accel._inductor.passes import AccelPostGradPass
-        from torch_accel._inductor.wrapper import AccelCppWrapperRefusal, AccelWrapper
 
-        register_backend_for_device(
-            "accel",
-            scheduling_class(),
-            AccelWrapper,
-            AccelCppWrapperRefusal,
-            device_custom_pass=AccelPostGradPass(),
-        )
+        _register_backend(scheduling_class(start=False))
         register_device_op_overrides("accel", AccelDeviceOpOverrides())
         decompositions.apply()
         heuristics.apply()
@@ -77,6 +66,38 @@ def register() -> None:
         for i in range(torch.accel.device_count()):  # type: ignore[attr-defined]
             register_interface_for_device(f"accel:{i}", AccelInterface)
         _registered = True
+
+
+def _register_backend(scheduling: type) -> None:
+    from torch._inductor.codegen.common import register_backend_for_device
+
+    from torch_accel._inductor.passes import AccelPostGradPass
+    from torch_accel._inductor.wrapper import AccelCppWrapperRefusal, AccelWrapper
+
+    register_backend_for_device(
+        "accel",
+        scheduling,
+        AccelWrapper,
+        AccelCppWrapperRefusal,
+        device_custom_pass=AccelPostGradPass(),
+    )
+
+
+def use_triton_kernels() -> type:
+    """Registers Inductor's Triton scheduling for accel in place of the C++ one, and returns it:
+    for a runtime that started, on a driver needing Triton kernels, after accel registered
+    (registering does not start the runtime, so it could not tell then)."""
+    from torch._inductor.codegen import common
+
+    from torch_accel._inductor.triton_scheduling import AccelTritonScheduling
+
+    with _lock:
+        _register_backend(AccelTritonScheduling)
+        # What lowering asks of the backend was answered for the C++ one.
+        cached = getattr(common.get_backend_features, "cache_clear", None)
+        if cached is not None:
+            cached()
+    return AccelTritonScheduling
 
 
 def scheduling() -> type:
@@ -88,29 +109,34 @@ def scheduling() -> type:
 _KERNELS = ("auto", "cpp", "triton")
 
 
-def kernels() -> str:
+def kernels(*, start: bool = True) -> str:
     """The language of accel's generated kernels: ``"cpp"`` (Inductor's C++ backend, kernels
-    run on the host) or ``"triton"``. ``ACCEL_INDUCTOR_KERNELS`` chooses (read when accel
-    registers with Inductor); ``auto`` (the default) takes C++ where the driver's device memory
-    is host memory (the host driver) and Triton elsewhere (the cuda driver)."""
+    run on the host) or ``"triton"``. ``ACCEL_INDUCTOR_KERNELS`` chooses; ``auto`` (the default)
+    takes C++ where the driver's device memory is host memory (the host driver) and Triton
+    elsewhere (the cuda driver). Asking the driver starts the runtime: with ``start=False``,
+    ``auto`` answers ``"cpp"`` until the runtime has started (AccelCppScheduling hands over to
+    Triton's when it finds otherwise), and a driver that cannot start answers ``"cpp"`` (compiling
+    for accel then raises its error)."""
+    from torch_accel import _C  # not torch_accel's functions: this runs while it is imported
+
     value = os.environ.get("ACCEL_INDUCTOR_KERNELS", "auto").strip().lower() or "auto"
     if value not in _KERNELS:
         raise ValueError(f"ACCEL_INDUCTOR_KERNELS={value!r}: use one of {', '.join(_KERNELS)}")
     if value != "auto":
         return value
-    from torch_accel import _C  # not torch_accel's functions: this runs while it is imported
-
+    if not start and not _C.is_initialized():
+        return "cpp"
     try:
         capabilities = _C.driver_capabilities()
-    except _C.AccelError:  # no driver starts: compiling for accel raises that error anyway
+    except _C.AccelError:
         return "cpp"
     return "cpp" if capabilities["host_accessible_memory"] else "triton"
 
 
-def scheduling_class() -> type:
+def scheduling_class(*, start: bool = True) -> type:
     """Accel's Inductor scheduling: C++ kernels (scheduling.py) or Triton kernels
     (triton_scheduling.py), as ``kernels()`` says."""
-    if kernels() == "triton":
+    if kernels(start=start) == "triton":
         from torch_accel._inductor.triton_scheduling import AccelTritonScheduling
 
         return AccelTritonScheduling

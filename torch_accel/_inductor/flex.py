@@ -37,11 +37,9 @@ def apply() -> None:
 
     from torch_accel._inductor import kernels
 
-    cpp = kernels() == "cpp"
-
     def flex_attention(query: Any, *args: Any, **kwargs: Any) -> Any:
         device = query.get_device()
-        if cpp and device is not None and device.type == "accel":
+        if device is not None and device.type == "accel" and kernels() == "cpp":
             # The template renders its score_mod and mask_mod while it is lowered: with the
             # C++ backend's rules, as accel's kernels are generated (scheduling.py).
             with _cpp_codegen():

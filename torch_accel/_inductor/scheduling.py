@@ -114,6 +114,17 @@ def too_many_buffers(scheduler: Any, node1: Any, node2: Any) -> bool:
 
 
 class AccelCppScheduling(CppScheduling):
+    def __new__(cls, scheduler: Any = None) -> Any:
+        # Registered before the runtime started (registering starts nothing), on a driver that
+        # turned out to need Triton kernels: Triton's scheduling from now on.
+        # (scheduler None: Inductor asks for the backend's features, during lowering.)
+        if cls is AccelCppScheduling:
+            from torch_accel._inductor import kernels, use_triton_kernels
+
+            if kernels() == "triton":
+                return use_triton_kernels()(scheduler)
+        return super().__new__(cls)
+
     def __init__(self, scheduler: Any) -> None:
         # Generated C++ kernels run on the host, on accel memory: only where the host can touch
         # it (the host driver; the cuda driver gets Triton kernels: triton_scheduling.py).
