@@ -439,3 +439,19 @@ def test_inductor_writes_accel_device_guards_and_streams() -> None:
     exec(ops.set_device(1) + "\n" + ops.synchronize(), namespace)  # noqa: S102
     assert torch.accel.current_device() == 1
     torch.accel.set_device(0)
+
+
+def test_importing_inductor_starts_no_runtime(run_python) -> None:
+    # accel registers with Inductor when Inductor is imported; like torch.cuda's registration
+    # it must not start the device (a process that imports Inductor and then forks workers
+    # that use accel would be refused), until the first compile for accel.
+    code = (
+        "import torch, torch_accel\n"
+        "import torch._inductor.compile_fx\n"
+        "from torch._inductor.codegen.common import get_scheduling_for_device\n"
+        "print(get_scheduling_for_device('accel').__name__, torch_accel._C.is_initialized())\n"
+        "print(torch.compile(lambda t: t + 1)(torch.ones(2, device='accel:1')).cpu())\n"
+    )
+    r = run_python(code)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.splitlines() == ["AccelCppScheduling False", "tensor([2., 2.])"], r.stdout

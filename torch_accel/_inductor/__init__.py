@@ -28,8 +28,6 @@ from __future__ import annotations
 import os
 import threading
 
-import torch
-
 _lock = threading.Lock()
 _registered = False
 
@@ -63,7 +61,7 @@ def register() -> None:
         heuristics.apply()
         flex.apply()
         register_interface_for_device("accel", AccelInterface)
-        for i in range(torch.accel.device_count()):  # type: ignore[attr-defined]
+        for i in range(_MAX_DEVICES):  # not device_count(): it would start the runtime
             register_interface_for_device(f"accel:{i}", AccelInterface)
         _registered = True
 
@@ -107,6 +105,8 @@ def scheduling() -> type:
 
 
 _KERNELS = ("auto", "cpp", "triton")
+# Device strings ("accel:N") Dynamo may look up: as many as the host driver allows (64).
+_MAX_DEVICES = 64
 
 
 def kernels(*, start: bool = True) -> str:
