@@ -101,7 +101,7 @@ def use_triton_kernels() -> type:
 def scheduling() -> type:
     """``torch.accel.Scheduling``: registers everything, returns accel's scheduling class."""
     register()
-    return scheduling_class()
+    return scheduling_class(start=False)  # what register() registered; starts nothing
 
 
 _KERNELS = ("auto", "cpp", "triton")
@@ -117,7 +117,7 @@ def kernels(*, start: bool = True) -> str:
     ``auto`` answers ``"cpp"`` until the runtime has started (AccelCppScheduling hands over to
     Triton's when it finds otherwise), and a driver that cannot start answers ``"cpp"`` (compiling
     for accel then raises its error)."""
-    from torch_accel import _C  # not torch_accel's functions: this runs while it is imported
+    from torch_accel import _C
 
     value = os.environ.get("ACCEL_INDUCTOR_KERNELS", "auto").strip().lower() or "auto"
     if value not in _KERNELS:

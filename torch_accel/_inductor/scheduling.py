@@ -70,7 +70,7 @@ def device_limits(index: int) -> tuple[int, int]:
     return p.max_kernel_args, p.max_kernel_buffers
 
 
-def _limits(node: Any) -> tuple[int, int]:
+def node_limits(node: Any) -> tuple[int, int]:
     device = node.get_device()
     return device_limits(device.index if device is not None and device.index is not None else 0)
 
@@ -110,7 +110,7 @@ def too_many_buffers(scheduler: Any, node1: Any, node2: Any) -> bool:
     # some of them as kernel arguments (one written in one loop nest of the fused kernel and
     # read in another): a fusion it allowed at 64 of 64 became a 68-buffer kernel (RWKV's
     # backward). Counting every buffer the fused nodes touch keeps the device's limit.
-    return len(_node_buffers(node1) | _node_buffers(node2)) > _limits(node1)[1]
+    return len(_node_buffers(node1) | _node_buffers(node2)) > node_limits(node1)[1]
 
 
 class AccelCppScheduling(CppScheduling):
@@ -207,7 +207,7 @@ class AccelCppScheduling(CppScheduling):
 
     def codegen_node(self, node: Any) -> None:
         self._follow_loop_order(node)
-        max_args, max_buffers = _limits(node)
+        max_args, max_buffers = node_limits(node)
         max_args -= _ARG_HEADROOM
         group = self.kernel_group
         if group.scheduled_nodes:

@@ -33,6 +33,7 @@ from torch_accel._inductor.scheduling import (
     check_kernel_limits,
     device_limits,
     group_buffers,
+    node_limits,
     too_many_buffers,
 )
 
@@ -77,11 +78,6 @@ def check_can_run() -> None:
 _DEFAULT_COMBO_ARGS = config.get_config_copy()["combo_kernel_max_num_args"]
 
 
-def _index(node: Any) -> int:
-    device = node.get_device()
-    return device.index if device is not None and device.index is not None else 0
-
-
 class AccelTritonScheduling(TritonScheduling):
     def __init__(self, scheduler: Any) -> None:
         if scheduler is not None:  # None: Inductor only asks for the backend's features
@@ -101,7 +97,7 @@ class AccelTritonScheduling(TritonScheduling):
     def codegen_combo_kernel(self, combo_kernel_node: Any) -> None:
         # Foreach and combo kernels are split by Inductor's combo_kernel_max_num_args (buffers
         # read and written per kernel): the device's limit, unless the user set a value.
-        _, max_buffers = device_limits(_index(combo_kernel_node))
+        _, max_buffers = node_limits(combo_kernel_node)
         limit = config.combo_kernel_max_num_args
         if limit == _DEFAULT_COMBO_ARGS:
             limit = min(limit, max_buffers)

@@ -59,8 +59,8 @@ class _AccelWrapperMixin:
         # the devices it knows to be GPUs around their kernels, not accel (its GPU list is
         # fixed), so each accel Triton launch carries its device's guard. Kernel calls are
         # written when the wrapper's lines are generated, into the buffer writeline points at.
-        buffer = getattr(self.writeline, "__self__", None)  # type: ignore[attr-defined]
         if triton and device is not None and device.type == "accel":
+            buffer = getattr(self.writeline, "__self__", None)  # type: ignore[attr-defined]
             if not isinstance(buffer, IndentedBuffer):
                 raise RuntimeError("torch_accel: a Triton kernel call outside the wrapper's code")
             self.writeline(f"with {V.graph.device_ops.device_guard(device.index or 0)}:")  # type: ignore[attr-defined]
