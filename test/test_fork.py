@@ -53,3 +53,42 @@ def test_spawned_child_can_use_accel():
     assert queue.get(timeout=300) == 8.0
     child.join(timeout=120)
     assert child.exitcode == 0
+
+
+def test_counting_devices_starts_nothing_so_forked_children_can_use_accel(run_python):
+    # torch.cuda.device_count() counts without initializing CUDA; so does accel's, so a process
+    # may count devices (to size a worker pool, as torch.multiprocessing users do) and then
+    # fork workers that use them.
+    code = """
+import os, torch, torch_accel
+counts = (torch.accel.device_count(), torch.accelerator.device_count(), torch.accel.is_available(),
+          torch.accelerator.is_available())
+print(*counts, torch.accel.is_initialized(), torch_accel._C.is_initialized())
+pid = os.fork()
+if pid == 0:
+    ok = (torch.ones(4, device="accel:1") * 3).sum().item() == 12
+    os._exit(0 if ok and not torch.accel._is_in_bad_fork() else 1)
+_, status = os.waitpid(pid, 0)
+print(os.waitstatus_to_exitcode(status), (torch.ones(2, device="accel") + 1).sum().item())
+print(torch.accel.device_count(), torch_accel._C.is_initialized())
+"""
+    result = run_python(code, ACCEL_HOST_DEVICES="3")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == [
+        *("3", "3", "True", "True", "False", "False"),
+        *("0", "4.0"),
+        *("3", "True"),
+    ]
+
+
+def test_a_count_the_runtime_refuses_reports_why(run_python):
+    code = """
+import torch, torch_accel
+print(torch.accel.device_count(), torch.accel.is_available())
+print(torch_accel.init_error())
+"""
+    result = run_python(code, ACCEL_HOST_DEVICES="banana")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0] == "0 False"
+    assert "ACCEL_HOST_DEVICES='banana' must be a whole number" in lines[1]

@@ -188,7 +188,7 @@ typedef struct accel_driver_table {
   const char* (*oom_hint)(accel_driver* self);
 } accel_driver_table;
 
-/* The one symbol a driver library exports:
+/* The symbol a driver library exports (and one optional one, below): 
  *   int accel_driver_open(uint32_t abi_version, accel_driver_table* table, size_t table_size,
  *                         char* error, size_t error_len);
  * Fills `table` (at most table_size bytes) and returns 0, or returns nonzero after writing why
@@ -196,6 +196,14 @@ typedef struct accel_driver_table {
  * `error`. Nothing is to be destroyed after a refusal. */
 typedef int (*accel_driver_open_fn)(uint32_t abi_version, accel_driver_table* table,
                                     size_t table_size, char* error, size_t error_len);
+
+/* Optional: `int accel_driver_count_devices(void)` returns the number of devices the driver
+ * would open, found without initializing the vendor runtime in this process (for CUDA: NVML,
+ * not cudaGetDeviceCount, whose initialization a forked child cannot use), or -1 when it
+ * cannot count that way (the runtime then opens the table and asks device_count). The runtime
+ * counts devices this way before it starts (torch.accel.device_count()). */
+#define ACCEL_DRIVER_COUNT_SYMBOL "accel_driver_count_devices"
+typedef int (*accel_driver_count_devices_fn)(void);
 
 #ifdef __cplusplus
 }

@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "runtime/caching_allocator.h"
+#include "runtime/driver_abi.h"
 #include "runtime/internal.h"
 
 #ifndef ACCEL_VERSION
@@ -39,11 +40,11 @@ bool file_exists(const std::string& path) {
   return ::stat(path.c_str(), &st) == 0;
 }
 
-// Loads libaccel_driver_<name>.so and opens its driver table. Returns nullptr and sets `why`
-// when it cannot.
-std::unique_ptr<Driver> load_plugin(const Config& c, const std::string& name, std::string& why) {
+// Loads libaccel_driver_<name>.so. Returns nullptr and sets `why` when it cannot.
+void* open_plugin_library(const Config& c, const std::string& name, std::string& path,
+                          std::string& why) {
   const std::string dir = c.driver_path.empty() ? runtime_library_dir() : c.driver_path;
-  const std::string path = dir + "/libaccel_driver_" + name + ".so";
+  path = dir + "/libaccel_driver_" + name + ".so";
   if (!file_exists(path)) {
     why = path + " does not exist (this build has no " + name + " driver)";
     return nullptr;
@@ -56,8 +57,16 @@ std::unique_ptr<Driver> load_plugin(const Config& c, const std::string& name, st
   if (h == nullptr) {
     const char* e = ::dlerror();
     why = "dlopen(" + path + ") failed: " + (e != nullptr ? e : "unknown error");
-    return nullptr;
   }
+  return h;
+}
+
+// Loads libaccel_driver_<name>.so and opens its driver table. Returns nullptr and sets `why`
+// when it cannot.
+std::unique_ptr<Driver> load_plugin(const Config& c, const std::string& name, std::string& why) {
+  std::string path;
+  void* h = open_plugin_library(c, name, path, why);
+  if (h == nullptr) return nullptr;
   void* open = ::dlsym(h, "accel_driver_open");
   if (open == nullptr) {
     why = path + " does not export accel_driver_open (a driver built for an older runtime?)";
@@ -67,6 +76,36 @@ std::unique_ptr<Driver> load_plugin(const Config& c, const std::string& name, st
   std::unique_ptr<Driver> d = open_driver_table(open, path, why);
   if (d == nullptr) ::dlclose(h);
   return d;  // the library stays loaded for the life of the process
+}
+
+// The devices driver `name` has, counted without opening its table where the library can
+// (ACCEL_DRIVER_COUNT_SYMBOL: a count that initializes nothing, so a later fork() can still
+// use the device, as NVML's count does for torch.cuda); else the table's count. 0 when the
+// driver cannot be used.
+int count_plugin_devices(const Config& c, const std::string& name) {
+  std::string path;
+  std::string why;
+  void* h = open_plugin_library(c, name, path, why);
+  if (h == nullptr) return 0;
+  if (void* sym = ::dlsym(h, ACCEL_DRIVER_COUNT_SYMBOL)) {
+    const int n = reinterpret_cast<accel_driver_count_devices_fn>(sym)();
+    if (n >= 0) return n;  // negative: the library cannot count without initializing
+  }
+  std::unique_ptr<Driver> d = load_plugin(c, name, why);
+  return d != nullptr ? d->device_count() : 0;
+}
+
+// The device count the runtime would start with, without starting it (no stream worker, no
+// device context): ACCEL_DRIVER's choice as Runtime::start makes it.
+int probe_device_count() {
+  const Config c = Config::from_env();
+  if (c.driver == "host") return HostDriverOptions::from_env().devices;
+  if (c.driver != "auto") return count_plugin_devices(c, c.driver);
+  for (const char* name : {"cuda", "level_zero"}) {
+    const int n = count_plugin_devices(c, name);
+    if (n > 0) return n;
+  }
+  return HostDriverOptions::from_env().devices;
 }
 
 std::once_flag g_once;
@@ -269,6 +308,16 @@ int device_count_noexcept() noexcept {
   try {
     // The count stays known in a forked child (like torch.cuda.device_count).
     if (Runtime* rt = detail::g_runtime.load(std::memory_order_acquire)) return rt->num_devices;
+    if (detail::g_init_tried.load(std::memory_order_acquire)) return 0;  // the start failed
+    // Counting starts nothing (torch.cuda's rule), so a process may count, then fork workers
+    // that use the devices. A count the start would refuse starts it, so that init_error() says
+    // why.
+    int n = 0;
+    try {
+      n = detail::probe_device_count();
+    } catch (...) {  // NOLINT(bugprone-empty-catch): the start below reports the malformed setting
+    }
+    if (n > 0 && n <= kMaxDevices) return n;
     return Runtime::get().num_devices;
   } catch (...) {
     return 0;

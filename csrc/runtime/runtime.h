@@ -23,8 +23,11 @@ namespace accel::rt {
 ACCEL_RT_API const char* version() noexcept;  // "0.1.0"
 ACCEL_RT_API void init();                     // starts the runtime now (it also starts lazily)
 ACCEL_RT_API bool is_initialized() noexcept;
-// Never throws and never starts a worker: 0 when the runtime cannot start. In a child forked
-// after the runtime started, it still reports the count while every other call refuses.
+// Never throws, and starts nothing (no worker, no device context) unless the runtime could not
+// start with that count, when it starts it to record why (init_error; the result is then 0).
+// Before the start it counts as the start would (driver_abi.h: accel_driver_count_devices). In
+// a child forked after the runtime started, it still reports the count while every other call
+// refuses.
 ACCEL_RT_API int device_count_noexcept() noexcept;
 // Why the runtime could not start ("" when it started or was not tried).
 ACCEL_RT_API std::string init_error() noexcept;

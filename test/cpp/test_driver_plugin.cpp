@@ -60,6 +60,15 @@ extern "C" __attribute__((visibility("default"))) unsigned char* accel_test_fore
   return g_foreign;
 }
 
+#ifndef ACCEL_TEST_OLD_ABI
+// The optional count before the runtime starts (driver_abi.h): ACCEL_TEST_DEVICE_COUNT, else
+// -1 (cannot count without opening the table).
+extern "C" __attribute__((visibility("default"))) int accel_driver_count_devices() {
+  const char* n = std::getenv("ACCEL_TEST_DEVICE_COUNT");
+  return n != nullptr ? std::atoi(n) : -1;
+}
+#endif
+
 #ifdef ACCEL_TEST_OLD_ABI
 extern "C" __attribute__((visibility("default"))) void* accel_driver_create(int, char*, size_t) {
   return nullptr;

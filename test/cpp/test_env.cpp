@@ -7,6 +7,7 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "runtime/drivers/cuda/visible_devices.h"
 #include "test_util.h"
 
 namespace accel::rt {
@@ -48,6 +49,22 @@ TEST(InitFailure, ReportsTheCauseEveryTime) {
   EXPECT_NE(init_error().find(expected), std::string::npos) << init_error();
   EXPECT_EQ(pointer_device(&expected), -1);
   EXPECT_FALSE(is_pinned(&expected));
+}
+
+// Counting devices starts nothing (no stream worker, no device context), as
+// torch.cuda.device_count does not, so a process may count and then fork workers.
+TEST(Probe, CountsDevicesWithoutStarting) {
+  const std::string expected = env("ACCEL_TEST_EXPECT_COUNT");
+  if (expected.empty()) GTEST_SKIP() << "runs with ACCEL_TEST_EXPECT_COUNT set";
+  EXPECT_FALSE(is_initialized());
+  EXPECT_EQ(device_count_noexcept(), std::stoi(expected));
+  EXPECT_EQ(device_count_noexcept(), std::stoi(expected));
+  EXPECT_FALSE(is_initialized());
+  EXPECT_EQ(init_error(), "");
+  // The start that follows opens the same driver.
+  init();
+  EXPECT_TRUE(is_initialized());
+  EXPECT_EQ(device_count_noexcept(), device_count());
 }
 
 TEST(Plugin, LoadsADriverLibraryByName) {
@@ -179,3 +196,23 @@ TEST(DriverSelection, AutoKeepsWhyEachDriverWasSkipped) {
 
 }  // namespace
 }  // namespace accel::rt
+
+// The cuda driver's count before the start reads CUDA_VISIBLE_DEVICES as CUDA and torch.cuda do.
+TEST(VisibleDevices, ReadsCudaVisibleDevicesAsCudaDoes) {
+  using accel::rt::cuda::visible_device_count;
+  EXPECT_EQ(visible_device_count(nullptr, 4), 4);
+  EXPECT_EQ(visible_device_count("", 4), 0);
+  EXPECT_EQ(visible_device_count("0", 4), 1);
+  EXPECT_EQ(visible_device_count("3,1", 4), 2);
+  EXPECT_EQ(visible_device_count(" 2 , 0", 4), 2);
+  EXPECT_EQ(visible_device_count("1gpu2,2ampere", 4), 2);  // each entry's leading integer
+  EXPECT_EQ(visible_device_count("0,-1,1", 4), 1);         // a negative one ends the list
+  EXPECT_EQ(visible_device_count("0,x,1", 4), 1);          // so does one that is not a number
+  EXPECT_EQ(visible_device_count("0,1,0", 4), 0);          // a repeat hides every device
+  EXPECT_EQ(visible_device_count("0,7,0", 4), 0);          // even after an absent one
+  EXPECT_EQ(visible_device_count("1,7,2", 4), 1);          // devices before the first absent one
+  EXPECT_EQ(visible_device_count("+1", 4), 1);
+  EXPECT_EQ(visible_device_count("-0,1", 4), 2);
+  EXPECT_EQ(visible_device_count("GPU-8f3a", 4), -1);  // UUIDs: only NVML can map them
+  EXPECT_EQ(visible_device_count("MIG-1234", 4), -1);
+}

@@ -61,7 +61,9 @@ def register() -> None:
         heuristics.apply()
         flex.apply()
         register_interface_for_device("accel", AccelInterface)
-        for i in range(_MAX_DEVICES):  # not device_count(): it would start the runtime
+        # Every possible index, not device_count(): counting loads the driver libraries (and on
+        # cuda asks NVML or CUDA), which importing Inductor should not cost.
+        for i in range(_MAX_DEVICES):
             register_interface_for_device(f"accel:{i}", AccelInterface)
         _registered = True
 

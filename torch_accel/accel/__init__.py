@@ -1,8 +1,9 @@
 """torch.accel: the accel device module, with the names torch.cuda uses wherever they apply.
 
 Registered as ``torch.accel`` by ``import torch_accel`` (or autoload). Initialization is lazy:
-the first call that needs a device starts the runtime. A process forked after that cannot use
-accel (as with CUDA): start subprocesses with the ``spawn`` method instead.
+the first call that needs a device starts the runtime; counting devices (``device_count``,
+``is_available``) starts nothing, as with torch.cuda. A process forked after the start cannot
+use accel (as with CUDA): start subprocesses with the ``spawn`` method instead.
 """
 
 from __future__ import annotations

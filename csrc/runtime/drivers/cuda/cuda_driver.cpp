@@ -9,9 +9,11 @@
 // runs. A host task that throws cannot report through CUDA: its message is kept for its device
 // and the next stream or event synchronize on that device throws TaskError with it.
 #include <cuda_runtime_api.h>
+#include <dlfcn.h>
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -21,6 +23,7 @@
 #include <vector>
 
 #include "runtime/driver_export.h"
+#include "runtime/drivers/cuda/visible_devices.h"
 #include "runtime/error.h"
 
 namespace accel::rt {
@@ -443,4 +446,29 @@ extern "C" __attribute__((visibility("default"))) int accel_driver_open(uint32_t
     std::snprintf(error, error_len, "%s", ex.what());
     return 1;
   }
+}
+
+// The count before the runtime starts (driver_abi.h): NVML's, which leaves CUDA uninitialized
+// in this process (cudaGetDeviceCount initializes it, and a child forked after that cannot use
+// CUDA), with CUDA_VISIBLE_DEVICES applied; torch.cuda.device_count counts the same way. -1
+// without NVML or for UUID lists: the runtime then asks the table (cudaGetDeviceCount).
+extern "C" __attribute__((visibility("default"))) int accel_driver_count_devices() {
+  void* nvml = ::dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (nvml == nullptr) return -1;
+  using init_fn = int (*)();
+  using count_fn = int (*)(unsigned int*);
+  const auto init = reinterpret_cast<init_fn>(::dlsym(nvml, "nvmlInit_v2"));
+  const auto count = reinterpret_cast<count_fn>(::dlsym(nvml, "nvmlDeviceGetCount_v2"));
+  const auto shutdown = reinterpret_cast<init_fn>(::dlsym(nvml, "nvmlShutdown"));
+  int result = -1;
+  if (init != nullptr && count != nullptr && shutdown != nullptr && init() == 0) {
+    unsigned int raw = 0;
+    if (count(&raw) == 0) {
+      result = accel::rt::cuda::visible_device_count(std::getenv("CUDA_VISIBLE_DEVICES"),
+                                                     static_cast<int>(raw));
+    }
+    shutdown();
+  }
+  ::dlclose(nvml);
+  return result;
 }
