@@ -185,6 +185,37 @@ def test_graph_capture_replays_cuda_kernels():
     torch.testing.assert_close(y.cpu(), torch.full((1000,), 7.0))
 
 
+def test_random_operators_in_a_graph_draw_per_replay_as_eager_calls_do():
+    # On cuda a graph's random operators take Philox offsets as torch.cuda's graphs do (seed and
+    # base offset read by the kernels at each replay): replaying from a seed gives the numbers
+    # eager calls give from that seed, and each replay advances the generator as a call does.
+    x = torch.ones(4096, device="accel")
+    mine = torch.Generator("accel")
+
+    def step():
+        noise = torch.rand(4096, device="accel", generator=mine)
+        return torch.nn.functional.dropout(x, 0.5) * 2 + noise + torch.randn(4096, device="accel")
+
+    def seed():
+        torch.accel.manual_seed(11)
+        mine.manual_seed(5)
+
+    seed()
+    eager = [step().cpu() for _ in range(3)]
+    offsets = (torch.accel.default_generators[0].get_offset(), mine.get_offset())
+    graph = torch.accel.AccelGraph()
+    with torch.accel.graph(graph):
+        out = step()
+    seed()
+    for expected in eager:
+        graph.replay()
+        torch.testing.assert_close(out.cpu(), expected, rtol=0, atol=0)
+    assert (torch.accel.default_generators[0].get_offset(), mine.get_offset()) == offsets
+    assert not torch.equal(eager[0], eager[1])
+    graph.reset()  # the replay state's pinned memory goes back to the cache
+    assert_no_fallback()
+
+
 def test_a_training_step_matches_native_cuda():
     sys.path.insert(0, str(ROOT / "examples"))
     from transformer_lm import BATCH, CONTEXT, VOCAB, TinyLM

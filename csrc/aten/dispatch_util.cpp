@@ -149,7 +149,14 @@ std::vector<std::unique_ptr<device::CudaDraw>> substitute_kernel_generators(
     substitute_generators(op, stack, device);
     return draws;
   }
+  // During a graph capture the graph's CUDA generators number the draws per replay.
+  const rt::Stream stream = device::call([&] { return rt::current_stream(device); });
+  const uint64_t capture = device::call([&] { return rt::stream_capture_id(stream); });
   replace_generators(op, stack, device, [&](const at::Generator& g) {
+    if (capture != 0) {
+      return device::captured_cuda_generator(g, stream, capture, op_name(op).c_str(),
+                                             &make_captured_cuda_rng);
+    }
     draws.push_back(std::make_unique<device::CudaDraw>(g, device));
     return draws.back()->cuda_generator();
   });

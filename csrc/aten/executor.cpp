@@ -10,6 +10,7 @@
 #include "aten/cuda/bridge.h"
 #include "device/common.h"
 #include "device/graph.h"
+#include "device/graph_rng.h"
 
 namespace accel::aten {
 namespace {
@@ -36,6 +37,10 @@ struct Choice {
   accel_cuda_pool_end_fn pool_end = nullptr;
   accel_cuda_pool_release_fn pool_release = nullptr;
   accel_cuda_empty_cache_fn empty_cache = nullptr;
+  accel_cuda_graph_rng_create_fn graph_rng_create = nullptr;
+  accel_cuda_graph_rng_generator_fn graph_rng_generator = nullptr;
+  accel_cuda_graph_rng_increment_fn graph_rng_increment = nullptr;
+  accel_cuda_graph_rng_destroy_fn graph_rng_destroy = nullptr;
 };
 
 // The cuda executor: libaccel_aten_cuda.so next to this library.
@@ -60,9 +65,19 @@ void load_cuda_bridge(Choice& c) {
   c.pool_release =
       reinterpret_cast<accel_cuda_pool_release_fn>(::dlsym(h, "accel_cuda_pool_release"));
   c.empty_cache = reinterpret_cast<accel_cuda_empty_cache_fn>(::dlsym(h, "accel_cuda_empty_cache"));
+  c.graph_rng_create =
+      reinterpret_cast<accel_cuda_graph_rng_create_fn>(::dlsym(h, "accel_cuda_graph_rng_create"));
+  c.graph_rng_generator = reinterpret_cast<accel_cuda_graph_rng_generator_fn>(
+      ::dlsym(h, "accel_cuda_graph_rng_generator"));
+  c.graph_rng_increment = reinterpret_cast<accel_cuda_graph_rng_increment_fn>(
+      ::dlsym(h, "accel_cuda_graph_rng_increment"));
+  c.graph_rng_destroy =
+      reinterpret_cast<accel_cuda_graph_rng_destroy_fn>(::dlsym(h, "accel_cuda_graph_rng_destroy"));
   if (version == nullptr || c.enter == nullptr || c.exit == nullptr ||
       c.current_stream == nullptr || c.wait == nullptr || c.pool_begin == nullptr ||
       c.pool_end == nullptr || c.pool_release == nullptr || c.empty_cache == nullptr ||
+      c.graph_rng_create == nullptr || c.graph_rng_generator == nullptr ||
+      c.graph_rng_increment == nullptr || c.graph_rng_destroy == nullptr ||
       version() != ACCEL_CUDA_BRIDGE_VERSION) {
     c.why = path + " is not the bridge of this build";
     return;
@@ -135,6 +150,40 @@ void order_with_torch_cuda(c10::DeviceIndex device, bool accel_waits) {
 }
 
 }  // namespace
+
+namespace {
+
+// A graph's CUDA generator for one accel generator (device/graph_rng.h), made by the bridge.
+class BridgeGraphRng final : public device::CapturedCudaRng {
+ public:
+  explicit BridgeGraphRng(void* handle) : handle_(handle) {}
+  ~BridgeGraphRng() override { choice().graph_rng_destroy(handle_); }
+  BridgeGraphRng(const BridgeGraphRng&) = delete;
+  BridgeGraphRng& operator=(const BridgeGraphRng&) = delete;
+
+  at::Generator generator() const override {
+    auto* impl = static_cast<c10::GeneratorImpl*>(choice().graph_rng_generator(handle_));
+    return at::Generator(c10::intrusive_ptr<c10::GeneratorImpl>::reclaim_copy(impl));
+  }
+  uint64_t increment() const override { return choice().graph_rng_increment(handle_); }
+
+ private:
+  void* handle_;
+};
+
+}  // namespace
+
+std::unique_ptr<device::CapturedCudaRng> make_captured_cuda_rng(c10::DeviceIndex device,
+                                                                int64_t* seed_offset) {
+  const Choice& c = choice();
+  TORCH_CHECK(c.executor == Executor::Cuda, "accel: not on the cuda driver");
+  char error[512] = {0};
+  void* handle =
+      c.graph_rng_create(device, reinterpret_cast<long long*>(seed_offset), error, sizeof(error));
+  TORCH_CHECK(handle != nullptr,
+              "accel: a CUDA generator for the graph's random operators: ", error);
+  return std::make_unique<BridgeGraphRng>(handle);
+}
 
 void accel_stream_waits_for_torch_cuda(c10::DeviceIndex device) {
   order_with_torch_cuda(device, true);

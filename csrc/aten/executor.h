@@ -16,10 +16,13 @@
 
 #include <c10/core/Device.h>
 
+#include <cstdint>
+#include <memory>
 #include <string>
 #include <utility>
 
 #include "aten/host_task.h"
+#include "device/graph_rng.h"
 
 namespace accel::aten {
 
@@ -52,6 +55,12 @@ class KernelScope {
 // CUDA stream of the same GPU (for copies between accel and CUDA tensors).
 void accel_stream_waits_for_torch_cuda(c10::DeviceIndex device);
 void torch_cuda_waits_for_accel_stream(c10::DeviceIndex device);
+
+// The cuda executor: a CUDA generator for random operators captured into an accel graph on
+// device `device`, reading its Philox seed and base offset from `seed_offset` (pinned memory);
+// the factory of device::captured_cuda_generator (device/graph_rng.h).
+std::unique_ptr<device::CapturedCudaRng> make_captured_cuda_rng(c10::DeviceIndex device,
+                                                                int64_t* seed_offset);
 
 // Runs f(storages) in stream order on the current stream of accel device `device`, with the views
 // f makes (Layout::view(storages)) on the executor's device: a task on the stream (host), or at

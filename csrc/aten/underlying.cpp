@@ -89,16 +89,9 @@ class UnderlyingKernel final : public c10::OperatorKernel {
     c10::DeviceGuard guard(c10::Device(kAccel, device));
     if (info_.has_index_list) upload_cpu_indices(op, stack, device);
     // Random operators: CPU generators from the accel ones (host), or CUDA generators with their
-    // Philox state, handed back after the launch (cuda; not capturable yet).
+    // Philox state, handed back after the launch (cuda); in a capture, numbered per replay.
     std::vector<std::unique_ptr<device::CudaDraw>> draws;
-    if (info_.has_generator) {
-      if (ex == Executor::Cuda) {
-        refuse_capture(device, c.name,
-                       "random operators on the cuda driver cannot be captured yet (accel's "
-                       "generators are not registered with CUDA graphs)");
-      }
-      draws = substitute_kernel_generators(op, stack, device);
-    }
+    if (info_.has_generator) draws = substitute_kernel_generators(op, stack, device);
     if (c.metadata_only) {
       run_on_caller(op, stack, device, /*synchronize=*/false);
     } else if (c.sync || !info_.tensor_returns_only || !enqueue(op, stack, device)) {

@@ -153,6 +153,14 @@ std::pair<uint64_t, uint64_t> take_offsets(const at::Generator& gen, uint64_t n)
   return impl->take(n);
 }
 
+std::pair<uint64_t, uint64_t> take_philox_offsets(const at::Generator& gen, uint64_t n) {
+  TORCH_CHECK(is_accel_generator(gen), "expected an accel generator, got one for ", gen.device());
+  auto* impl = static_cast<AccelGeneratorImpl*>(gen.unsafeGetGeneratorImpl());
+  std::lock_guard<std::mutex> lock(impl->mutex_);
+  impl->set_offset((impl->get_offset() + 3) / 4 * 4);  // as CudaDraw rounds it
+  return impl->take(n);
+}
+
 void set_cpu_generator_state(const at::Generator& cpu, uint64_t seed, uint64_t offset) {
   cpu.get<at::CPUGeneratorImpl>()->set_engine(engine_for(seed, offset));
 }

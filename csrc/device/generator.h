@@ -43,6 +43,9 @@ class CudaDraw {
 
 // The (seed, offset) of accel generator `gen`, whose offset then advances by n (graph replays).
 std::pair<uint64_t, uint64_t> take_offsets(const at::Generator& gen, uint64_t n);
+// The same for Philox (the cuda driver's graphs): the offset first rounded up to Philox's
+// multiple of 4, as CudaDraw rounds it.
+std::pair<uint64_t, uint64_t> take_philox_offsets(const at::Generator& gen, uint64_t n);
 // Gives CPU generator `cpu` the state of draw `offset` of `seed` (what next_cpu_generator makes).
 void set_cpu_generator_state(const at::Generator& cpu, uint64_t seed, uint64_t offset);
 

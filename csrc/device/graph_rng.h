@@ -10,13 +10,15 @@
 // call and advances the offset by the graph's number of draws: manual_seed(s) before a replay
 // reproduces it, and consecutive replays draw as consecutive eager calls would (not the same
 // numbers as eager ones, which number their draws differently). Capture itself leaves the
-// generators' offsets as they were.
+// generators' offsets as they were. On the cuda driver the graph's CUDA kernels draw instead
+// (captured_cuda_generator below).
 #pragma once
 
 #include <ATen/core/Generator.h>
 #include <c10/core/Device.h>
 
 #include <cstdint>
+#include <memory>
 
 #include "runtime/runtime.h"
 
@@ -34,6 +36,28 @@ void graph_rng_forget(rt::Graph graph);
 // begun through graph_rng_capture_begin (a C++ capture straight on the runtime).
 at::Generator captured_cpu_generator(const at::Generator& accel_gen, rt::Stream stream,
                                      uint64_t capture_id, const char* op);
+
+// The cuda executor's graph-safe draws (aten/executor.cpp, through libaccel_aten_cuda.so): a
+// CUDA generator in capture mode whose kernels read the Philox seed and base offset from
+// `seed_offset` (two int64 of pinned host memory, set by a task on the replay stream before
+// each replay) and number the captured draws after the base, as torch.cuda's graphs do. So on
+// cuda, replaying from a seed gives the numbers eager calls give from that seed.
+class CapturedCudaRng {
+ public:
+  virtual ~CapturedCudaRng() = default;
+  virtual at::Generator generator() const = 0;
+  // The Philox offsets the captured draws took in all (what a replay advances by).
+  virtual uint64_t increment() const = 0;
+};
+using CapturedCudaRngFactory = std::unique_ptr<CapturedCudaRng> (*)(c10::DeviceIndex device,
+                                                                    int64_t* seed_offset);
+
+// The CUDA generator for a random operator the cuda executor is about to capture on `stream`:
+// the graph's one for `accel_gen` (made by `make` at its first draw). Throws CaptureError as
+// captured_cpu_generator does.
+at::Generator captured_cuda_generator(const at::Generator& accel_gen, rt::Stream stream,
+                                      uint64_t capture_id, const char* op,
+                                      CapturedCudaRngFactory make);
 
 // Before replaying `graph` on `stream`: records the generators' (seed, offset) for this replay
 // and advances their offsets by the graph's draws.

@@ -146,15 +146,8 @@ Block* CachingAllocator::alloc_segment(BlockPool& pool, StreamObj& stream, std::
   }
   void* p;
   if (stream.capturing.load(std::memory_order_acquire)) {
-    // Memory for the capture's own pool: allowed while capturing (c10's
-    // cudaMallocMaybeCapturing relaxes the thread's capture mode the same way).
-    struct Relaxed {
-      Driver& driver;
-      CaptureMode previous;
-      explicit Relaxed(Driver& d)
-          : driver(d), previous(d.thread_capture_mode_exchange(CaptureMode::Relaxed)) {}
-      ~Relaxed() { driver.thread_capture_mode_exchange(previous); }
-    } relaxed(*rt_.driver);
+    // Memory for the capture's own pool: allowed while capturing.
+    const RelaxedCaptureMode relaxed(*rt_.driver);
     p = rt_.driver->raw_alloc(device_, size);
   } else {
     rt_.check_unsafe_call(

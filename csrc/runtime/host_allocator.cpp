@@ -3,6 +3,7 @@
 // after events recorded on those streams at the time of the free have completed, so an
 // asynchronous copy out of a freed staging buffer never sees it overwritten.
 #include <bit>
+#include <optional>
 
 #include "runtime/caching_allocator.h"
 
@@ -37,10 +38,15 @@ void* HostCachingAllocator::malloc(std::size_t size) {
     b = free_[cls].back();
     free_[cls].pop_back();
   } else {
+    // Pinned memory taken during a capture (a graph's random state on cuda: device/graph_rng.h)
+    // is not stream work: allowed then.
+    std::optional<RelaxedCaptureMode> relaxed;
+    if (rt_.capturing_anywhere()) relaxed.emplace(*rt_.driver);
     void* p = rt_.driver->host_alloc(rounded);
     if (p == nullptr) {
-      // Give cached blocks back and try once more.
-      release_free_blocks();
+      // Give cached blocks back (not during a capture: a free may synchronize) and try once
+      // more.
+      if (!relaxed) release_free_blocks();
       p = rt_.driver->host_alloc(rounded);
       ACCEL_RT_CHECK(p != nullptr, OutOfMemoryError,
                      "host_malloc: out of pinned host memory: "

@@ -196,6 +196,21 @@ struct DeviceState {
   std::vector<DriverEvent> event_pool;
 };
 
+// While alive, the calling thread's capture mode is relaxed: memory for a capture may be
+// allocated during it (c10's cudaMallocMaybeCapturing relaxes the mode the same way).
+class RelaxedCaptureMode {
+ public:
+  explicit RelaxedCaptureMode(Driver& d)
+      : driver_(d), previous_(d.thread_capture_mode_exchange(CaptureMode::Relaxed)) {}
+  ~RelaxedCaptureMode() { driver_.thread_capture_mode_exchange(previous_); }
+  RelaxedCaptureMode(const RelaxedCaptureMode&) = delete;
+  RelaxedCaptureMode& operator=(const RelaxedCaptureMode&) = delete;
+
+ private:
+  Driver& driver_;
+  CaptureMode previous_;
+};
+
 class Runtime {
  public:
   // Starts the runtime on first call; throws InitError if it cannot start (every time).

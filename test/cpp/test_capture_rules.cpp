@@ -28,6 +28,7 @@ TEST(HostDriverCapture, RefusesUnsafeCallsAsCudaDoes) {
   driver->stream_begin_capture(capturing, CaptureMode::Global);
   EXPECT_RT_ERROR(driver->event_query(ev), CaptureError, "event_query is not allowed");
   EXPECT_RT_ERROR(driver->raw_alloc(0, 4096), CaptureError, "raw_alloc");
+  EXPECT_RT_ERROR(driver->host_alloc(4096), CaptureError, "host_alloc");
   EXPECT_NE(capture_error_from_thread([&] {
               driver->event_synchronize(ev);
             }).find("begun by another thread"),
@@ -73,11 +74,20 @@ TEST_F(CaptureRulesTest, TheAllocatorMakesNoForbiddenCallDuringCapture) {
   graph_capture_end(old);
   rt::free(in_old);
 
+  host_empty_cache();
+  const int64_t pinned_segments = host_memory_stats().segment.current;
   graph_capture_begin(g_, s_);
   void* small = rt::malloc(1 << 12, s_);              // processes no pending event
   void* big = rt::malloc(std::size_t{64} << 20, s_);  // a new segment, relaxed for the capture
   graph_destroy(old);  // its pool's memory stays until the capture ends
   empty_cache(0);      // frees nothing during a capture
+  // Pinned memory during the capture (a graph's random state on cuda): the cache has none, and
+  // the runtime relaxes the thread for the driver's allocation; freeing it caches it.
+  void* pinned = host_malloc(16);
+  ASSERT_NE(pinned, nullptr);
+  host_free(pinned);
+  host_empty_cache();  // frees nothing during a capture either
+  EXPECT_EQ(host_memory_stats().segment.current, pinned_segments + 1);
   rt::free(small);
   rt::free(big);
   graph_capture_end(g_);
@@ -85,6 +95,8 @@ TEST_F(CaptureRulesTest, TheAllocatorMakesNoForbiddenCallDuringCapture) {
   graph_reset(g_);
   empty_cache(0);
   EXPECT_EQ(memory_stats(0).reserved_bytes[kAggregate].current, 0);
+  host_empty_cache();
+  EXPECT_EQ(host_memory_stats().segment.current, pinned_segments);
   stream_destroy(other);
 }
 

@@ -3,7 +3,9 @@
 // torch's c10_cuda; built where the CUDA toolkit and a CUDA build of torch are found.
 #include "aten/cuda/bridge.h"
 
+#include <ATen/cuda/CUDAGeneratorImpl.h>
 #include <ATen/cuda/MemPool.h>
+#include <ATen/ops/from_blob.h>
 #include <c10/core/Event.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
@@ -12,6 +14,7 @@
 #include <cstdio>
 #include <exception>
 #include <memory>
+#include <mutex>
 
 namespace {
 
@@ -157,4 +160,51 @@ extern "C" __attribute__((visibility("default"))) int accel_cuda_empty_cache(int
     std::snprintf(error, error_len, "%s", e.what());
     return -1;
   }
+}
+
+namespace {
+
+// A generator state of PyTorch's own kind, in capture mode from the start: PyTorch's kernels
+// take their Philox state from it as they do inside torch.cuda.graph (philox_cuda_state: the
+// seed and base offset by pointer, the offset within the graph by value). Its seed and offset
+// tensors are the caller's pinned memory (CPU tensors: the kernels only take their pointers).
+struct GraphRng {
+  c10::intrusive_ptr<at::CUDAGeneratorState> state;
+  at::Generator generator;
+};
+
+}  // namespace
+
+extern "C" __attribute__((visibility("default"))) void* accel_cuda_graph_rng_create(
+    int device, long long* seed_offset, char* error, size_t error_len) {
+  try {
+    auto rng = std::make_unique<GraphRng>();
+    rng->state = c10::make_intrusive<at::CUDAGeneratorState>();
+    const auto options = at::TensorOptions().dtype(at::kLong);
+    rng->state->seed_extragraph_ = at::from_blob(seed_offset, {1}, options);
+    rng->state->offset_extragraph_ = at::from_blob(seed_offset + 1, {1}, options);
+    rng->state->capturing_ = true;
+    rng->state->offset_intragraph_ = 0;
+    rng->generator = at::make_generator<at::CUDAGeneratorImpl>(
+        static_cast<c10::DeviceIndex>(device), rng->state);
+    return rng.release();
+  } catch (const std::exception& e) {
+    std::snprintf(error, error_len, "%s", e.what());
+    return nullptr;
+  }
+}
+
+extern "C" __attribute__((visibility("default"))) void* accel_cuda_graph_rng_generator(void* rng) {
+  return static_cast<GraphRng*>(rng)->generator.unsafeGetGeneratorImpl();
+}
+
+extern "C" __attribute__((visibility("default"))) unsigned long long accel_cuda_graph_rng_increment(
+    void* rng) {
+  auto* r = static_cast<GraphRng*>(rng);
+  std::lock_guard<std::mutex> lock(r->generator.mutex());
+  return r->state->offset_intragraph_;
+}
+
+extern "C" __attribute__((visibility("default"))) void accel_cuda_graph_rng_destroy(void* rng) {
+  delete static_cast<GraphRng*>(rng);
 }

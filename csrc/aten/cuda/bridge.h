@@ -10,7 +10,7 @@
 extern "C" {
 #endif
 
-#define ACCEL_CUDA_BRIDGE_VERSION 1
+#define ACCEL_CUDA_BRIDGE_VERSION 2
 
 /* ACCEL_CUDA_BRIDGE_VERSION of the library. */
 typedef int (*accel_cuda_bridge_version_fn)(void);
@@ -44,6 +44,20 @@ typedef int (*accel_cuda_pool_release_fn)(int device, const unsigned long long p
 /* Gives PyTorch's CUDA allocator's cached, unused memory back to CUDA; returns 1 if the memory
  * it reserves on `device` went down, 0 if not, -1 on failure (then `error`). */
 typedef int (*accel_cuda_empty_cache_fn)(int device, char* error, size_t error_len);
+
+/* Random operators captured into an accel graph (device/graph_rng.h): a CUDA generator of
+ * device `device` in capture mode whose kernels read their Philox seed and base offset, when
+ * they run, from seed_offset[0] and seed_offset[1] (pinned host memory, which the caller sets
+ * before each replay; kernels reach it through unified addressing); the captured draws take
+ * consecutive offsets after the base, as in torch.cuda's graphs. Returns the handle, or NULL
+ * after writing why into `error`. Only for captures: a draw outside one is an error. */
+typedef void* (*accel_cuda_graph_rng_create_fn)(int device, long long* seed_offset, char* error,
+                                                size_t error_len);
+/* The handle's generator, a c10::GeneratorImpl* the handle keeps alive. */
+typedef void* (*accel_cuda_graph_rng_generator_fn)(void* rng);
+/* The Philox offsets the captured draws took in all: what a replay advances the generator by. */
+typedef unsigned long long (*accel_cuda_graph_rng_increment_fn)(void* rng);
+typedef void (*accel_cuda_graph_rng_destroy_fn)(void* rng);
 
 #ifdef __cplusplus
 }

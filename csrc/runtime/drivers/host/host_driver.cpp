@@ -185,10 +185,15 @@ class HostDriver final : public Driver {
     d.used.fetch_sub(bytes);
   }
 
+  // Pinned memory is made and freed by calls CUDA counts as unsafe during a capture.
   void* host_alloc(std::size_t size) override {
+    check_capture_safe("host_alloc");
     return std::aligned_alloc(kPageSize, round_up(size, kPageSize));
   }
-  void host_free(void* ptr, std::size_t) override { std::free(ptr); }
+  void host_free(void* ptr, std::size_t) override {
+    check_capture_safe("host_free");
+    std::free(ptr);
+  }
 
   void host_access_begin(int device, const void* ptr, std::size_t size) override {
     devices_[device]->memory.acquire(ptr, size);
