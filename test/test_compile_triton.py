@@ -124,6 +124,23 @@ def test_compiled_values_match_eager(name: str) -> None:
 
 
 @inside
+def test_combo_kernels_combine_accel_nodes_within_the_argument_limit() -> None:
+    # combo_kernels=True puts independent nodes into one Triton kernel on accel as on CUDA (the
+    # C++ path leaves accel's nodes out of Inductor's grouping: test_compile_modes.py).
+    def f(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return a.sin() * 2, (b + 1).sum(1), c.relu().cumsum(0), a.amax(0)
+
+    args = [torch.randn(32, 17, device="accel") for _ in range(3)]
+    got, code = _compiled(f, *args, options={"combo_kernels": True})
+    _close(got, f(*args))
+    combo = re.findall(r"def (triton_\w+)\(([^)]*)\):", code)
+    merged = [name for name, params in combo if params.count("in_ptr") >= 2]
+    assert merged, code[-4000:]
+    limit = torch.accel.get_device_properties(0).max_kernel_args
+    assert all(len(params.split(",")) <= limit for _, params in combo)
+
+
+@inside
 def test_embedding_scatter_and_inputs_mutated_in_place() -> None:
     def f(w: torch.Tensor, idx: torch.Tensor, acc: torch.Tensor) -> torch.Tensor:
         e = torch.nn.functional.embedding(idx, w)

@@ -15,14 +15,15 @@ choices come from) offers no ``bias_addmm``: ``addmm`` stays, the choice the def
 test_compile_modes.py compiles every matrix-product lowering under max-autotune and fails if
 torch adds a second choice.
 
-Combo kernels: none on accel, as on the CPU. ``combo_kernels=True`` groups independent nodes
-into one kernel for Triton backends; Inductor's grouping leaves out the CPU's (and MPS's) nodes
-only, and combining accel's C++ nodes failed an assertion (``type(self)=<class
-'torch._inductor.scheduler.Scheduler'>``: combo kernels need a SIMD scheduling). The grouping
-Inductor uses (``ForeachKernelSchedulerNode.set_group_algorithm_for_combo_kernels``, one per
-process) is wrapped to leave accel's nodes out too; the C++ backend packs them into one
-function anyway, within the device's limits (scheduling.py). A grouping set after accel
-registered replaces this one.
+Combo kernels: ``combo_kernels=True`` groups independent nodes into one kernel for Triton
+backends; Inductor's grouping leaves out the CPU's (and MPS's) nodes only, and combining accel's
+C++ nodes failed an assertion (``type(self)=<class 'torch._inductor.scheduler.Scheduler'>``:
+combo kernels need a SIMD scheduling). The grouping Inductor uses
+(``ForeachKernelSchedulerNode.set_group_algorithm_for_combo_kernels``, one per process) is
+wrapped to leave accel's nodes out where its kernels are C++ (the C++ backend packs them into
+one function anyway, within the device's limits: scheduling.py); where they are Triton (the cuda
+driver) accel's nodes combine as CUDA's do, each combo kernel within the device's argument limit
+(triton_scheduling.py). A grouping set after accel registered replaces this one.
 """
 
 from __future__ import annotations
@@ -49,6 +50,13 @@ def apply() -> None:
     group = ForeachKernelSchedulerNode.group_algorithm_for_combo_kernels
 
     def without_accel(scheduler: Any) -> list[list[Any]]:
-        return [[n for n in nodes if not _on_accel(n)] for nodes in group(scheduler)]
+        from torch_accel._inductor import kernels
+
+        groups = group(scheduler)
+        if not any(_on_accel(n) for nodes in groups for n in nodes):
+            return groups
+        if kernels(start=False) == "triton":
+            return groups
+        return [[n for n in nodes if not _on_accel(n)] for nodes in groups]
 
     ForeachKernelSchedulerNode.set_group_algorithm_for_combo_kernels(without_accel)
