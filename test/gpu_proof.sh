@@ -68,8 +68,8 @@ assert t.driver() == 'cuda', t.init_error()"
       step quickstart "$py" examples/transformer_lm.py
       ;;
     suites)
-      step suites "$py" -m pytest -q -p no:cacheprovider -rs test --ignore=test/test_compile.py \
-        --ignore=test/test_compile_fused.py --ignore=test/test_compile_models.py
+      step suites "$py" -m pytest -q -p no:cacheprovider -rs test \
+        --ignore=test/test_compile_models.py
       step opinfo env OPINFO_FULL=1 "$py" -m pytest -q -p no:cacheprovider test/test_opinfo.py
       step opinfo_vs_cuda env OPINFO_FULL=1 OPINFO_AGAINST=cuda "$py" -m pytest -q \
         -p no:cacheprovider test/test_opinfo.py

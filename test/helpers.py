@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import functools
+import os
 import threading
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
@@ -55,6 +58,32 @@ def capture_while_another_thread_runs(
         torch.testing.assert_close(y.cpu(), torch.full((3,), 2.0))
 
     return capture_error, (thread_errors[0] if thread_errors else None), replay_matches_eager
+
+
+def cpp_kernels_only(test: Callable[..., Any]) -> Callable[..., Any]:
+    """For tests of what Inductor's C++ backend generates for accel (the host driver's kernels):
+    skipped where accel's kernels are Triton (the cuda driver; test_compile_triton.py)."""
+
+    @functools.wraps(test)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        from torch_accel._inductor import kernels
+
+        if kernels() != "cpp":
+            pytest.skip(
+                "checks Inductor's C++ code for accel; its Triton code: test_compile_triton.py"
+            )
+        return test(*args, **kwargs)
+
+    return run
+
+
+def skip_in_triton_interpreter(reason: str) -> pytest.MarkDecorator:
+    """Skips a compile test where accel's kernels run in Triton's interpreter (TRITON_INTERPRET=1
+    with ACCEL_INDUCTOR_KERNELS=triton on the host driver), which cannot show what it checks."""
+    interpreted = os.environ.get("TRITON_INTERPRET") == "1" and (
+        os.environ.get("ACCEL_INDUCTOR_KERNELS") == "triton"
+    )
+    return pytest.mark.skipif(interpreted, reason=reason)
 
 
 def skip_unless_cuda_driver() -> None:

@@ -14,6 +14,8 @@ import torch._dynamo
 from torch._inductor.utils import run_and_get_code
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
+import helpers
+
 warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
 
 
@@ -35,6 +37,7 @@ def _inputs(heads: int, kv_heads: int, seq: int, dtype: torch.dtype) -> list[tor
     ("device", "heads", "kv_heads", "seq", "dtype"),
     [("accel:0", 4, 2, 128, torch.float32), ("accel:1", 4, 4, 100, torch.bfloat16)],
 )
+@helpers.cpp_kernels_only
 def test_compiled_flex_attention_is_one_cpp_kernel_on_the_stream(
     device: str, heads: int, kv_heads: int, seq: int, dtype: torch.dtype
 ) -> None:
@@ -80,9 +83,11 @@ def test_compiled_flex_attention_runs_in_stream_order() -> None:
         torch.testing.assert_close(got.cpu(), want, rtol=0, atol=0)
 
 
+@helpers.cpp_kernels_only
 def test_flex_attention_with_gradients_breaks_the_graph_and_says_why() -> None:
-    # The template serves inference only: with gradients, flex_attention runs eagerly (its
-    # backward included) inside the compiled function, and fullgraph=True names the reason.
+    # The C++ template serves inference only (the Triton path has Inductor's backward template):
+    # with gradients, flex_attention runs eagerly (its backward included) inside the compiled
+    # function, and fullgraph=True names the reason.
     torch._dynamo.reset()
     q, k, v = (t.to("accel").requires_grad_() for t in _inputs(4, 2, 64, torch.float32))
     mask = create_block_mask(_causal, None, None, 64, 64, device="accel")
@@ -111,6 +116,9 @@ def test_flex_attention_with_gradients_breaks_the_graph_and_says_why() -> None:
     torch._dynamo.reset()
 
 
+@helpers.skip_in_triton_interpreter(
+    "Inductor's flex decoding kernel asks torch.cuda for the GPU's SM count"
+)
 def test_llama_with_flex_attention_infers_compiled_like_sdpa_on_the_cpu() -> None:
     # transformers' flex_attention integration compiles flex_attention itself.
     transformers = pytest.importorskip("transformers")
