@@ -140,7 +140,8 @@ test-compile: install
 # whole when it ends. torch.compile's suite is split between the lanes to even them out (about
 # 14 minutes each from a fresh clone, 2 cores). TEST_LANES=1 runs them one after the other.
 TEST_LANES ?= 2
-COMPILE_IN_DEBUG_LANE := test/test_compile_models.py test/test_compile_modes.py
+COMPILE_IN_DEBUG_LANE := test/test_compile_models.py test/test_compile_modes.py \
+                         test/test_compile_triton.py
 test-lane-default: test-python-default
 	$(PY) -m pytest -q -p no:cacheprovider $(filter-out $(COMPILE_IN_DEBUG_LANE),$(COMPILE_TESTS))
 
