@@ -85,7 +85,8 @@ FUNCTIONS: dict[str, tuple[Callable[..., Any], tuple[Any, ...], tuple[int, ...]]
     # transformers first entered a device context while it patched torch.linspace
     # (meta_device_safe_creation_ops), PyTorch's cached set of factory functions holds the patch,
     # so torch.device contexts no longer place linspace's results (TimeStretch's buffer stayed on
-    # the CPU after test_third_party.py; a CUDA context on the CPU has the same problem).
+    # the CPU after test_third_party.py; reproduced without accel: torch.empty inside a
+    # torch.device("meta") context inside that patch, then linspace ignores torch.device("meta")).
     "TimeStretch": (
         _Magnitude(T.TimeStretch(n_freq=65, fixed_rate=1.3)),
         (T.Spectrogram(n_fft=128, power=None)(_wave(2, 2000)),),
