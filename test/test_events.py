@@ -92,6 +92,7 @@ def test_streams_record_accel_events_as_cuda_streams_record_cuda_events():
     s2.synchronize()
     assert_same(y, torch.arange(10.0) * 4 - 1)
     assert ev.query()
+    timed[1].synchronize()  # recorded on s1 after ev: s2's wait for ev does not cover it
     assert timed[0].elapsed_time(timed[1]) >= 0.0
     # A plain torch.Stream keeps torch's rule (the same as for torch.cuda.Event).
     with pytest.raises(RuntimeError, match="expected event to be a torch.Event object"):
