@@ -188,7 +188,7 @@ typedef struct accel_driver_table {
   const char* (*oom_hint)(accel_driver* self);
 } accel_driver_table;
 
-/* The symbol a driver library exports (and one optional one, below): 
+/* The symbol a driver library exports (and one optional one, below):
  *   int accel_driver_open(uint32_t abi_version, accel_driver_table* table, size_t table_size,
  *                         char* error, size_t error_len);
  * Fills `table` (at most table_size bytes) and returns 0, or returns nonzero after writing why

@@ -61,12 +61,9 @@ void* open_plugin_library(const Config& c, const std::string& name, std::string&
   return h;
 }
 
-// Loads libaccel_driver_<name>.so and opens its driver table. Returns nullptr and sets `why`
+// Opens the driver table of library `h` (loaded from `path`). Returns nullptr and sets `why`
 // when it cannot.
-std::unique_ptr<Driver> load_plugin(const Config& c, const std::string& name, std::string& why) {
-  std::string path;
-  void* h = open_plugin_library(c, name, path, why);
-  if (h == nullptr) return nullptr;
+std::unique_ptr<Driver> open_plugin_table(void* h, const std::string& path, std::string& why) {
   void* open = ::dlsym(h, "accel_driver_open");
   if (open == nullptr) {
     why = path + " does not export accel_driver_open (a driver built for an older runtime?)";
@@ -76,6 +73,14 @@ std::unique_ptr<Driver> load_plugin(const Config& c, const std::string& name, st
   std::unique_ptr<Driver> d = open_driver_table(open, path, why);
   if (d == nullptr) ::dlclose(h);
   return d;  // the library stays loaded for the life of the process
+}
+
+// Loads libaccel_driver_<name>.so and opens its driver table. Returns nullptr and sets `why`
+// when it cannot.
+std::unique_ptr<Driver> load_plugin(const Config& c, const std::string& name, std::string& why) {
+  std::string path;
+  void* h = open_plugin_library(c, name, path, why);
+  return h != nullptr ? open_plugin_table(h, path, why) : nullptr;
 }
 
 // The devices driver `name` has, counted without opening its table where the library can
@@ -91,7 +96,7 @@ int count_plugin_devices(const Config& c, const std::string& name) {
     const int n = reinterpret_cast<accel_driver_count_devices_fn>(sym)();
     if (n >= 0) return n;  // negative: the library cannot count without initializing
   }
-  std::unique_ptr<Driver> d = load_plugin(c, name, why);
+  std::unique_ptr<Driver> d = open_plugin_table(h, path, why);
   return d != nullptr ? d->device_count() : 0;
 }
 

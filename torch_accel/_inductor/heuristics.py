@@ -53,9 +53,8 @@ def apply() -> None:
         from torch_accel._inductor import kernels
 
         groups = group(scheduler)
-        if not any(_on_accel(n) for nodes in groups for n in nodes):
-            return groups
-        if kernels(start=False) == "triton":
+        has_accel = any(_on_accel(n) for nodes in groups for n in nodes)
+        if not has_accel or kernels(start=False) == "triton":
             return groups
         return [[n for n in nodes if not _on_accel(n)] for nodes in groups]
 
