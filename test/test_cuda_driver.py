@@ -7,6 +7,7 @@ underlying tier runs ATen's CUDA kernels on accel memory with the accel stream c
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -138,6 +139,41 @@ def test_work_runs_in_accel_stream_order_without_host_waits():
         b = a * 2
     torch.accel.current_stream().wait_stream(side)
     torch.testing.assert_close(b.cpu(), (expected * 2).cpu())
+
+
+def test_a_torch_cuda_stream_wrapped_as_an_accel_stream_orders_accel_work():
+    # torch.accel.ExternalStream over torch.cuda's cudaStream_t: accel kernels launched there
+    # run on that very stream, ordered with torch.cuda work on it without any event.
+    native = torch.cuda.Stream()
+    ext = torch.accel.ExternalStream(native.cuda_stream)
+    assert ext.native_handle == native.cuda_stream
+    assert torch.accel.ExternalStream(native.cuda_stream) == ext
+    a = torch.ones(1 << 22, device="accel")
+    ext.wait_stream(torch.accel.current_stream())
+    with torch.accel.stream(ext):
+        for _ in range(20):
+            a = a * 1.5 - 0.25
+    done = torch.cuda.Event()
+    done.record(native)  # recorded on the native stream: covers the accel work on it
+    done.synchronize()
+    expected = torch.ones(1 << 22, dtype=torch.float32)
+    for _ in range(20):
+        expected = expected * 1.5 - 0.25
+    torch.accel.current_stream().wait_stream(ext)
+    torch.testing.assert_close(a.cpu(), expected)
+    assert_no_fallback()
+
+
+def test_sensors_are_nvmls_readings():
+    x = torch.empty(256 << 20, dtype=torch.uint8, device="accel")
+    assert torch.accel.device_memory_used(0) >= x.numel() + torch.accel.memory_reserved(0) // 2
+    assert 0 <= torch.accel.utilization(0) <= 100
+    assert 0 <= torch.accel.memory_usage(0) <= 100
+    assert 10 <= torch.accel.temperature(0) <= 110
+    assert torch.accel.power_draw(0) > 10_000  # mW: an idle H100 or H200 draws more than 10 W
+    assert torch.accel.clock_rate(0) > 100
+    listing = torch.accel.list_gpu_processes(0)
+    assert listing.startswith("GPU:0") and str(os.getpid()) in listing
 
 
 def test_random_operators_follow_cuda_philox_seeds():

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import threading
+import time
 
 import pytest
 import torch
@@ -197,3 +199,38 @@ def test_bad_fallback_setting_fails_the_import(run_python):
     result = run_python("import torch_accel", ACCEL_FALLBACK="sometimes")
     assert result.returncode != 0
     assert "ACCEL_FALLBACK='sometimes' is not one of" in result.stderr
+
+
+def test_sensors_and_the_process_list():
+    # The host driver: utilization measured from its stream workers (the share of the last
+    # second during which a task ran), memory used as mapped; no hardware sensors.
+    x = torch.ones(1 << 20, device="accel:1")  # 4 MiB
+    used = torch.accel.device_memory_used(1)
+    free, total = torch.accel.mem_get_info(1)
+    assert used >= x.numel() * 4
+    listing = torch.accel.list_gpu_processes(1).splitlines()
+    assert listing[0] == "GPU:1"
+    mine = [line for line in listing[1:] if line.split()[1] == str(os.getpid())]
+    assert len(mine) == 1 and float(mine[0].split()[3]) * (1 << 20) >= x.numel() * 4
+    if torch_accel.driver() != "host":
+        assert torch.accel.temperature(1) > 0 and torch.accel.clock_rate(1) > 0
+        return
+    assert used == total - free
+    for name in ("temperature", "power_draw", "clock_rate"):
+        with pytest.raises(NotImplementedError, match=f"no {name.replace('_', ' ')} sensor"):
+            getattr(torch.accel, name)(1)
+    with pytest.raises(NotImplementedError, match="no memory utilization"):
+        torch.accel.memory_usage(1)
+    with pytest.raises(RuntimeError, match="invalid device index"):
+        torch.accel.utilization(5)
+    # Busy: about half a second of matrix products on one stream; then idle for a second.
+    a = torch.randn(768, 768, device="accel:1")
+    torch.accel.synchronize(1)
+    start = time.perf_counter()
+    while time.perf_counter() - start < 0.5:
+        for _ in range(4):
+            a = (a @ a).tanh_()
+        torch.accel.synchronize(1)
+    assert torch.accel.utilization(1) >= 30
+    time.sleep(1.25)
+    assert torch.accel.utilization(1) == 0

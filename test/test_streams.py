@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+import torch_accel
 from helpers import assert_same
 
 
@@ -106,3 +107,33 @@ def test_invalid_streams_are_rejected():
     bogus = torch.accel.Stream(stream_id=(123456 << 32) | 1, device_index=0, device_type=20)
     with pytest.raises(RuntimeError, match="is not a valid stream"):
         bogus.synchronize()
+
+
+def test_external_stream_of_an_accel_handle_is_that_stream():
+    a = torch.accel.Stream(device=1)
+    ext = torch.accel.ExternalStream(a.native_handle, device=1)
+    assert isinstance(ext, torch.accel.Stream) and isinstance(ext, torch.Stream)
+    assert ext == a and ext.stream_id == a.stream_id and ext.device_index == 1
+    assert torch.accel.get_stream_from_external(a.native_handle, 1) == a
+    # Work on the wrapper is work on the stream: ordered with another stream by wait_stream.
+    base = torch.arange(10_000, dtype=torch.float32)
+    with torch.accel.stream(ext):
+        x = base.to("accel:1") * 3
+    consumer = torch.accel.Stream(device=1)
+    consumer.wait_stream(a)
+    with torch.accel.stream(consumer):
+        y = x + 1
+    consumer.synchronize()
+    assert_same(y, base * 3 + 1)
+
+
+def test_external_stream_refuses_what_it_cannot_wrap():
+    a = torch.accel.Stream(device=1)
+    with pytest.raises(RuntimeError, match="not of a stream of device 0"):
+        torch.accel.ExternalStream(a.native_handle, device=0)
+    with pytest.raises(RuntimeError, match="null handle"):
+        torch.accel.ExternalStream(0)
+    if torch_accel.driver() == "host":
+        # A handle that no live accel stream has: the host driver has no other streams.
+        with pytest.raises(NotImplementedError, match="cannot adopt a stream it did not create"):
+            torch.accel.ExternalStream(0x1234)

@@ -70,6 +70,47 @@ void init_torch_bindings(py::module_& m, PyObject* capture_error) {
     return device::call([&] { return rt::exchange_device(device); });
   });
 
+  // torch.accel.utilization, temperature, ... (the driver's sensors) and list_gpu_processes.
+  m.def(
+      "_device_sensor",
+      [](const std::string& name, int device) {
+        static const std::pair<const char*, rt::Sensor> kSensors[] = {
+            {"utilization", rt::Sensor::Utilization},
+            {"memory_utilization", rt::Sensor::MemoryUtilization},
+            {"temperature", rt::Sensor::Temperature},
+            {"power_draw", rt::Sensor::PowerDraw},
+            {"clock_rate", rt::Sensor::ClockRate},
+            {"memory_used", rt::Sensor::MemoryUsed}};
+        for (const auto& [key, sensor] : kSensors) {
+          if (name == key) {
+            return device::call([&] { return rt::device_sensor(sensor, device); });
+          }
+        }
+        throw py::value_error("unknown sensor " + name);
+      },
+      py::arg("sensor"), py::arg("device"), py::call_guard<py::gil_scoped_release>());
+  m.def(
+      "_device_processes",
+      [](int device) {
+        std::vector<std::pair<int64_t, uint64_t>> out;
+        for (const rt::DeviceProcess& p :
+             device::call([&] { return rt::device_processes(device); })) {
+          out.emplace_back(p.pid, p.memory);
+        }
+        return out;
+      },
+      py::arg("device"), py::call_guard<py::gil_scoped_release>());
+  // torch.accel.ExternalStream: (stream_id, device_index, device_type) of the accel stream for a
+  // native handle (another library's cudaStream_t on the cuda driver).
+  m.def(
+      "_stream_from_external",
+      [](uintptr_t handle, int device) {
+        const c10::Stream s = device::to_c10(device::call(
+            [&] { return rt::stream_from_native(reinterpret_cast<void*>(handle), device); }));
+        return py::make_tuple(s.id(), s.device_index(), static_cast<int>(s.device_type()));
+      },
+      py::arg("handle"), py::arg("device"));
+
   // torch.Event.elapsed_time accepts only exact torch.Event objects; torch.accel.Event (a
   // subclass) measures through the runtime with the events' ids (checked runtime handles).
   m.def(

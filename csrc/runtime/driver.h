@@ -22,6 +22,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "runtime/task.h"
 #include "runtime/types.h"
@@ -89,6 +90,11 @@ class ACCEL_RT_API Driver {
     (void)stream;
     return nullptr;
   }
+  // A driver stream over a native handle the driver did not create (another library's), and its
+  // priority; the stream is not owned: stream_destroy is never called on it. The default throws
+  // NotSupportedError; InvalidValueError for a handle of another device.
+  // CUDA: the cudaStream_t (cudaStreamGetDevice, cudaStreamGetPriority).  L0: the command list.
+  virtual DriverStream stream_adopt(int device, void* native, int* priority);
   // Runs `task` on the host in stream order.
   // CUDA: cudaLaunchHostFunc.
   // L0: no host-function command: append a signal of an event that a runtime thread waits on
@@ -161,6 +167,16 @@ class ACCEL_RT_API Driver {
   // capturing stream itself. The default does nothing (a driver without such rules).
   // CUDA: cudaThreadExchangeStreamCaptureMode.   L0: nothing.
   virtual CaptureMode thread_capture_mode_exchange(CaptureMode mode) { return mode; }
+
+  // --- sensors ------------------------------------------------------------------------
+  // What a sensor of the device reads now (units and periods: Sensor). The default throws
+  // NotSupportedError, as should a driver for a sensor its device lacks.
+  // CUDA: NVML (nvmlDeviceGetUtilizationRates, GetTemperature, GetPowerUsage, GetClockInfo,
+  //       GetMemoryInfo).    L0: Sysman (zesEngineGetActivity, zesTemperatureGetState, ...).
+  virtual int64_t device_sensor(int device, Sensor sensor);
+  // The processes using the device. The default throws NotSupportedError.
+  // CUDA: nvmlDeviceGetComputeRunningProcesses.   L0: zesDeviceProcessesGetState.
+  virtual std::vector<DeviceProcess> device_processes(int device);
 
   // --- memory of others -----------------------------------------------------------------
   // What the driver knows of `ptr`, memory the runtime did not allocate (another library's

@@ -102,6 +102,21 @@ typedef struct accel_drv_pointer_attributes {
   int32_t device; /* for device and managed memory; -1 otherwise */
 } accel_drv_pointer_attributes;
 
+/* The numbering of accel::rt::Sensor (units there: percent, degrees C, mW, MHz, bytes). */
+typedef enum accel_drv_sensor {
+  ACCEL_DRV_SENSOR_UTILIZATION = 0,
+  ACCEL_DRV_SENSOR_MEMORY_UTILIZATION = 1,
+  ACCEL_DRV_SENSOR_TEMPERATURE = 2,
+  ACCEL_DRV_SENSOR_POWER_DRAW = 3,
+  ACCEL_DRV_SENSOR_CLOCK_RATE = 4,
+  ACCEL_DRV_SENSOR_MEMORY_USED = 5
+} accel_drv_sensor;
+
+typedef struct accel_drv_process {
+  int64_t pid;
+  uint64_t memory; /* device memory it holds, bytes */
+} accel_drv_process;
+
 typedef struct accel_driver accel_driver; /* the driver's own state */
 typedef struct accel_drv_stream_s* accel_drv_stream;
 typedef struct accel_drv_event_s* accel_drv_event;
@@ -186,6 +201,17 @@ typedef struct accel_driver_table {
   /* A sentence for out-of-memory errors: how to give the device more memory (valid until the
    * thread's next call). Absent: nothing to add. */
   const char* (*oom_hint)(accel_driver* self);
+  /* A driver stream over a native handle the driver did not create, and its priority; the
+   * runtime never destroys it. Absent: such handles are refused. */
+  int (*stream_adopt)(accel_driver* self, int device, void* native, accel_drv_stream* out,
+                      int* priority);
+  /* A sensor's reading (sensor: accel_drv_sensor); ACCEL_DRV_NOT_SUPPORTED, with last_error
+   * saying why, for a sensor the device lacks. Absent: no sensor. */
+  int (*device_sensor)(accel_driver* self, int device, int sensor, int64_t* out);
+  /* The processes using the device: the first `capacity` in `out`, how many there are in
+   * *count (call again with more room when it exceeds capacity). Absent: not listed. */
+  int (*device_processes)(accel_driver* self, int device, accel_drv_process* out, size_t capacity,
+                          size_t* count);
 } accel_driver_table;
 
 /* The symbol a driver library exports (and one optional one, below):

@@ -7,6 +7,7 @@
 #include <new>
 #include <string>
 #include <utility>
+#include <vector>
 
 namespace accel::rt {
 namespace {
@@ -234,6 +235,30 @@ void fill_entries(accel_driver_table& t) {
       t_oom_hint.clear();
     }
     return t_oom_hint.c_str();
+  };
+  t.stream_adopt = [](accel_driver* s, int device, void* native, accel_drv_stream* out,
+                      int* priority) {
+    return guarded([&] {
+      *out = reinterpret_cast<accel_drv_stream>(drv(s).stream_adopt(device, native, priority));
+    });
+  };
+  t.device_sensor = [](accel_driver* s, int device, int sensor, int64_t* out) {
+    return guarded([&] {
+      ACCEL_RT_CHECK(
+          sensor >= ACCEL_DRV_SENSOR_UTILIZATION && sensor <= ACCEL_DRV_SENSOR_MEMORY_USED,
+          InvalidValueError, "device_sensor: unknown sensor ", sensor);
+      *out = drv(s).device_sensor(device, static_cast<Sensor>(sensor));
+    });
+  };
+  t.device_processes = [](accel_driver* s, int device, accel_drv_process* out, size_t capacity,
+                          size_t* count) {
+    return guarded([&] {
+      const std::vector<DeviceProcess> found = drv(s).device_processes(device);
+      *count = found.size();
+      for (std::size_t i = 0; i < found.size() && i < capacity; ++i) {
+        out[i] = {found[i].pid, found[i].memory};
+      }
+    });
   };
   t.pointer_attributes = [](accel_driver* s, const void* ptr, accel_drv_pointer_attributes* out) {
     return guarded([&] {

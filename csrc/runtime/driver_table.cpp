@@ -5,6 +5,7 @@
 #include <cstring>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "runtime/driver_abi.h"
 #include "runtime/internal.h"
@@ -18,7 +19,8 @@ static_assert(ACCEL_DRV_DRIVER_ERROR == static_cast<int>(ErrorCode::DriverError)
               "accel_drv_status follows ErrorCode");
 static_assert(ACCEL_DRV_DEVICE_TO_DEVICE == static_cast<int>(CopyKind::DeviceToDevice) &&
                   ACCEL_DRV_CAPTURE_RELAXED == static_cast<int>(CaptureMode::Relaxed) &&
-                  ACCEL_DRV_MEMORY_MANAGED == static_cast<int>(MemoryType::Managed),
+                  ACCEL_DRV_MEMORY_MANAGED == static_cast<int>(MemoryType::Managed) &&
+                  ACCEL_DRV_SENSOR_MEMORY_USED == static_cast<int>(Sensor::MemoryUsed),
               "the C enums follow the runtime's");
 
 // The host function the runtime hands to drivers: its payload is a heap Task.
@@ -249,6 +251,34 @@ class TableDriver final : public Driver {
                    DriverError, "the ", name_, " driver's pointer_attributes(", format_ptr(ptr),
                    ") returned the unknown memory type ", a.type);
     return {.type = static_cast<MemoryType>(a.type), .device = a.device};
+  }
+  DriverStream stream_adopt(int device, void* native, int* priority) override {
+    if (t_.stream_adopt == nullptr) return Driver::stream_adopt(device, native, priority);
+    accel_drv_stream st = nullptr;
+    run("stream_adopt", [&] { return t_.stream_adopt(t_.self, device, native, &st, priority); });
+    return reinterpret_cast<DriverStream>(st);
+  }
+  int64_t device_sensor(int device, Sensor sensor) override {
+    if (t_.device_sensor == nullptr) return Driver::device_sensor(device, sensor);
+    int64_t value = 0;
+    run("device_sensor",
+        [&] { return t_.device_sensor(t_.self, device, static_cast<int>(sensor), &value); });
+    return value;
+  }
+  std::vector<DeviceProcess> device_processes(int device) override {
+    if (t_.device_processes == nullptr) return Driver::device_processes(device);
+    std::vector<accel_drv_process> found(8);
+    for (;;) {
+      std::size_t count = 0;
+      run("device_processes",
+          [&] { return t_.device_processes(t_.self, device, found.data(), found.size(), &count); });
+      if (count <= found.size()) {
+        std::vector<DeviceProcess> out;
+        for (std::size_t i = 0; i < count; ++i) out.push_back({found[i].pid, found[i].memory});
+        return out;
+      }
+      found.resize(count);  // more appeared than there was room for: ask again
+    }
   }
 
  private:

@@ -54,6 +54,30 @@ const char* memory_type_name(MemoryType type) noexcept {
   return "unknown";
 }
 
+const char* sensor_name(Sensor sensor) noexcept {
+  switch (sensor) {
+    case Sensor::Utilization: return "utilization";
+    case Sensor::MemoryUtilization: return "memory utilization";
+    case Sensor::Temperature: return "temperature";
+    case Sensor::PowerDraw: return "power draw";
+    case Sensor::ClockRate: return "clock rate";
+    case Sensor::MemoryUsed: return "memory used";
+  }
+  return "unknown sensor";
+}
+
+const char* sensor_unit(Sensor sensor) noexcept {
+  switch (sensor) {
+    case Sensor::Utilization:
+    case Sensor::MemoryUtilization: return "%";
+    case Sensor::Temperature: return "C";
+    case Sensor::PowerDraw: return "mW";
+    case Sensor::ClockRate: return "MHz";
+    case Sensor::MemoryUsed: return "bytes";
+  }
+  return "";
+}
+
 void throw_error_code(ErrorCode code, std::string message, const char* file, int line) {
   switch (code) {
     case ErrorCode::InvalidValue: throw InvalidValueError(std::move(message), file, line);

@@ -134,6 +134,7 @@ struct StreamObj : Slotted {
   int device = 0;
   int priority = 0;
   bool pooled = false;
+  bool external = false;  // adopted from a native handle (stream_from_native): never destroyed
   DriverStream ds = nullptr;
   std::atomic<bool> capturing{false};  // fast check; details under Runtime::capture_mutex
   CaptureState* capture = nullptr;     // under Runtime::capture_mutex
@@ -187,7 +188,8 @@ struct DeviceState {
   std::array<std::array<std::atomic<StreamObj*>, kPoolStreamsPerPriority>, kMaxPriorityLevels>
       pool{};
   std::array<std::atomic<uint32_t>, kMaxPriorityLevels> pool_next{};
-  std::mutex pool_mutex;
+  std::mutex pool_mutex;                           // also guards `external`
+  std::unordered_map<void*, StreamObj*> external;  // adopted streams by native handle
   std::unique_ptr<CachingAllocator> allocator;
   std::atomic<int> captures{0};  // captures underway on this device
 

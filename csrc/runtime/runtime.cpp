@@ -381,6 +381,16 @@ MemoryInfo mem_get_info(int device) {
   return rt.driver->mem_get_info(rt.resolve_device(device, "mem_get_info"));
 }
 
+int64_t device_sensor(Sensor sensor, int device) {
+  Runtime& rt = Runtime::get();
+  return rt.driver->device_sensor(rt.resolve_device(device, "device_sensor"), sensor);
+}
+
+std::vector<DeviceProcess> device_processes(int device) {
+  Runtime& rt = Runtime::get();
+  return rt.driver->device_processes(rt.resolve_device(device, "device_processes"));
+}
+
 void device_synchronize(int device) {
   Runtime& rt = Runtime::get();
   if (device == -2) {

@@ -47,6 +47,11 @@ ACCEL_RT_API int get_device();
 ACCEL_RT_API int exchange_device(int device);  // sets, returns the previous device
 ACCEL_RT_API DeviceProperties get_device_properties(int device = -1);
 ACCEL_RT_API MemoryInfo mem_get_info(int device = -1);
+// What the device's sensor reads now (see Sensor for units and periods); NotSupportedError
+// naming the driver when it has no such sensor.
+ACCEL_RT_API int64_t device_sensor(Sensor sensor, int device = -1);
+// The processes using the device (this one included), as the driver sees them.
+ACCEL_RT_API std::vector<DeviceProcess> device_processes(int device = -1);
 // Waits for all work on the device (every device when device == -2).
 ACCEL_RT_API void device_synchronize(int device = -1);
 
@@ -66,6 +71,12 @@ ACCEL_RT_API void set_current_stream(Stream stream);
 // The driver's own handle of the stream (cudaStream_t on cuda); NotSupportedError where the
 // driver has none.
 ACCEL_RT_API void* stream_native_handle(Stream stream);
+// A stream for a native handle (stream_native_handle's kind: a cudaStream_t another library
+// created, on cuda): the accel stream with that handle if one is live, else the driver adopts
+// the native stream without owning it (the caller keeps it alive while it is used; asking again
+// gives the same stream, which stream_destroy refuses). NotSupportedError where the driver adopts
+// nothing it did not create (the host driver), InvalidValueError for a handle of another device.
+ACCEL_RT_API Stream stream_from_native(void* handle, int device = -1);
 // `label` (may be null, else a string that outlives the call) names the work in graph debug
 // dumps.
 ACCEL_RT_API void launch_host_func(Stream stream, Task task, const char* label = nullptr);

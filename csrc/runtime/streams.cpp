@@ -93,6 +93,8 @@ void stream_destroy(Stream stream) {
                  " cannot be destroyed");
   ACCEL_RT_CHECK(!s.pooled, InvalidValueError, "stream_destroy: ", detail::describe(stream),
                  " comes from the stream pool, which owns it");
+  ACCEL_RT_CHECK(!s.external, InvalidValueError, "stream_destroy: ", detail::describe(stream),
+                 " wraps a native stream that another library created; destroy it there");
   ACCEL_RT_CHECK(!s.capturing.load(), CaptureError, "stream_destroy: ", detail::describe(stream),
                  " is capturing a graph; end the capture first");
   std::string failure;
@@ -158,6 +160,61 @@ void* stream_native_handle(Stream stream) {
   ACCEL_RT_CHECK(handle != nullptr, NotSupportedError, "stream_native_handle: the ",
                  rt.driver->name(), " driver has no native stream handle");
   return handle;
+}
+
+Stream stream_from_native(void* handle, int device) {
+  Runtime& rt = Runtime::get();
+  const int d = rt.resolve_device(device, "stream_from_native");
+  ACCEL_RT_CHECK(handle != nullptr, InvalidValueError,
+                 "stream_from_native: a null handle names no stream (CUDA's legacy default "
+                 "stream is not one accel runs work on); pass a created stream's handle");
+  ACCEL_RT_CHECK(rt.capabilities.native_handles, NotSupportedError, "stream_from_native: the ",
+                 rt.driver->name(), " driver has no native stream handles");
+  detail::DeviceState& ds = *rt.devices[d];
+  // An accel stream of this device with that handle: itself (a stream destroyed since does not
+  // count, even though its driver stream is kept for reuse).
+  const uint32_t n = ds.streams.size();
+  for (uint32_t slot = 0; slot < n; ++slot) {
+    StreamObj* s = ds.streams.get(slot);
+    if (s != nullptr && s->live.load() && !s->external &&
+        rt.driver->stream_native_handle(s->ds) == handle) {
+      return s->handle();
+    }
+  }
+  std::lock_guard<std::mutex> lock(ds.pool_mutex);
+  if (auto it = ds.external.find(handle); it != ds.external.end()) return it->second->handle();
+  for (int other = 0; other < rt.num_devices; ++other) {
+    if (other == d) continue;
+    for (uint32_t slot = 0, m = rt.devices[other]->streams.size(); slot < m; ++slot) {
+      StreamObj* s = rt.devices[other]->streams.get(slot);
+      ACCEL_RT_CHECK(
+          s == nullptr || !s->live.load() || rt.driver->stream_native_handle(s->ds) != handle,
+          InvalidValueError, "stream_from_native: the handle is that of ",
+          detail::describe(s->handle()), ", not of a stream of device ", d);
+    }
+  }
+  int priority = 0;
+  DriverStream adopted = nullptr;
+  try {
+    adopted = rt.driver->stream_adopt(d, handle, &priority);
+  } catch (const NotSupportedError& e) {
+    ACCEL_RT_THROW(NotSupportedError, "stream_from_native: ", format_ptr(handle),
+                   " is not the handle of a live accel stream of device ", d, ", and ",
+                   e.message());
+  }
+  StreamObj* obj = ds.streams.acquire([](StreamObj&) { return false; },
+                                      [&](uint32_t slot) {
+                                        auto s = std::make_unique<StreamObj>();
+                                        s->device = d;
+                                        s->slot = slot;
+                                        s->priority = priority;
+                                        s->external = true;
+                                        s->ds = adopted;
+                                        return s.release();
+                                      });
+  obj->live.store(true, std::memory_order_release);
+  ds.external.emplace(handle, obj);
+  return obj->handle();
 }
 
 void launch_host_func(Stream stream, Task task, const char* label) {

@@ -234,4 +234,18 @@ struct PointerAttributes {
   bool runtime_allocated = false;  // handed out by the runtime's device or pinned-host allocator
 };
 
+// What a device's sensors report (nvidia-smi's counters; NVML on the cuda driver). Utilizations
+// are percentages of the driver's last sample period (CUDA: NVML's, between 1/6 s and 1 s; host:
+// the last second): time during which at least one kernel (host: one stream task) ran, and time
+// during which device memory was read or written.
+enum class Sensor { Utilization, MemoryUtilization, Temperature, PowerDraw, ClockRate, MemoryUsed };
+ACCEL_RT_API const char* sensor_name(Sensor sensor) noexcept;  // "utilization", ...
+ACCEL_RT_API const char* sensor_unit(Sensor sensor) noexcept;  // "%", "C", "mW", "MHz", "bytes"
+
+// A process using a device and the device memory it holds (nvidia-smi's process list).
+struct DeviceProcess {
+  int64_t pid = 0;
+  uint64_t memory = 0;
+};
+
 }  // namespace accel::rt

@@ -1,6 +1,10 @@
 // Devices, the current device per thread, properties and typed errors.
 #include <atomic>
+#include <chrono>
 #include <thread>
+#include <vector>
+
+#include <unistd.h>
 
 #include "test_util.h"
 
@@ -89,6 +93,71 @@ TEST(Device, SynchronizeEveryDevice) {
   }
   device_synchronize(-2);
   EXPECT_EQ(ran.load(), device_count());
+}
+
+TEST(Device, SensorsReportWhatTheDeviceHas) {
+  // Memory used: at least what the runtime holds there.
+  void* p = malloc(std::size_t{64} << 20, default_stream(0));
+  const int64_t used = device_sensor(Sensor::MemoryUsed, 0);
+  EXPECT_GE(used, int64_t{64} << 20);
+  const std::vector<DeviceProcess> procs = device_processes(0);
+  bool found = false;
+  for (const DeviceProcess& proc : procs) {
+    if (proc.pid == static_cast<int64_t>(::getpid())) {
+      found = true;
+      EXPECT_GE(proc.memory, uint64_t{64} << 20);
+    }
+  }
+  EXPECT_TRUE(found) << "this process is not among the " << procs.size() << " using device 0";
+  free(p);
+  EXPECT_RT_ERROR(device_sensor(Sensor::Utilization, device_count()), InvalidDeviceError,
+                  "device_sensor");
+  if (!driver_capabilities().host_accessible_memory) {  // a GPU: NVML's readings
+    EXPECT_GT(device_sensor(Sensor::ClockRate, 0), 0);
+    EXPECT_GT(device_sensor(Sensor::Temperature, 0), 0);
+    return;
+  }
+  // A host device: memory used is what the driver mapped, total minus free; no sensors of
+  // hardware it does not have.
+  const MemoryInfo info = mem_get_info(0);
+  EXPECT_EQ(device_sensor(Sensor::MemoryUsed, 0), static_cast<int64_t>(info.total - info.free));
+  EXPECT_RT_ERROR(device_sensor(Sensor::Temperature, 0), NotSupportedError,
+                  "no temperature sensor");
+  EXPECT_RT_ERROR(device_sensor(Sensor::PowerDraw, 0), NotSupportedError, "no power draw sensor");
+  EXPECT_RT_ERROR(device_sensor(Sensor::MemoryUtilization, 0), NotSupportedError,
+                  "no memory utilization");
+}
+
+TEST(Device, UtilizationIsTheShareOfTheLastSecondSpentRunningTasks) {
+  if (!driver_capabilities().host_accessible_memory) {
+    GTEST_SKIP() << "a GPU's utilization counts kernels, not host tasks";
+  }
+  // 600 ms of one task on device 1 (device 0's other streams may have run work in the last
+  // second: only more): at least 600 ms of the 1.0 to 1.1 s sample period.
+  Stream s = stream_create(1);
+  launch_host_func(s, [] { std::this_thread::sleep_for(std::chrono::milliseconds(600)); });
+  stream_synchronize(s);
+  const int64_t busy = device_sensor(Sensor::Utilization, 1);
+  EXPECT_GE(busy, 54);
+  EXPECT_LE(busy, 100);
+  // Two streams busy at once count once: 400 ms of overlapping tasks, then a quiet second.
+  if (launch_blocking()) {  // tasks run one after the other on this thread
+    stream_destroy(s);
+    return;
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(1250));
+  EXPECT_EQ(device_sensor(Sensor::Utilization, 1), 0);
+  Stream t = stream_create(1);
+  for (Stream x : {s, t}) {
+    launch_host_func(x, [] { std::this_thread::sleep_for(std::chrono::milliseconds(400)); });
+  }
+  stream_synchronize(s);
+  stream_synchronize(t);
+  const int64_t both = device_sensor(Sensor::Utilization, 1);
+  EXPECT_GE(both, 36);
+  EXPECT_LE(both, 60) << "two overlapping 400 ms tasks counted twice";
+  stream_destroy(s);
+  stream_destroy(t);
 }
 
 TEST(Device, ErrorNamesAndFormatting) {

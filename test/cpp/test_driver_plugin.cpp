@@ -1,7 +1,9 @@
 // Driver libraries for the plugin tests, each the host driver behind the C table of
 // runtime/driver_abi.h:
 //  - testdrv (default): the host driver under another name; it also reports a buffer of its own
-//    (accel_test_foreign_buffer) as device memory the runtime did not allocate.
+//    (accel_test_foreign_buffer) as device memory the runtime did not allocate, and adopts
+//    streams it made for another "library" (accel_test_foreign_stream), as the cuda driver
+//    adopts another library's cudaStream_t.
 //  - refuse (ACCEL_TEST_REFUSE): refuses to start.
 //  - limited (ACCEL_TEST_LIMITED): no graphs, timing events, native handles or host-accessible
 //    memory (so no executor for ATen kernels).
@@ -16,7 +18,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
+#include <mutex>
 #include <string>
+#include <utility>
 
 #include <unistd.h>
 
@@ -27,7 +32,7 @@ namespace {
 alignas(64) unsigned char g_foreign[4096];
 
 accel_driver_table g_inner;        // the exported table, for the wrappers below
-thread_local std::string t_error;  // fragile's own last error
+thread_local std::string t_error;  // a failure of this file's own (fragile, adopt)
 
 [[maybe_unused]] int foreign_pointer_attributes(accel_driver* self, const void* ptr,
                                                 accel_drv_pointer_attributes* out) {
@@ -50,14 +55,54 @@ thread_local std::string t_error;  // fragile's own last error
   return status == ACCEL_DRV_TASK_FAILED ? ACCEL_DRV_DEVICE_LOST : status;
 }
 
-[[maybe_unused]] const char* fragile_last_error(accel_driver* self) {
-  return t_error.empty() ? g_inner.last_error(self) : t_error.c_str();
+// Streams made for "another library": native handle -> (stream, device).
+std::mutex g_foreign_m;
+std::map<void*, std::pair<accel_drv_stream, int>> g_foreign_streams;
+
+[[maybe_unused]] int adopt_foreign_stream(accel_driver* self, int device, void* native,
+                                          accel_drv_stream* out, int* priority) {
+  std::lock_guard<std::mutex> lock(g_foreign_m);
+  auto it = g_foreign_streams.find(native);
+  if (it == g_foreign_streams.end()) {
+    return g_inner.stream_adopt(self, device, native, out, priority);  // the host driver's no
+  }
+  if (it->second.second != device) {
+    t_error = "testdrv: that stream belongs to device " + std::to_string(it->second.second);
+    return ACCEL_DRV_INVALID_VALUE;
+  }
+  *out = it->second.first;
+  *priority = 0;
+  return ACCEL_DRV_SUCCESS;
+}
+
+// The message of a failure this file made (taken, so that it cannot outlive its call), else
+// the host driver's.
+thread_local std::string t_reported;
+[[maybe_unused]] const char* last_error(accel_driver* self) {
+  if (t_error.empty()) return g_inner.last_error(self);
+  t_reported = std::move(t_error);
+  t_error.clear();
+  return t_reported.c_str();
 }
 
 }  // namespace
 
 extern "C" __attribute__((visibility("default"))) unsigned char* accel_test_foreign_buffer() {
   return g_foreign;
+}
+
+// A stream of `device` that the runtime did not create (another library's), by its native
+// handle; nullptr if the driver cannot make one.
+extern "C" __attribute__((visibility("default"))) void* accel_test_foreign_stream(int device) {
+  accel_drv_stream st = nullptr;
+  void* native = nullptr;
+  if (g_inner.stream_create(g_inner.self, device, 0, &st) != ACCEL_DRV_SUCCESS ||
+      g_inner.stream_native_handle(g_inner.self, st, &native) != ACCEL_DRV_SUCCESS) {
+    return nullptr;
+  }
+  std::lock_guard<std::mutex> lock(g_foreign_m);
+  g_foreign_streams[native] = {st, device};
+  return native;
 }
 
 #ifndef ACCEL_TEST_OLD_ABI
@@ -101,8 +146,9 @@ extern "C" __attribute__((visibility("default"))) int accel_driver_open(uint32_t
   if (status != 0) return status;
   accel_driver_table t = g_inner;
   t.pointer_attributes = &foreign_pointer_attributes;
+  t.stream_adopt = &adopt_foreign_stream;
+  t.last_error = &last_error;
 #ifdef ACCEL_TEST_FRAGILE
-  t.last_error = &fragile_last_error;
   t.stream_synchronize = [](accel_driver* self, accel_drv_stream s) {
     t_error.clear();
     return lose_device_on_failure(g_inner.stream_synchronize(self, s));

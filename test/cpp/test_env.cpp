@@ -3,9 +3,13 @@
 #include <dlfcn.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <stdexcept>
+#include <thread>
+#include <vector>
 
 #include "runtime/drivers/cuda/visible_devices.h"
 #include "test_util.h"
@@ -109,6 +113,50 @@ TEST(Plugin, LoadsADriverLibraryByName) {
   EXPECT_RT_ERROR(memcpy(dev, foreign, sizeof(values), CopyKind::HostToDevice), InvalidValueError,
                   "is device memory, not host memory");
   free(dev);
+}
+
+TEST(Plugin, AdoptsAStreamAnotherLibraryCreated) {
+  // testdrv adopts the streams it made for "another library", as the cuda driver adopts a
+  // cudaStream_t that torch.cuda or CuPy created.
+  if (env("ACCEL_DRIVER") != "testdrv") GTEST_SKIP() << "runs with ACCEL_DRIVER=testdrv";
+  const std::string path = env("ACCEL_DRIVER_PATH") + "/libaccel_driver_testdrv.so";
+  void* lib = ::dlopen(path.c_str(), RTLD_NOW | RTLD_NOLOAD);
+  ASSERT_NE(lib, nullptr) << path << " is not loaded";
+  auto make = reinterpret_cast<void* (*)(int)>(::dlsym(lib, "accel_test_foreign_stream"));
+  ::dlclose(lib);
+  ASSERT_NE(make, nullptr);
+  void* native = make(1);
+  ASSERT_NE(native, nullptr);
+  const Stream s = stream_from_native(native, 1);
+  EXPECT_EQ(s.device(), 1);
+  EXPECT_FALSE(s.is_default());
+  EXPECT_EQ(stream_native_handle(s), native);
+  EXPECT_EQ(stream_from_native(native, 1), s) << "asking again gives the same stream";
+  EXPECT_RT_ERROR(stream_from_native(native, 0), InvalidValueError, "not of a stream of device 0");
+  EXPECT_RT_ERROR(stream_destroy(s), InvalidValueError, "another library created");
+  // Work on it is ordered as on any stream, with events to and from accel's own streams.
+  Stream mine = stream_create(1);
+  std::vector<int> order;
+  std::mutex m;
+  auto note = [&](int i) {
+    std::lock_guard<std::mutex> lock(m);
+    order.push_back(i);
+  };
+  launch_host_func(s, [&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    note(1);
+  });
+  Event e = event_create(1);
+  event_record(e, s);
+  stream_wait_event(mine, e);
+  launch_host_func(mine, [&] { note(2); });
+  stream_synchronize(mine);
+  EXPECT_EQ(order, (std::vector<int>{1, 2}));
+  set_current_stream(s);
+  EXPECT_EQ(current_stream(1), s);
+  set_current_stream(default_stream(1));
+  event_destroy(e);
+  stream_destroy(mine);
 }
 
 TEST(Capabilities, WhatTheDriverLeavesOutIsRefusedByName) {

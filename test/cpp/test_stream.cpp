@@ -36,6 +36,26 @@ TEST(Stream, NativeHandlesAreTheDriversOwn) {
   EXPECT_RT_ERROR(stream_native_handle(a), InvalidHandleError, "stream_native_handle");
 }
 
+TEST(Stream, FromNativeHandleGivesTheAccelStreamWithThatHandle) {
+  Stream a = stream_create(0);
+  Stream b = stream_create(1);
+  EXPECT_EQ(stream_from_native(stream_native_handle(a), 0), a);
+  EXPECT_EQ(stream_from_native(stream_native_handle(b), 1), b);
+  EXPECT_EQ(stream_from_native(stream_native_handle(default_stream(0)), 0), default_stream(0));
+  EXPECT_RT_ERROR(stream_from_native(stream_native_handle(b), 0), InvalidValueError,
+                  "not of a stream of device 0");
+  EXPECT_RT_ERROR(stream_from_native(nullptr, 0), InvalidValueError, "null handle");
+  EXPECT_RT_ERROR(stream_from_native(stream_native_handle(a), device_count()), InvalidDeviceError,
+                  "stream_from_native");
+  // A destroyed stream's handle names no live accel stream; only a driver that adopts other
+  // libraries' streams could take it, and none of these takes its own stale one.
+  void* stale = stream_native_handle(a);
+  stream_destroy(a);
+  EXPECT_RT_ERROR(stream_from_native(stale, 0), NotSupportedError,
+                  "is not the handle of a live accel stream of device 0");
+  stream_destroy(b);
+}
+
 TEST(Stream, TasksRunInSubmissionOrder) {
   Stream s = stream_create();
   std::vector<int> order;

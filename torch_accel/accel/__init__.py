@@ -14,7 +14,7 @@ from typing import Any, NamedTuple
 import torch
 
 from torch_accel import _C, profiler
-from torch_accel.accel import amp, comm, graphs, memory
+from torch_accel.accel import amp, comm, graphs, memory, sensors
 
 # Also makes torch.accel._utils an attribute: torch.serialization looks up
 # torch.accel._utils._get_device_index.
@@ -39,13 +39,16 @@ from torch_accel.accel.random import (
     set_rng_state,
     set_rng_state_all,
 )
+from torch_accel.accel.sensors import *  # noqa: F403 (its __all__ is part of ours)
 from torch_accel.accel.storage import STORAGE_CLASSES
 from torch_accel.accel.streams import (
     Event,
+    ExternalStream,
     Stream,
     StreamContext,
     current_stream,
     default_stream,
+    get_stream_from_external,
     set_stream,
     stream,
 )
@@ -67,8 +70,10 @@ __all__ = [
     "is_current_stream_capturing",
     "make_graphed_callables",
     "Event",
+    "ExternalStream",
     "Stream",
     "StreamContext",
+    "get_stream_from_external",
     "current_device",
     "current_stream",
     "default_generators",
@@ -106,6 +111,7 @@ __all__ = [
     "get_amp_supported_dtype",
     "memory",
     *memory.__all__,
+    *sensors.__all__,
     *STORAGE_CLASSES,
 ]
 globals().update(STORAGE_CLASSES)

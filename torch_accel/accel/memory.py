@@ -320,10 +320,9 @@ def can_device_access_peer(device: Any, peer_device: Any) -> bool:
 
 
 def device_memory_used(device: Any = None) -> int:
-    """Bytes of ``device``'s memory in use (by this process's allocator and anything else),
-    as the driver reports them: total minus free."""
-    free, total = mem_get_info(device)
-    return total - free
+    """Bytes of ``device``'s memory in use, by every process, as nvidia-smi shows them (NVML's
+    count on the cuda driver; on the host driver what it has mapped for the device)."""
+    return int(_C._device_sensor("memory_used", _lazy_device_index(device)))
 
 
 def host_memory_stats() -> dict[str, int]:

@@ -48,6 +48,33 @@ class Stream(torch.Stream):
         return f"<torch.accel.Stream device={self.device} stream_id={self.stream_id}>"
 
 
+class ExternalStream(Stream):
+    """An accel stream over a stream another library created, given by its native handle (an
+    int: on the cuda driver a ``cudaStream_t``, e.g. ``torch.cuda.Stream().cuda_stream`` or
+    CuPy's; the handle of an accel stream, ``Stream.native_handle``, gives that stream itself).
+
+    Work on it is ordered with accel's own streams through events and ``wait_stream``, as on any
+    accel stream. Accel does not own the native stream: keep it alive while the wrapper is in
+    use. ``device`` must be the device the stream belongs to (checked where the driver can tell).
+    The host driver has no streams but its own, so there only accel streams' handles are taken.
+    """
+
+    def __new__(cls, stream_ptr: int, device: Any = None, **kwargs: Any) -> ExternalStream:
+        from torch_accel import _C
+
+        index = _lazy_device_index(device)
+        stream_id, device_index, device_type = _C._stream_from_external(int(stream_ptr), index)
+        return super().__new__(
+            cls, stream_id=stream_id, device_index=device_index, device_type=device_type
+        )
+
+
+def get_stream_from_external(data_ptr: int, device: Any = None) -> Stream:
+    """The accel stream for a native stream handle another library allocated (see
+    ExternalStream): torch.cuda.get_stream_from_external for accel."""
+    return ExternalStream(data_ptr, device)
+
+
 class Event(torch.Event):
     """An accel event, created on the current accel device.
 

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "runtime/driver_export.h"
+#include "runtime/drivers/cuda/nvml.h"
 #include "runtime/drivers/cuda/visible_devices.h"
 #include "runtime/error.h"
 
@@ -129,6 +130,7 @@ using Payloads = std::vector<std::unique_ptr<HostPayload>>;
 struct CudaStreamObj {
   cudaStream_t stream = nullptr;
   int device = 0;
+  bool owned = true;  // false: adopted from another library (stream_adopt)
 };
 struct CudaEventObj {
   cudaEvent_t event = nullptr;
@@ -240,12 +242,34 @@ class CudaDriver final : public Driver {
           "cudaStreamCreateWithPriority");
     return reinterpret_cast<DriverStream>(s.release());
   }
+  // Another library's stream (torch.cuda's, CuPy's, ...), checked to be a stream of `device`.
+  DriverStream stream_adopt(int device, void* native, int* priority) override {
+    auto s = std::make_unique<CudaStreamObj>();
+    s->stream = static_cast<cudaStream_t>(native);
+    s->device = device;
+    s->owned = false;
+    int on = -1;
+    check(cudaStreamGetDevice(s->stream, &on), "cudaStreamGetDevice");
+    if (on != device) {
+      throw InvalidValueError("cuda driver: the stream belongs to CUDA device " +
+                                  std::to_string(on) + ", not to device " + std::to_string(device),
+                              __FILE__, __LINE__);
+    }
+    check(cudaStreamGetPriority(s->stream, priority), "cudaStreamGetPriority");
+    return reinterpret_cast<DriverStream>(s.release());
+  }
   void stream_destroy(DriverStream stream) override {
     std::unique_ptr<CudaStreamObj> s(as_stream(stream));
+    if (!s->owned) return;  // its creator destroys it
     check(cudaStreamSynchronize(s->stream), "cudaStreamSynchronize");
     check(cudaStreamDestroy(s->stream), "cudaStreamDestroy");
   }
   void* stream_native_handle(DriverStream stream) override { return as_stream(stream)->stream; }
+
+  int64_t device_sensor(int device, Sensor sensor) override { return nvml_.read(device, sensor); }
+  std::vector<DeviceProcess> device_processes(int device) override {
+    return nvml_.processes(device);
+  }
 
   void launch_host_func(DriverStream stream, Task task, const char*) override {
     CudaStreamObj* s = as_stream(stream);
@@ -414,6 +438,7 @@ class CudaDriver final : public Driver {
   }
 
   const int devices_;
+  cuda::NvmlSensors nvml_;
   std::mutex mutex_;
   std::vector<std::string> failures_;  // per device: the first host task failure not reported
   std::unordered_map<unsigned long long, std::shared_ptr<Payloads>> captures_;  // by capture id
@@ -453,22 +478,18 @@ extern "C" __attribute__((visibility("default"))) int accel_driver_open(uint32_t
 // CUDA), with CUDA_VISIBLE_DEVICES applied; torch.cuda.device_count counts the same way. -1
 // without NVML or for UUID lists: the runtime then asks the table (cudaGetDeviceCount).
 extern "C" __attribute__((visibility("default"))) int accel_driver_count_devices() {
-  void* nvml = ::dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
-  if (nvml == nullptr) return -1;
-  using init_fn = int (*)();
-  using count_fn = int (*)(unsigned int*);
-  const auto init = reinterpret_cast<init_fn>(::dlsym(nvml, "nvmlInit_v2"));
-  const auto count = reinterpret_cast<count_fn>(::dlsym(nvml, "nvmlDeviceGetCount_v2"));
-  const auto shutdown = reinterpret_cast<init_fn>(::dlsym(nvml, "nvmlShutdown"));
+  accel::rt::cuda::NvmlApi nvml;
+  std::string why;
+  if (!nvml.open(why)) return -1;
   int result = -1;
-  if (init != nullptr && count != nullptr && shutdown != nullptr && init() == 0) {
+  if (nvml.init() == 0) {
     unsigned int raw = 0;
-    if (count(&raw) == 0) {
+    if (nvml.count(&raw) == 0) {
       result = accel::rt::cuda::visible_device_count(std::getenv("CUDA_VISIBLE_DEVICES"),
                                                      static_cast<int>(raw));
     }
-    shutdown();
+    nvml.shutdown();
   }
-  ::dlclose(nvml);
+  nvml.close();
   return result;
 }

@@ -19,6 +19,8 @@
 #include <thread>
 #include <vector>
 
+#include <unistd.h>
+
 #include "runtime/driver.h"
 #include "runtime/drivers/host/host_graph.h"
 #include "runtime/drivers/host/host_stream.h"
@@ -51,7 +53,8 @@ struct HostDevice {
   uint64_t capacity = 0;
   std::atomic<uint64_t> used{0};  // mapped bytes, including frees not yet reclaimed
   DeviceMemory memory;
-  std::mutex m;  // streams and deferred
+  BusyClock busy;  // when its streams ran tasks (utilization)
+  std::mutex m;    // streams and deferred
   std::vector<std::shared_ptr<HostStream>> streams;
   struct Deferred {
     void* ptr;
@@ -150,6 +153,29 @@ class HostDriver final : public Driver {
     return MemoryInfo{used >= d.capacity ? 0 : d.capacity - used, d.capacity};
   }
 
+  // Utilization: the share of the last second during which one of the device's streams ran a
+  // task; memory used: what the driver has mapped for the device (a host device belongs to one
+  // process). The rest has no meaning for threads over host memory.
+  int64_t device_sensor(int device, Sensor sensor) override {
+    HostDevice& d = *devices_[device];
+    switch (sensor) {
+      case Sensor::Utilization: return d.busy.percent();
+      case Sensor::MemoryUsed: d.reclaim(); return static_cast<int64_t>(d.used.load());
+      case Sensor::MemoryUtilization:
+        ACCEL_RT_THROW(NotSupportedError, "the ", name(),
+                       " driver cannot tell when its device memory (host memory) is read or "
+                       "written, so it reports no memory utilization");
+      default:
+        ACCEL_RT_THROW(NotSupportedError, "the ", name(),
+                       " driver's devices are worker threads over host memory, with no ",
+                       sensor_name(sensor), " sensor of their own");
+    }
+  }
+  std::vector<DeviceProcess> device_processes(int device) override {
+    return {DeviceProcess{static_cast<int64_t>(::getpid()),
+                          static_cast<uint64_t>(device_sensor(device, Sensor::MemoryUsed))}};
+  }
+
   DriverCapabilities capabilities() const override { return options_.capabilities; }
   std::string oom_hint() const override {
     return "The host driver's device capacity is set by ACCEL_HOST_MEMORY.";
@@ -212,6 +238,7 @@ class HostDriver final : public Driver {
     s->priority = priority;
     s->blocking = options_.launch_blocking;
     HostDevice& d = *devices_[device];
+    s->busy = &d.busy;
     std::lock_guard<std::mutex> lock(d.m);
     d.streams.push_back(s);
     return reinterpret_cast<DriverStream>(s.get());
@@ -600,14 +627,6 @@ void access_all_memory(HostDriver* driver, bool begin) {
 }  // namespace accel::rt::host
 
 namespace accel::rt {
-Driver::~Driver() = default;
-void Driver::host_access_begin(int, const void*, std::size_t) {}
-void Driver::host_access_end(int, const void*, std::size_t) {}
-void Driver::graph_debug_dump(DriverGraph, const char*) {
-  ACCEL_RT_THROW(NotSupportedError, "graph_debug_dump: the ", name(),
-                 " driver cannot write graph debug dumps");
-}
-
 std::unique_ptr<Driver> make_host_driver(const HostDriverOptions& options) {
   return std::make_unique<host::HostDriver>(options);
 }

@@ -77,9 +77,13 @@ void HostStream::enqueue_locked(Task task, const char* label, std::unique_lock<s
 void HostStream::run_inline(Task& task) {
   std::lock_guard<std::recursive_mutex> lock(inline_mutex);
   submitted.fetch_add(1, std::memory_order_seq_cst);
+  if (busy != nullptr) busy->begin();
   struct Done {
     HostStream* s;
-    ~Done() { s->mark_completed(); }
+    ~Done() {
+      if (s->busy != nullptr) s->busy->end();
+      s->mark_completed();
+    }
   } done{this};
   task();  // launch blocking: a failure surfaces at the call that submitted the work
 }
@@ -121,6 +125,7 @@ void HostStream::work() {
     // before the last task counts as completed: a synchronize that returns finds the memory
     // protected again.
     const bool lease = protects_memory(driver) && access(true);
+    if (busy != nullptr) busy->begin();
     for (std::size_t i = 0; i < batch.size(); ++i) {
       try {
         batch[i]();
@@ -130,7 +135,10 @@ void HostStream::work() {
         record_error("unknown exception");
       }
       batch[i].reset();
-      if (lease && i + 1 == batch.size()) access(false);
+      if (i + 1 == batch.size()) {
+        if (lease) access(false);
+        if (busy != nullptr) busy->end();
+      }
       mark_completed();
     }
     batch.clear();

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "runtime/driver.h"
+#include "runtime/drivers/host/busy_clock.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -105,6 +106,7 @@ struct HostStream {
   int device = 0;
   int priority = 0;
   bool blocking = false;
+  BusyClock* busy = nullptr;  // the device's, told when tasks run (may be null)
 
   std::mutex m;
   std::condition_variable cv_work;
