@@ -184,6 +184,11 @@ void init_memory_bindings(py::module_& m) {
       "_get_memory_fraction", [](int device) { return rt::get_memory_fraction(device); },
       py::arg("device"));
   m.def(
+      "_set_memory_caching", [](bool enabled) { rt::set_memory_caching(enabled, -2); },
+      py::arg("enabled"));
+  m.def(
+      "_memory_caching", [](int device) { return rt::memory_caching(device); }, py::arg("device"));
+  m.def(
       "_attach_oom_observer",
       [](py::function observer) {
         auto keep = std::make_shared<py::function>(std::move(observer));

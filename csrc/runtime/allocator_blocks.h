@@ -27,6 +27,7 @@ struct Block {
   uint32_t bin = 0;
   bool allocated = false;
   bool in_bin = false;
+  bool uncached = false;  // allocated with caching off: its segment goes back when freed
   int event_count = 0;
   std::size_t segment_size = 0;  // set on segment heads
   std::vector<Stream> stream_uses;

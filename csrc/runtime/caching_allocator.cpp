@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <bit>
 #include <chrono>
+#include <utility>
 
 namespace accel::rt::detail {
 
@@ -193,7 +194,13 @@ void CachingAllocator::split_block(Block* b, std::size_t size) {
   add_inactive_split(r, +1);
 }
 
-Block* CachingAllocator::try_allocate(BlockPool& pool, StreamObj& stream, std::size_t rounded) {
+Block* CachingAllocator::try_allocate(BlockPool& pool, StreamObj& stream, std::size_t rounded,
+                                      bool uncached) {
+  if (uncached) {  // a segment of its own, never split
+    Block* b = alloc_segment(pool, stream, rounded);
+    if (b != nullptr) b->uncached = true;
+    return b;
+  }
   Bins& bins = pool.bins(stream.slot);
   Block* b = bins.find(rounded);
   if (b != nullptr) {
@@ -238,18 +245,19 @@ void* CachingAllocator::malloc(std::size_t size, StreamObj& stream) {
   // While a capture is underway no event is queried and no memory freed (CUDA forbids both).
   const bool capturing = rt_.capturing_anywhere();
   if (!pending_events_.empty() && !capturing) process_events();
+  const bool uncached = !caching_ && pool_id.is_default() && !capturing;
 
-  Block* b = try_allocate(pool_for(pool_id, small), stream, rounded);
+  Block* b = try_allocate(pool_for(pool_id, small), stream, rounded, uncached);
   if (b == nullptr && !capturing) {
     // Out of device memory: return every cached segment to the driver and retry once.
     ++stats_.num_alloc_retries;
     release_cached_segments();
-    b = try_allocate(pool_for(pool_id, small), stream, rounded);
+    b = try_allocate(pool_for(pool_id, small), stream, rounded, uncached);
     // After memory was freed elsewhere: completed frees count, the cache goes back, retry.
     const auto retry = [&] {
       process_events();
       release_cached_segments();
-      return try_allocate(pool_for(pool_id, small), stream, rounded);
+      return try_allocate(pool_for(pool_id, small), stream, rounded, uncached);
     };
     if (b == nullptr) {
       // Memory still held by work in flight (pending record_stream events, driver frees
@@ -405,6 +413,12 @@ void CachingAllocator::free_block(Block* b) {
     record_trace(TraceEntry::Action::FreeCompleted, b->addr(), b->size, b->stream, pool.id,
                  nullptr);
   }
+  // Allocated with caching off: back to the driver (kept as cache if a capture is underway,
+  // when no memory may be freed).
+  if (std::exchange(b->uncached, false) && !rt_.capturing_anywhere()) {
+    release_segment(b);
+    return;
+  }
   // A private pool nobody holds gives its memory back as soon as a segment is free (after the
   // captures underway end, capture_ended, if there are any).
   if (pool.is_private && *pool.use_count == 0 && !b->is_split() && !rt_.capturing_anywhere()) {
@@ -512,6 +526,16 @@ void CachingAllocator::end_allocate_to_pool(PoolId id, std::thread::id thread) {
     thread_pools_.erase(std::next(it).base());
   }
   release_pool(id);
+}
+
+void CachingAllocator::set_caching(bool enabled) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  caching_ = enabled;
+}
+
+bool CachingAllocator::caching() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return caching_;
 }
 
 void CachingAllocator::empty_cache() {

@@ -11,6 +11,12 @@
 // A block also used by other streams (record_stream) is reused only after events recorded on
 // those streams at the time of the free have completed.
 //
+// With caching off (set_caching(false), ACCEL_NO_MEMORY_CACHING=1: PyTorch's
+// PYTORCH_NO_CUDA_MEMORY_CACHING), each allocation of the default pool gets a segment of its own
+// that goes back to the driver when freed (once its streams passed the free), so a tool that
+// watches driver memory (protected memory, compute-sanitizer) sees every use after free. The
+// choice is made per allocation: blocks allocated while caching was on return to the cache.
+//
 // Graph captures allocate from private pools (PoolId), kept apart from the default pool so that
 // addresses baked into a graph stay valid for every replay. A private pool lives while a graph
 // or capture holds it; then its cached segments are released.
@@ -83,11 +89,13 @@ class CachingAllocator {
   // the device were full (set_memory_fraction).
   void set_reserve_limit(std::size_t bytes);
   std::size_t reserve_limit();
+  void set_caching(bool enabled);
+  bool caching();
 
  private:
   Block* find_free_block(BlockPool& pool, uint32_t stream_slot, std::size_t size);
   Block* alloc_segment(BlockPool& pool, StreamObj& stream, std::size_t size);
-  Block* try_allocate(BlockPool& pool, StreamObj& stream, std::size_t rounded);
+  Block* try_allocate(BlockPool& pool, StreamObj& stream, std::size_t rounded, bool uncached);
   void split_block(Block* block, std::size_t size);
   void free_block(Block* block);
   void insert_events(Block* block);
@@ -135,6 +143,7 @@ class CachingAllocator {
 
   bool history_enabled_ = false;
   std::size_t reserve_limit_ = 0;
+  bool caching_ = true;
   ContextRecorder recorder_;
   std::size_t history_max_ = 0;
   std::deque<TraceEntry> history_;

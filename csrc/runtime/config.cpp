@@ -18,6 +18,7 @@ Config Config::from_env() {
                  "' is not a driver name: use auto, host, cuda or level_zero");
   c.driver_path = env::get("ACCEL_DRIVER_PATH");
   c.launch_blocking = env::parse_bool("ACCEL_LAUNCH_BLOCKING", false);
+  c.memory_caching = !env::parse_bool("ACCEL_NO_MEMORY_CACHING", false);
   return c;
 }
 

@@ -24,6 +24,7 @@ struct Config {
   std::string driver = "auto";
   std::string driver_path;  // where libaccel_driver_<name>.so live; default: next to the runtime
   bool launch_blocking = false;
+  bool memory_caching = true;  // ACCEL_NO_MEMORY_CACHING=1: false
   // Throws InitError naming the variable when a value is malformed. Drivers read their own
   // settings (HostDriverOptions::from_env).
   static Config from_env();

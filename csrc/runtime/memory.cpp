@@ -270,6 +270,16 @@ std::pair<void*, std::size_t> allocation_range(const void* ptr) {
   return {nullptr, 0};
 }
 
+void set_memory_caching(bool enabled, int device) {
+  for_devices(device, "set_memory_caching",
+              [enabled](Runtime& rt, int d) { rt.devices[d]->allocator->set_caching(enabled); });
+}
+
+bool memory_caching(int device) {
+  Runtime& rt = Runtime::get();
+  return rt.devices[rt.resolve_device(device, "memory_caching")]->allocator->caching();
+}
+
 void empty_cache(int device) {
   for_devices(device, "empty_cache",
               [](Runtime& rt, int d) { rt.devices[d]->allocator->empty_cache(); });

@@ -172,6 +172,7 @@ void Runtime::start() {
     auto ds = std::make_unique<DeviceState>();
     ds->index = i;
     ds->allocator = std::make_unique<CachingAllocator>(*this, i);
+    ds->allocator->set_caching(config.memory_caching);
     devices.push_back(std::move(ds));
     // Slot 0; never released, so never recycled. Its generation 0 makes its id 0.
     StreamObj* def = acquire_stream(i, 0, /*pooled=*/false);

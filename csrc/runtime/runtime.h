@@ -102,6 +102,12 @@ ACCEL_RT_API PointerAttributes pointer_attributes(const void* ptr);
 // The allocation containing ptr: (start, size), or (nullptr, 0).
 ACCEL_RT_API std::pair<void*, std::size_t> allocation_range(const void* ptr);
 ACCEL_RT_API void empty_cache(int device = -1);  // every device when -2
+// Caching on (the default) or off (ACCEL_NO_MEMORY_CACHING=1 at start): with it off, each new
+// allocation of the default pool gets device memory of its own, returned to the driver when
+// freed, so use after free reaches unmapped memory (a debugging aid, as CUDA's
+// PYTORCH_NO_CUDA_MEMORY_CACHING). Applies to allocations made from then on.
+ACCEL_RT_API void set_memory_caching(bool enabled, int device = -2);  // every device when -2
+ACCEL_RT_API bool memory_caching(int device = -1);
 ACCEL_RT_API DeviceStats memory_stats(int device = -1);
 ACCEL_RT_API void reset_peak_memory_stats(int device = -1);
 ACCEL_RT_API void reset_accumulated_memory_stats(int device = -1);

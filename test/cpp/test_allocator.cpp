@@ -146,6 +146,48 @@ TEST_F(Allocator, FreedBlockIsReusedByItsOwnStreamOnly) {
   stream_destroy(other);
 }
 
+TEST_F(Allocator, WithCachingOffEachAllocationHasItsOwnMemoryGivenBackWhenFreed) {
+  void* cached = malloc(4096, stream_);  // before: returns to the cache whatever happens next
+  set_memory_caching(false, kDev);
+  EXPECT_FALSE(memory_caching(kDev));
+  EXPECT_TRUE(memory_caching(0)) << "the setting is per device";
+  void* a = malloc(1000, stream_);
+  void* b = malloc(1000, stream_);
+  DeviceStats s = stats();
+  // Segments of their own, of the rounded size (not 2 MiB small segments shared by both).
+  EXPECT_EQ(cur(s.segment), 3);
+  EXPECT_EQ(cur(s.reserved_bytes), int64_t(2 * MiB + 2 * 1024));
+  const uint64_t free_before = mem_get_info(kDev).free;
+  // Work on the stream still uses `a` when it is freed: the driver takes it back only after.
+  Gate gate;
+  std::atomic<float> seen{1.f};
+  float* fa = static_cast<float*>(a);
+  memset_async(a, 0, 1000, stream_);
+  if (launch_blocking()) gate.open();  // the task below runs at once, on this thread
+  launch_host_func(stream_, [&gate, &seen, fa] {
+    gate.wait();
+    seen = fa[0];
+  });
+  free(a);
+  gate.open();
+  stream_synchronize(stream_);
+  EXPECT_EQ(seen.load(), 0.f);
+  s = stats();
+  EXPECT_EQ(cur(s.segment), 2);
+  EXPECT_EQ(cur(s.reserved_bytes), int64_t(2 * MiB + 1024));
+  EXPECT_EQ(s.num_device_free - base_.num_device_free, 1);
+  EXPECT_GT(mem_get_info(kDev).free, free_before) << "the driver has the memory back";
+  free(cached);  // allocated with caching on: cached
+  EXPECT_EQ(cur(stats().reserved_bytes), int64_t(2 * MiB + 1024));
+  set_memory_caching(true, kDev);
+  free(b);  // allocated with caching off: given back all the same
+  EXPECT_EQ(cur(stats().reserved_bytes), int64_t(2 * MiB));
+  void* c = malloc(1000, stream_);  // caching again: from the cached small segment
+  EXPECT_EQ(cur(stats().segment), 1);
+  free(c);
+  EXPECT_RT_ERROR(set_memory_caching(false, 7), InvalidDeviceError, "set_memory_caching");
+}
+
 TEST_F(Allocator, RecordStreamDelaysReuseUntilTheOtherStreamPasses) {
   SKIP_IF_LAUNCH_BLOCKING();
   Stream user = stream_create(kDev);

@@ -23,8 +23,10 @@ std::string env(const char* name) {
 }
 
 TEST(EnvConfig, DevicesAndCapacityFollowTheEnvironment) {
-  if (env("ACCEL_HOST_DEVICES") != "3" || env("ACCEL_HOST_MEMORY") != "64M") {
-    GTEST_SKIP() << "runs with ACCEL_HOST_DEVICES=3 ACCEL_HOST_MEMORY=64M";
+  if (env("ACCEL_HOST_DEVICES") != "3" || env("ACCEL_HOST_MEMORY") != "64M" ||
+      env("ACCEL_NO_MEMORY_CACHING") != "1") {
+    GTEST_SKIP() << "runs with ACCEL_HOST_DEVICES=3 ACCEL_HOST_MEMORY=64M "
+                    "ACCEL_NO_MEMORY_CACHING=1";
   }
   EXPECT_EQ(device_count(), 3);
   for (int d = 0; d < 3; ++d) EXPECT_EQ(get_device_properties(d).total_memory, 64u << 20);
@@ -39,6 +41,11 @@ TEST(EnvConfig, DevicesAndCapacityFollowTheEnvironment) {
   void* b = malloc(40u << 20, default_stream(2));  // fits again once freed
   free(b);
   EXPECT_EQ(memory_stats(2).num_ooms, 1);
+  // ACCEL_NO_MEMORY_CACHING=1: what is freed goes back to the driver.
+  for (int d = 0; d < 3; ++d) EXPECT_FALSE(memory_caching(d));
+  device_synchronize(2);
+  EXPECT_EQ(memory_stats(2).reserved_bytes[kAggregate].current, 0);
+  EXPECT_EQ(mem_get_info(2).free, 64u << 20);
 }
 
 TEST(InitFailure, ReportsTheCauseEveryTime) {

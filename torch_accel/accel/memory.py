@@ -25,6 +25,8 @@ __all__ = [
     "attach_out_of_memory_observer",
     "caching_allocator_alloc",
     "caching_allocator_delete",
+    "caching_allocator_enable",
+    "caching_allocator_enabled",
     "can_device_access_peer",
     "device_memory_used",
     "empty_cache",
@@ -275,6 +277,25 @@ def set_per_process_memory_fraction(fraction: float, device: Any = None) -> None
 
 def get_per_process_memory_fraction(device: Any = None) -> float:
     return _C._get_memory_fraction(_lazy_device_index(device))
+
+
+def caching_allocator_enable(value: bool = True) -> None:
+    """Turns the caching allocator on (the default) or off on every accel device, as
+    torch.cuda's. Off, each new allocation gets device memory of its own that goes back to the
+    driver when the tensor is freed (once the streams using it passed the free), so a read after
+    free reaches unmapped memory instead of a recycled block: a debugging aid, slow (the
+    ``ACCEL_NO_MEMORY_CACHING=1`` environment variable turns it off from the start, as CUDA's
+    ``PYTORCH_NO_CUDA_MEMORY_CACHING``). Tensors allocated before the call keep their way of
+    being freed. Graph captures and memory pools keep caching."""
+    from torch_accel.accel import _lazy_init
+
+    _lazy_init()
+    _C._set_memory_caching(bool(value))
+
+
+def caching_allocator_enabled(device: Any = None) -> bool:
+    """Whether ``device``'s caching allocator caches (see caching_allocator_enable)."""
+    return bool(_C._memory_caching(_lazy_device_index(device)))
 
 
 def attach_out_of_memory_observer(observer: Callable[[int, int, int, int], None]) -> None:
