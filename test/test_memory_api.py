@@ -207,6 +207,33 @@ def test_caching_allocator_can_be_turned_off() -> None:
     assert torch.accel.memory_reserved(1) == 2 << 20  # the cached small segment
 
 
+_ALLOCATOR_SETTINGS = """
+import warnings
+import torch
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    x = torch.empty(100 << 20, dtype=torch.uint8, device="accel")
+print(sum("no expandable segments" in str(w.message) for w in caught))
+s = torch.accel.memory_stats()
+print(s["max_split_size"], s["oversize_allocations.current"], s["oversize_segments.current"])
+del x
+y = torch.empty(30 << 20, dtype=torch.uint8, device="accel")  # not carved out of the 100 MiB
+print(torch.accel.memory_stats()["segment.all.current"])
+torch.accel.memory._set_allocator_settings("roundup_power2_divisions:4")
+z = torch.empty(1200 << 10, dtype=torch.uint8, device="accel")  # a quarter step: 1.25 MiB
+print(torch.accel.memory_stats()["allocated_bytes.all.current"] - (30 << 20))
+"""
+
+
+def test_pytorchs_allocator_settings_apply_to_accel(run_python) -> None:
+    # PYTORCH_ALLOC_CONF, PyTorch's device-generic allocator settings, as CUDA reads them.
+    result = run_python(
+        _ALLOCATOR_SETTINGS, PYTORCH_ALLOC_CONF="max_split_size_mb:64,expandable_segments:True"
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.split("\n")[:4] == ["1", f"{64 << 20} 1 1", "2", str(1280 << 10)]
+
+
 _READ_AFTER_FREE = """
 import torch
 x = torch.arange(1 << 16, dtype=torch.float32, device="accel")

@@ -3,10 +3,12 @@
 #include "device/allocator.h"
 
 #include <ATen/core/CachingHostAllocator.h>
+#include <c10/core/AllocatorConfig.h>
 #include <c10/core/CachingDeviceAllocator.h>
 
 #include <cstdio>
 #include <cstring>
+#include <mutex>
 
 #include "device/common.h"
 
@@ -62,9 +64,12 @@ c10::CachingAllocator::StatArray convert(const rt::StatArray& a) {
   return out;
 }
 
+std::once_flag g_config_applied;
+
 class AccelDeviceAllocator final : public c10::DeviceAllocator {
  public:
   c10::DataPtr allocate(size_t nbytes) override {
+    std::call_once(g_config_applied, [] { apply_allocator_config(); });
     return call([&] {
       const int device = rt::get_device();
       void* ptr = rt::malloc(nbytes, rt::current_stream(device));
@@ -188,6 +193,26 @@ c10::Allocator* device_allocator() {
 }
 c10::Allocator* host_allocator() {
   return &g_host_allocator;
+}
+
+void apply_allocator_config() {
+  using Config = c10::CachingAllocator::AcceleratorAllocatorConfig;
+  rt::AllocatorSettings settings;
+  settings.max_split_size = Config::max_split_size();
+  settings.max_non_split_rounding = Config::max_non_split_rounding_size();
+  settings.garbage_collection_threshold = Config::garbage_collection_threshold();
+  settings.roundup_power2_divisions = Config::roundup_power2_divisions();
+  if (Config::use_expandable_segments()) {
+    TORCH_WARN_ONCE(
+        "accel's caching allocator has no expandable segments: expandable_segments in "
+        "PYTORCH_ALLOC_CONF is ignored for accel devices");
+  }
+  if (Config::large_segment_size() != (std::size_t{20} << 20)) {
+    TORCH_WARN_ONCE(
+        "accel's caching allocator keeps 20 MiB large segments: large_segment_size_mb "
+        "in PYTORCH_ALLOC_CONF is ignored for accel devices");
+  }
+  call([&] { rt::set_allocator_settings(settings); });
 }
 
 }  // namespace accel::device

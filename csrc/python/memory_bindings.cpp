@@ -2,6 +2,7 @@
 // Python stack frames, snapshots in torch.cuda.memory._snapshot()'s layout (so PyTorch's
 // memory viewer reads them), the per-process memory fraction, out-of-memory observers, raw
 // caching-allocator allocations and pinned host memory statistics.
+#include <c10/core/AllocatorConfig.h>
 #include <pybind11/functional.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -13,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "device/allocator.h"
 #include "python/bindings.h"
 #include "runtime/runtime.h"
 
@@ -183,6 +185,24 @@ void init_memory_bindings(py::module_& m) {
   m.def(
       "_get_memory_fraction", [](int device) { return rt::get_memory_fraction(device); },
       py::arg("device"));
+  // torch.accel.memory._set_allocator_settings: PyTorch's parser, then accel's allocator.
+  m.def(
+      "_set_allocator_settings",
+      [](const std::string& settings) {
+        c10::CachingAllocator::setAllocatorSettings(settings);
+        device::apply_allocator_config();
+      },
+      py::arg("settings"));
+  m.def("_get_allocator_settings", [] {
+    const rt::AllocatorSettings s = rt::allocator_settings();
+    py::dict d;
+    d["max_split_size"] =
+        s.max_split_size == SIZE_MAX ? -1 : static_cast<int64_t>(s.max_split_size);
+    d["max_non_split_rounding"] = s.max_non_split_rounding;
+    d["garbage_collection_threshold"] = s.garbage_collection_threshold;
+    d["roundup_power2_divisions"] = s.roundup_power2_divisions;
+    return d;
+  });
   m.def(
       "_set_memory_caching", [](bool enabled) { rt::set_memory_caching(enabled, -2); },
       py::arg("enabled"));

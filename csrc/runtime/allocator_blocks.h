@@ -29,6 +29,7 @@ struct Block {
   bool in_bin = false;
   bool uncached = false;  // allocated with caching off: its segment goes back when freed
   int event_count = 0;
+  uint64_t freed_at = 0;         // when it last became free (CachingAllocator::free_seq_)
   std::size_t segment_size = 0;  // set on segment heads
   std::vector<Stream> stream_uses;
   std::shared_ptr<HistoryContext> context;
@@ -121,22 +122,27 @@ struct Bins {
     b->in_bin = false;
   }
 
-  // A free block of at least `size` bytes, or nullptr.
-  Block* find(std::size_t size) {
+  // A free block of at least `size` and at most `largest` bytes, or nullptr (the smallest
+  // class that has blocks decides: a larger class's first block is not looked past).
+  Block* find(std::size_t size, std::size_t largest = SIZE_MAX) {
     uint32_t fl, sl;
     mapping(size / kUnit, fl, sl);
     int probe = 0;
     for (Block* b = heads[fl * kSL + sl]; b != nullptr && probe < kOwnBinProbe;
          b = b->bin_next, ++probe) {
-      if (b->size >= size) return b;
+      if (b->size >= size && b->size <= largest) return b;
     }
     // Every block of a higher class is large enough.
+    Block* b = nullptr;
     const uint32_t sl_bits = sl + 1 < kSL ? sl_map[fl] & (~0u << (sl + 1)) : 0;
-    if (sl_bits != 0) return heads[fl * kSL + std::countr_zero(sl_bits)];
     const uint64_t fl_bits = fl + 1 < kFL ? fl_map & (~uint64_t{0} << (fl + 1)) : 0;
-    if (fl_bits == 0) return nullptr;
-    const uint32_t fl2 = static_cast<uint32_t>(std::countr_zero(fl_bits));
-    return heads[fl2 * kSL + std::countr_zero(sl_map[fl2])];
+    if (sl_bits != 0) {
+      b = heads[fl * kSL + std::countr_zero(sl_bits)];
+    } else if (fl_bits != 0) {
+      const uint32_t fl2 = static_cast<uint32_t>(std::countr_zero(fl_bits));
+      b = heads[fl2 * kSL + std::countr_zero(sl_map[fl2])];
+    }
+    return b != nullptr && b->size <= largest ? b : nullptr;
   }
 };
 

@@ -1,6 +1,7 @@
 #include "runtime/caching_allocator.h"
 
 #include "runtime/allocator_blocks.h"
+#include "runtime/allocator_maps.h"
 
 #include <algorithm>
 #include <bit>
@@ -8,95 +9,6 @@
 #include <utility>
 
 namespace accel::rt::detail {
-
-// Pointer -> allocated block: open addressing with linear probing and backward-shift deletion.
-class CachingAllocator::PtrMap {
- public:
-  PtrMap() { rehash(1024); }
-
-  void insert(uintptr_t key, Block* value) {
-    if ((count_ + 1) * 4 > keys_.size() * 3) rehash(keys_.size() * 2);
-    std::size_t i = home(key);
-    while (keys_[i] != 0) i = (i + 1) & mask_;
-    keys_[i] = key;
-    values_[i] = value;
-    ++count_;
-  }
-
-  Block* find(uintptr_t key) const {
-    for (std::size_t i = home(key);; i = (i + 1) & mask_) {
-      if (keys_[i] == key) return values_[i];
-      if (keys_[i] == 0) return nullptr;
-    }
-  }
-
-  Block* erase(uintptr_t key) {
-    std::size_t i = home(key);
-    for (;; i = (i + 1) & mask_) {
-      if (keys_[i] == 0) return nullptr;
-      if (keys_[i] == key) break;
-    }
-    Block* value = values_[i];
-    for (std::size_t j = (i + 1) & mask_; keys_[j] != 0; j = (j + 1) & mask_) {
-      // Move the entry at j into the hole at i unless its home lies cyclically in (i, j].
-      const std::size_t h = home(keys_[j]);
-      if (((j - h) & mask_) >= ((j - i) & mask_)) {
-        keys_[i] = keys_[j];
-        values_[i] = values_[j];
-        i = j;
-      }
-    }
-    keys_[i] = 0;
-    --count_;
-    return value;
-  }
-
- private:
-  std::size_t home(uintptr_t key) const {
-    return static_cast<std::size_t>(((key >> 9) * 0x9E3779B97F4A7C15ull) >> shift_);
-  }
-  void rehash(std::size_t capacity) {
-    std::vector<uintptr_t> old_keys = std::move(keys_);
-    std::vector<Block*> old_values = std::move(values_);
-    keys_.assign(capacity, 0);
-    values_.assign(capacity, nullptr);
-    mask_ = capacity - 1;
-    shift_ = 64 - std::countr_zero(capacity);
-    count_ = 0;
-    for (std::size_t i = 0; i < old_keys.size(); ++i) {
-      if (old_keys[i] != 0) insert(old_keys[i], old_values[i]);
-    }
-  }
-
-  std::vector<uintptr_t> keys_;
-  std::vector<Block*> values_;
-  std::size_t mask_ = 0;
-  int shift_ = 0;
-  std::size_t count_ = 0;
-};
-
-// Block objects are recycled so splitting and merging do not allocate.
-class CachingAllocator::BlockArena {
- public:
-  Block* make() {
-    if (free_.empty()) {
-      chunks_.push_back(std::make_unique<Block[]>(kChunk));
-      for (std::size_t i = 0; i < kChunk; ++i) free_.push_back(&chunks_.back()[i]);
-    }
-    Block* b = free_.back();
-    free_.pop_back();
-    return b;
-  }
-  void recycle(Block* b) {
-    *b = Block{};
-    free_.push_back(b);
-  }
-
- private:
-  static constexpr std::size_t kChunk = 256;
-  std::vector<std::unique_ptr<Block[]>> chunks_;
-  std::vector<Block*> free_;
-};
 
 // --- the allocator ------------------------------------------------------------------------
 
@@ -170,6 +82,7 @@ Block* CachingAllocator::alloc_segment(BlockPool& pool, StreamObj& stream, std::
   ++pool.segments;
   update_stat(stats_.segment, pool.small, 1);
   update_stat(stats_.reserved_bytes, pool.small, static_cast<int64_t>(size));
+  if (oversize(size)) update_stat(stats_.oversize_segments, 1);
   ++stats_.num_device_alloc;
   record_trace(TraceEntry::Action::SegmentAlloc, b->addr(), size, &stream, pool.id, nullptr);
   return b;
@@ -178,8 +91,7 @@ Block* CachingAllocator::alloc_segment(BlockPool& pool, StreamObj& stream, std::
 void CachingAllocator::split_block(Block* b, std::size_t size) {
   if (b->pool->no_split) return;
   const std::size_t rest = b->size - size;
-  const bool worth = b->pool->small ? rest >= kMinBlockSize : rest > kSmallSize;
-  if (!worth) return;
+  if (!splits(*b->pool, size, rest)) return;
   Block* r = arena_->make();
   r->ptr = static_cast<char*>(b->ptr) + size;
   r->size = rest;
@@ -197,16 +109,18 @@ void CachingAllocator::split_block(Block* b, std::size_t size) {
 Block* CachingAllocator::try_allocate(BlockPool& pool, StreamObj& stream, std::size_t rounded,
                                       bool uncached) {
   if (uncached) {  // a segment of its own, never split
+    garbage_collect(pool, rounded);
     Block* b = alloc_segment(pool, stream, rounded);
     if (b != nullptr) b->uncached = true;
     return b;
   }
   Bins& bins = pool.bins(stream.slot);
-  Block* b = bins.find(rounded);
+  Block* b = bins.find(rounded, largest_fit(pool, rounded));
   if (b != nullptr) {
     bins.remove(b);
     add_inactive_split(b, -1);
   } else {
+    garbage_collect(pool, segment_size_for(rounded));
     b = alloc_segment(pool, stream, segment_size_for(rounded));
     if (b == nullptr) return nullptr;
   }
@@ -221,12 +135,11 @@ void* CachingAllocator::malloc(std::size_t size, StreamObj& stream) {
                  "than any device)");
   PoolId pool_id =
       stream.capturing.load(std::memory_order_acquire) ? rt_.capture_pool(stream) : PoolId{};
-  const std::size_t rounded = round_size(size);
-  const bool small = rounded <= kSmallSize;
-
   std::shared_ptr<HistoryContext> ctx;
   ContextRecorder recorder;
   std::unique_lock<std::mutex> lock(mutex_);
+  const std::size_t rounded = round_request(size);  // the settings are read under the lock
+  const bool small = rounded <= kSmallSize;
   if (history_enabled_ && recorder_) {
     recorder = recorder_;
     lock.unlock();
@@ -282,7 +195,7 @@ void* CachingAllocator::malloc(std::size_t size, StreamObj& stream) {
       if (!p->use_on_oom || p->use_count == 0) continue;
       BlockPool& pool = small ? p->small : p->large;
       Bins& bins = pool.bins(stream.slot);
-      b = bins.find(rounded);
+      b = bins.find(rounded, largest_fit(pool, rounded));
       if (b == nullptr) continue;
       bins.remove(b);
       add_inactive_split(b, -1);
@@ -305,6 +218,7 @@ void* CachingAllocator::malloc(std::size_t size, StreamObj& stream) {
   update_stat(stats_.allocation, small, 1);
   update_stat(stats_.allocated_bytes, small, static_cast<int64_t>(b->size));
   update_stat(stats_.requested_bytes, small, static_cast<int64_t>(size));
+  if (oversize(b->size)) update_stat(stats_.oversize_allocations, 1);
   add_active(b, +1);
   if (history_enabled_) {
     record_trace(TraceEntry::Action::Alloc, b->addr(), b->size, &stream, b->pool->id,
@@ -322,6 +236,7 @@ bool CachingAllocator::free(void* ptr) {
   update_stat(stats_.allocation, small, -1);
   update_stat(stats_.allocated_bytes, small, -static_cast<int64_t>(b->size));
   update_stat(stats_.requested_bytes, small, -static_cast<int64_t>(b->requested));
+  if (oversize(b->size)) update_stat(stats_.oversize_allocations, -1);
   if (history_enabled_) {
     record_trace(TraceEntry::Action::FreeRequested, b->addr(), b->size, b->stream, b->pool->id,
                  b->context);
@@ -407,6 +322,7 @@ void CachingAllocator::free_block(Block* b) {
   }
   b->requested = 0;
   b->context.reset();
+  b->freed_at = ++free_seq_;
   bins.insert(b);
   add_inactive_split(b, +1);
   if (history_enabled_) {
@@ -438,6 +354,7 @@ void CachingAllocator::release_segment(Block* head) {
   --pool.segments;
   update_stat(stats_.segment, pool.small, -1);
   update_stat(stats_.reserved_bytes, pool.small, -static_cast<int64_t>(head->segment_size));
+  if (oversize(head->segment_size)) update_stat(stats_.oversize_segments, -1);
   ++stats_.num_device_free;
   record_trace(TraceEntry::Action::SegmentFree, head->addr(), head->segment_size, head->stream,
                pool.id, nullptr);

@@ -91,9 +91,21 @@ class CachingAllocator {
   std::size_t reserve_limit();
   void set_caching(bool enabled);
   bool caching();
+  // PyTorch's allocator settings (allocator_settings.cpp); validated by the caller.
+  void set_settings(const AllocatorSettings& settings);
+  AllocatorSettings settings();
 
  private:
   Block* find_free_block(BlockPool& pool, uint32_t stream_slot, std::size_t size);
+  // Settings (allocator_settings.cpp): the rounded size of a request; the largest cached block
+  // a request of `rounded` bytes may take from `pool`; whether what remains of a block taken
+  // for `rounded` bytes is split off; reclaiming cached segments before reserving `incoming`.
+  std::size_t round_request(std::size_t size) const;
+  std::size_t largest_fit(const BlockPool& pool, std::size_t rounded) const;
+  bool splits(const BlockPool& pool, std::size_t rounded, std::size_t rest) const;
+  void garbage_collect(const BlockPool& pool, std::size_t incoming);
+  bool oversize(std::size_t size) const { return size >= settings_.max_split_size; }
+  void recount_oversize();
   Block* alloc_segment(BlockPool& pool, StreamObj& stream, std::size_t size);
   Block* try_allocate(BlockPool& pool, StreamObj& stream, std::size_t rounded, bool uncached);
   void split_block(Block* block, std::size_t size);
@@ -144,6 +156,9 @@ class CachingAllocator {
   bool history_enabled_ = false;
   std::size_t reserve_limit_ = 0;
   bool caching_ = true;
+  AllocatorSettings settings_;
+  uint64_t free_seq_ = 0;         // stamps freed blocks (garbage collection frees the oldest)
+  std::size_t device_total_ = 0;  // the device's memory, asked once
   ContextRecorder recorder_;
   std::size_t history_max_ = 0;
   std::deque<TraceEntry> history_;

@@ -280,6 +280,27 @@ bool memory_caching(int device) {
   return rt.devices[rt.resolve_device(device, "memory_caching")]->allocator->caching();
 }
 
+void set_allocator_settings(const AllocatorSettings& settings) {
+  const double t = settings.garbage_collection_threshold;
+  ACCEL_RT_CHECK(t >= 0.0 && t < 1.0, InvalidValueError,
+                 "set_allocator_settings: garbage_collection_threshold must be in [0, 1), got ", t);
+  ACCEL_RT_CHECK(settings.max_split_size > detail::CachingAllocator::kLargeBuffer,
+                 InvalidValueError, "set_allocator_settings: max_split_size must be more than ",
+                 format_bytes(detail::CachingAllocator::kLargeBuffer), " (a large segment), got ",
+                 format_bytes(settings.max_split_size));
+  for (std::size_t d : settings.roundup_power2_divisions) {
+    ACCEL_RT_CHECK(d <= 1 || (d & (d - 1)) == 0, InvalidValueError,
+                   "set_allocator_settings: roundup_power2_divisions must be powers of two, got ",
+                   d);
+  }
+  for_devices(-2, "set_allocator_settings",
+              [&](Runtime& rt, int d) { rt.devices[d]->allocator->set_settings(settings); });
+}
+
+AllocatorSettings allocator_settings() {
+  return Runtime::get().devices[0]->allocator->settings();
+}
+
 void empty_cache(int device) {
   for_devices(device, "empty_cache",
               [](Runtime& rt, int d) { rt.devices[d]->allocator->empty_cache(); });

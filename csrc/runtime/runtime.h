@@ -108,6 +108,11 @@ ACCEL_RT_API void empty_cache(int device = -1);  // every device when -2
 // PYTORCH_NO_CUDA_MEMORY_CACHING). Applies to allocations made from then on.
 ACCEL_RT_API void set_memory_caching(bool enabled, int device = -2);  // every device when -2
 ACCEL_RT_API bool memory_caching(int device = -1);
+// The caching allocator's tuning (AllocatorSettings), on every device; applies to allocations
+// made from then on. InvalidValueError for a threshold outside [0, 1) or a division count that
+// is not 0, 1 or a power of two.
+ACCEL_RT_API void set_allocator_settings(const AllocatorSettings& settings);
+ACCEL_RT_API AllocatorSettings allocator_settings();
 ACCEL_RT_API DeviceStats memory_stats(int device = -1);
 ACCEL_RT_API void reset_peak_memory_stats(int device = -1);
 ACCEL_RT_API void reset_accumulated_memory_stats(int device = -1);

@@ -147,6 +147,24 @@ struct DeviceStats {
   Stat oversize_segments;
 };
 
+// Tuning of the device caching allocator: PyTorch's allocator settings (PYTORCH_ALLOC_CONF, read
+// by the PyTorch integration) with their meaning in c10's CUDA allocator.
+struct AllocatorSettings {
+  // Cached blocks at least this large are never split, and serve only requests at least this
+  // large (max_split_size_mb; the default: no limit).
+  std::size_t max_split_size = SIZE_MAX;
+  // How much larger than such a request a cached unsplit block may be (max_non_split_rounding_mb).
+  std::size_t max_non_split_rounding = std::size_t{20} << 20;
+  // In (0, 1): before reserving a new segment that would take the reserved memory beyond this
+  // share of what the process may reserve, free cached segments, the longest unused first
+  // (garbage_collection_threshold; 0: never).
+  double garbage_collection_threshold = 0.0;
+  // Sizes above 512 bytes round up to the next of this many equal steps between two powers of
+  // two (roundup_power2_divisions); entry i is for sizes in [2^(20+i), 2^(21+i)), entry 0 also
+  // for smaller ones, the last for larger ones; 0 or 1: 512-byte rounding. Empty: none.
+  std::vector<std::size_t> roundup_power2_divisions;
+};
+
 struct HostStats {
   Stat allocation;
   Stat segment;

@@ -188,6 +188,105 @@ TEST_F(Allocator, WithCachingOffEachAllocationHasItsOwnMemoryGivenBackWhenFreed)
   EXPECT_RT_ERROR(set_memory_caching(false, 7), InvalidDeviceError, "set_memory_caching");
 }
 
+// PyTorch's allocator settings (PYTORCH_ALLOC_CONF through the PyTorch integration).
+class AllocatorSettingsTest : public Allocator {
+ protected:
+  void TearDown() override {
+    set_allocator_settings(AllocatorSettings{});
+    set_memory_fraction(1.0, kDev);
+    Allocator::TearDown();
+  }
+};
+
+TEST_F(AllocatorSettingsTest, RoundupPowerOfTwoDivisions) {
+  AllocatorSettings s;
+  s.roundup_power2_divisions.assign(16, 4);
+  set_allocator_settings(s);
+  EXPECT_EQ(allocator_settings().roundup_power2_divisions.size(), 16u);
+  // 1.2 MiB: between 1 and 2 MiB in quarters, so 1.25 MiB.
+  void* a = malloc(MiB + MiB / 5, stream_);
+  EXPECT_EQ(cur(stats().allocated_bytes), int64_t(MiB + MiB / 4));
+  // Powers of two and sizes up to 4 x 512 bytes keep the 512-byte rounding.
+  void* b = malloc(1500, stream_);
+  void* c = malloc(4 * MiB, stream_);
+  EXPECT_EQ(cur(stats().allocated_bytes), int64_t(MiB + MiB / 4 + 1536 + 4 * MiB));
+  for (void* p : {a, b, c}) free(p);
+}
+
+TEST_F(AllocatorSettingsTest, OversizeBlocksAreNotSplitAndServeOnlyLargeRequests) {
+  AllocatorSettings s;
+  s.max_split_size = 64 * MiB;
+  set_allocator_settings(s);
+  EXPECT_EQ(stats().max_split_size, int64_t(64 * MiB));
+  void* big = malloc(100 * MiB, stream_);
+  EXPECT_EQ(stats().oversize_allocations.current, 1);
+  EXPECT_EQ(stats().oversize_segments.current, 1);
+  free(big);
+  EXPECT_EQ(stats().oversize_allocations.current, 0);
+  // A smaller request does not carve the cached 100 MiB block: a segment of its own.
+  void* small = malloc(30 * MiB, stream_);
+  EXPECT_EQ(cur(stats().segment), 2);
+  // A large request less than 20 MiB short of it takes it whole, unsplit ...
+  void* again = malloc(85 * MiB, stream_);
+  EXPECT_EQ(again, big);
+  EXPECT_EQ(cur(stats().segment), 2);
+  EXPECT_EQ(cur(stats().allocated_bytes), int64_t(30 * MiB + 100 * MiB));
+  EXPECT_EQ(cur(stats().inactive_split), 0);
+  free(again);
+  // ... but not one it exceeds by 20 MiB or more.
+  void* other = malloc(80 * MiB, stream_);
+  EXPECT_NE(other, big);
+  EXPECT_EQ(stats().oversize_segments.current, 2);
+  free(other);
+  free(small);
+  // Without the limit a cached large block serves a smaller request again, split.
+  set_allocator_settings(AllocatorSettings{});
+  EXPECT_EQ(stats().max_split_size, -1);
+  EXPECT_EQ(stats().oversize_segments.current, 0);
+  void* carved = malloc(40 * MiB, stream_);
+  EXPECT_EQ(cur(stats().segment), 3);
+  EXPECT_EQ(cur(stats().inactive_split), 1);
+  free(carved);
+}
+
+TEST_F(AllocatorSettingsTest, GarbageCollectionFreesTheLongestUnusedSegmentsOverTheThreshold) {
+  set_memory_fraction(0.1, kDev);  // 409.6 MiB of the 4 GiB device may be reserved
+  AllocatorSettings s;
+  s.garbage_collection_threshold = 0.5;  // collect beyond 204.8 MiB
+  set_allocator_settings(s);
+  void* a = malloc(60 * MiB, stream_);
+  void* b = malloc(62 * MiB, stream_);
+  void* c = malloc(64 * MiB, stream_);
+  free(a);
+  free(c);
+  free(b);  // freed last: used most recently
+  EXPECT_EQ(cur(stats().reserved_bytes), int64_t(186 * MiB));
+  const int64_t frees = stats().num_device_free;
+  // 100 MiB more would make 286 MiB: a (oldest) and c go, b stays.
+  void* d = malloc(100 * MiB, stream_);
+  EXPECT_EQ(stats().num_device_free - frees, 2);
+  EXPECT_EQ(cur(stats().reserved_bytes), int64_t(162 * MiB));
+  const int64_t allocs = stats().num_device_alloc;
+  void* b2 = malloc(62 * MiB, stream_);
+  EXPECT_EQ(b2, b);
+  EXPECT_EQ(stats().num_device_alloc, allocs);
+  free(b2);
+  free(d);
+}
+
+TEST_F(AllocatorSettingsTest, BadSettingsAreRefusedByName) {
+  AllocatorSettings s;
+  s.garbage_collection_threshold = 1.0;
+  EXPECT_RT_ERROR(set_allocator_settings(s), InvalidValueError, "garbage_collection_threshold");
+  s = {};
+  s.max_split_size = MiB;
+  EXPECT_RT_ERROR(set_allocator_settings(s), InvalidValueError, "max_split_size must be more");
+  s = {};
+  s.roundup_power2_divisions = {3};
+  EXPECT_RT_ERROR(set_allocator_settings(s), InvalidValueError, "powers of two, got 3");
+  EXPECT_EQ(allocator_settings().garbage_collection_threshold, 0.0);
+}
+
 TEST_F(Allocator, RecordStreamDelaysReuseUntilTheOtherStreamPasses) {
   SKIP_IF_LAUNCH_BLOCKING();
   Stream user = stream_create(kDev);

@@ -279,6 +279,18 @@ def get_per_process_memory_fraction(device: Any = None) -> float:
     return _C._get_memory_fraction(_lazy_device_index(device))
 
 
+def _set_allocator_settings(settings: str) -> None:
+    """Changes PyTorch's allocator settings (the syntax of PYTORCH_ALLOC_CONF, e.g.
+    ``"max_split_size_mb:128,garbage_collection_threshold:0.8"``) and applies them to accel's
+    caching allocator, as torch.cuda.memory._set_allocator_settings does for CUDA's. accel reads
+    max_split_size_mb, max_non_split_rounding_mb, garbage_collection_threshold and
+    roundup_power2_divisions; it has no expandable segments (warned, ignored)."""
+    from torch_accel.accel import _lazy_init
+
+    _lazy_init()
+    _C._set_allocator_settings(settings)
+
+
 def caching_allocator_enable(value: bool = True) -> None:
     """Turns the caching allocator on (the default) or off on every accel device, as
     torch.cuda's. Off, each new allocation gets device memory of its own that goes back to the
