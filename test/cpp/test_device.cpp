@@ -108,7 +108,11 @@ TEST(Device, SensorsReportWhatTheDeviceHas) {
       EXPECT_GE(proc.memory, uint64_t{64} << 20);
     }
   }
-  EXPECT_TRUE(found) << "this process is not among the " << procs.size() << " using device 0";
+  // (NVML lists processes by the host's process ids, which a container renumbers: only the
+  // host driver's list is checked for this process.)
+  if (driver_capabilities().host_accessible_memory) {
+    EXPECT_TRUE(found) << "this process is not among the " << procs.size() << " using device 0";
+  }
   free(p);
   EXPECT_RT_ERROR(device_sensor(Sensor::Utilization, device_count()), InvalidDeviceError,
                   "device_sensor");
