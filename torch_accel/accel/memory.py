@@ -19,6 +19,7 @@ import torch
 
 from torch_accel import _C
 from torch_accel.accel._utils import _lazy_device_index
+from torch_accel.accel.sensors import list_gpu_processes  # torch.cuda.memory has it too
 
 __all__ = [
     "MemPool",
@@ -34,6 +35,7 @@ __all__ = [
     "get_per_process_memory_fraction",
     "host_memory_stats",
     "host_memory_stats_as_nested_dict",
+    "list_gpu_processes",
     "max_memory_allocated",
     "max_memory_cached",
     "max_memory_reserved",
