@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 TRAIN = r"""
 import json, os, sys, tempfile
@@ -91,3 +92,25 @@ def test_accelerate_bf16_runs_under_accels_autocast(run_python) -> None:
     assert out["device"] == "accel"
     assert out["inner"] == "torch.bfloat16"  # the Linear ran in bfloat16 under autocast
     assert out["loss"] > 0  # outputs converted back to float32 by Accelerate
+
+
+def test_accelerate_finds_a_batch_size_that_fits_after_out_of_memory() -> None:
+    # find_executable_batch_size (and transformers' auto_find_batch_size, built on it) shrinks
+    # the batch when the error reads "<device> out of memory.", as CUDA's and XPU's do.
+    from accelerate.utils import find_executable_batch_size
+    from accelerate.utils.memory import should_reduce_batch_size
+
+    with pytest.raises(torch.OutOfMemoryError) as caught:
+        torch.empty(8 << 30, dtype=torch.uint8, device="accel:1")
+    assert should_reduce_batch_size(caught.value)
+    tried: list[int] = []
+
+    @find_executable_batch_size(starting_batch_size=2048)
+    def step(batch_size: int) -> float:
+        tried.append(batch_size)
+        rows = torch.ones(batch_size, 1 << 20, device="accel:1")  # 4 MiB a row
+        return float(rows[-1, -1])
+
+    assert step() == 1.0
+    assert tried[0] == 2048 and len(tried) > 1 and tried[-1] * (1 << 22) <= 4 << 30
+    assert all(b == int(a * 0.9) for a, b in zip(tried, tried[1:], strict=False))
