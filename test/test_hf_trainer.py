@@ -70,6 +70,36 @@ print(json.dumps({
 """
 
 
+AUTO_FIND_BATCH_SIZE = r"""
+import json, os, sys, tempfile
+os.environ["HF_HUB_OFFLINE"] = "1"
+import torch, transformers
+transformers.logging.set_verbosity_error()
+torch.manual_seed(0)
+config = transformers.LlamaConfig(
+    vocab_size=4096, hidden_size=64, num_hidden_layers=1, num_attention_heads=4,
+    num_key_value_heads=2, intermediate_size=128, max_position_embeddings=256,
+)
+model = transformers.LlamaForCausalLM(config)
+g = torch.Generator().manual_seed(1)
+data = [{"input_ids": torch.randint(1, 4096, (256,), generator=g)} for _ in range(256)]
+for d in data:
+    d["labels"] = d["input_ids"].clone()
+sizes = []
+class Seen(transformers.TrainerCallback):
+    def on_step_begin(self, args, state, control, **kw):
+        sizes.append(trainer._train_batch_size)
+args = transformers.TrainingArguments(
+    output_dir=tempfile.mkdtemp(), per_device_train_batch_size=128, auto_find_batch_size=True,
+    max_steps=2, learning_rate=1e-3, logging_steps=1, report_to=[], save_strategy="no", seed=0,
+)
+trainer = transformers.Trainer(model=model, args=args, train_dataset=data, callbacks=[Seen()])
+trainer.train()
+print(json.dumps({"device": str(next(model.parameters()).device), "sizes": sizes,
+                  "ooms": torch.accel.memory_stats()["num_ooms"]}))
+"""
+
+
 def _run(run_python, code: str, *args: str, **env: str) -> dict:
     result = run_python(f"import sys; sys.argv = ['-', *{list(args)!r}]\n" + code, **env)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -114,3 +144,15 @@ def test_accelerate_finds_a_batch_size_that_fits_after_out_of_memory() -> None:
     assert step() == 1.0
     assert tried[0] == 2048 and len(tried) > 1 and tried[-1] * (1 << 22) <= 4 << 30
     assert all(b == int(a * 0.9) for a, b in zip(tried, tried[1:], strict=False))
+
+
+def test_trainer_auto_find_batch_size_shrinks_the_batch_on_accel(run_python) -> None:
+    # A 512 MiB device: batch 128 does not fit; the Trainer retries smaller batches (x0.9) until
+    # one trains, as it does on CUDA, since accel's error reads "accel out of memory.".
+    out = _run(
+        run_python, AUTO_FIND_BATCH_SIZE, ACCELERATE_TORCH_DEVICE="accel", ACCEL_HOST_MEMORY="512M"
+    )
+    sizes = out["sizes"]
+    assert out["device"] == "accel:0" and out["ooms"] >= 1
+    assert sizes[0] == 128 and sizes[-1] == sizes[-2] < 128  # the last size ran both steps
+    assert all(b == int(a * 0.9) for a, b in zip(sizes[:-2], sizes[1:-1], strict=True))
