@@ -16,21 +16,36 @@ import json
 import pytest
 import torch
 
-TRAIN = r"""
+# A tiny Llama and `samples` sequences of `seq` random tokens (labels = inputs), in a script.
+LLAMA = r"""
 import json, os, sys, tempfile
 os.environ["HF_HUB_OFFLINE"] = "1"
 import torch, transformers
 transformers.logging.set_verbosity_error()
 torch.manual_seed(0)
 config = transformers.LlamaConfig(
-    vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-    num_key_value_heads=2, intermediate_size=64, max_position_embeddings=64,
+    vocab_size={vocab}, hidden_size={hidden}, num_hidden_layers={layers}, num_attention_heads=4,
+    num_key_value_heads=2, intermediate_size={intermediate}, max_position_embeddings={positions},
 )
 model = transformers.LlamaForCausalLM(config)
 g = torch.Generator().manual_seed(1)
-data = [{"input_ids": torch.randint(1, 64, (16,), generator=g)} for _ in range(16)]
+data = [{"input_ids": torch.randint(1, {vocab}, ({seq},), generator=g)} for _ in range({samples})]
 for d in data:
     d["labels"] = d["input_ids"].clone()
+"""
+
+
+def _llama(**sizes: int) -> str:
+    """LLAMA with its {vocab}, {hidden}, ... filled in (str.format would trip on the dicts)."""
+    script = LLAMA
+    for name, value in sizes.items():
+        script = script.replace("{" + name + "}", str(value))
+    return script
+
+
+TRAIN = (
+    _llama(vocab=64, hidden=32, intermediate=64, layers=2, positions=64, seq=16, samples=16)
+    + r"""
 args = transformers.TrainingArguments(
     output_dir=tempfile.mkdtemp(), per_device_train_batch_size=4, num_train_epochs=1,
     learning_rate=1e-3, logging_steps=1, report_to=[], save_strategy="no", seed=0,
@@ -46,6 +61,7 @@ print(json.dumps({
     "fallbacks": torch.accel.fallback_stats() if accel else {},
 }))
 """
+)
 
 ACCELERATE_BF16 = r"""
 import json
@@ -70,21 +86,9 @@ print(json.dumps({
 """
 
 
-AUTO_FIND_BATCH_SIZE = r"""
-import json, os, sys, tempfile
-os.environ["HF_HUB_OFFLINE"] = "1"
-import torch, transformers
-transformers.logging.set_verbosity_error()
-torch.manual_seed(0)
-config = transformers.LlamaConfig(
-    vocab_size=4096, hidden_size=64, num_hidden_layers=1, num_attention_heads=4,
-    num_key_value_heads=2, intermediate_size=128, max_position_embeddings=256,
-)
-model = transformers.LlamaForCausalLM(config)
-g = torch.Generator().manual_seed(1)
-data = [{"input_ids": torch.randint(1, 4096, (256,), generator=g)} for _ in range(256)]
-for d in data:
-    d["labels"] = d["input_ids"].clone()
+AUTO_FIND_BATCH_SIZE = (
+    _llama(vocab=4096, hidden=64, intermediate=128, layers=1, positions=256, seq=256, samples=256)
+    + r"""
 sizes = []
 class Seen(transformers.TrainerCallback):
     def on_step_begin(self, args, state, control, **kw):
@@ -98,6 +102,7 @@ trainer.train()
 print(json.dumps({"device": str(next(model.parameters()).device), "sizes": sizes,
                   "ooms": torch.accel.memory_stats()["num_ooms"]}))
 """
+)
 
 
 def _run(run_python, code: str, *args: str, **env: str) -> dict:
