@@ -9,6 +9,8 @@
 #include <sstream>
 #include <thread>
 
+#include <unistd.h>
+
 #include "runtime/driver.h"
 #include "test_util.h"
 
@@ -199,7 +201,9 @@ TEST_F(CaptureRulesTest, DebugDumpWritesTheNodesAndTheirDependencies) {
   graph_capture_end(g_);
   EXPECT_RT_ERROR(graph_debug_dump(g_, "/nonexistent/dir/g.dot"), InvalidValueError,
                   "cannot write");
-  const std::string path = ::testing::TempDir() + "accel_graph.dot";
+  // One file per process: ctest runs this suite in several configurations at once.
+  const std::string path =
+      ::testing::TempDir() + "accel_graph_" + std::to_string(::getpid()) + ".dot";
   graph_debug_dump(g_, path);
   std::ifstream in(path);
   std::stringstream text;
