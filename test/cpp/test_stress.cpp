@@ -2,6 +2,7 @@
 // shared between tasks without atomics on purpose: under ThreadSanitizer these tests check
 // that stream order and events give the happens-before edges the runtime promises.
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <random>
 #include <thread>
@@ -35,6 +36,47 @@ bool intact(const Live& b) {
   return head == b.tag && tail == b.tag;
 }
 
+// One thread's share of the allocation churn: random sizes on its own and shared streams,
+// record_stream, stamps checked before every free.
+void churn(int device, const std::vector<Stream>& shared, int t, int iterations,
+           std::atomic<int>& corrupted) {
+  std::mt19937_64 rng(1234 + t);
+  // At least 16 bytes: the head and tail stamps must not overlap.
+  const std::size_t sizes[] = {16, 100, 512, 4000, 65536, 1 << 20, (1 << 20) + 8, 3 << 20};
+  std::vector<Live> live;
+  Stream own = stream_create(device);
+  for (int i = 0; i < iterations; ++i) {
+    if (live.size() < 16 && (live.empty() || rng() % 3 != 0)) {
+      const std::size_t size = sizes[rng() % std::size(sizes)] + rng() % 64;
+      const Stream s = rng() % 2 ? own : shared[rng() % shared.size()];
+      Live b{malloc(size, s), size, (uint64_t(t) << 32) | uint64_t(i), s};
+      stamp(b);
+      if (rng() % 4 == 0) record_stream(b.ptr, shared[rng() % shared.size()]);
+      live.push_back(b);
+    } else {
+      const std::size_t k = rng() % live.size();
+      if (!intact(live[k])) corrupted.fetch_add(1);
+      free(live[k].ptr);
+      live.erase(live.begin() + static_cast<std::ptrdiff_t>(k));
+    }
+  }
+  for (const Live& b : live) {
+    if (!intact(b)) corrupted.fetch_add(1);
+    free(b.ptr);
+  }
+  stream_destroy(own);
+}
+
+void expect_balanced(int device, const DeviceStats& before) {
+  device_synchronize(device);
+  empty_cache(device);
+  const DeviceStats after = memory_stats(device);
+  EXPECT_EQ(after.allocation[kAggregate].current, before.allocation[kAggregate].current);
+  EXPECT_EQ(after.allocated_bytes[kAggregate].current, before.allocated_bytes[kAggregate].current);
+  EXPECT_EQ(after.active[kAggregate].current, before.active[kAggregate].current);
+  EXPECT_EQ(after.requested_bytes[kAggregate].current, before.requested_bytes[kAggregate].current);
+}
+
 TEST(Stress, ConcurrentAllocationNeverHandsOutOverlappingBlocks) {
   const int device = 1;
   device_synchronize(device);
@@ -44,44 +86,53 @@ TEST(Stress, ConcurrentAllocationNeverHandsOutOverlappingBlocks) {
   std::atomic<int> corrupted{0};
   std::vector<std::thread> threads;
   for (int t = 0; t < kThreads; ++t) {
-    threads.emplace_back([&, t] {
-      std::mt19937_64 rng(1234 + t);
-      // At least 16 bytes: the head and tail stamps must not overlap.
-      const std::size_t sizes[] = {16, 100, 512, 4000, 65536, 1 << 20, (1 << 20) + 8, 3 << 20};
-      std::vector<Live> live;
-      Stream own = stream_create(device);
-      for (int i = 0; i < 1500; ++i) {
-        if (live.size() < 16 && (live.empty() || rng() % 3 != 0)) {
-          const std::size_t size = sizes[rng() % std::size(sizes)] + rng() % 64;
-          const Stream s = rng() % 2 ? own : shared[rng() % shared.size()];
-          Live b{malloc(size, s), size, (uint64_t(t) << 32) | uint64_t(i), s};
-          stamp(b);
-          if (rng() % 4 == 0) record_stream(b.ptr, shared[rng() % shared.size()]);
-          live.push_back(b);
-        } else {
-          const std::size_t k = rng() % live.size();
-          if (!intact(live[k])) corrupted.fetch_add(1);
-          free(live[k].ptr);
-          live.erase(live.begin() + static_cast<std::ptrdiff_t>(k));
-        }
-      }
-      for (const Live& b : live) {
-        if (!intact(b)) corrupted.fetch_add(1);
-        free(b.ptr);
-      }
-      stream_destroy(own);
-    });
+    threads.emplace_back([&, t] { churn(device, shared, t, 1500, corrupted); });
   }
   for (auto& th : threads) th.join();
   EXPECT_EQ(corrupted.load(), 0);
   for (Stream s : shared) stream_destroy(s);
+  expect_balanced(device, before);
+}
+
+TEST(Stress, AllocatorSettingsCachingAndSensorsChangeWhileThreadsAllocate) {
+  // Caching switched off and on, PyTorch's allocator settings changed, sensors and native
+  // handles asked for, all while threads allocate: blocks stay intact, statistics balance.
+  const int device = 1;
   device_synchronize(device);
-  empty_cache(device);
-  const DeviceStats after = memory_stats(device);
-  EXPECT_EQ(after.allocation[kAggregate].current, before.allocation[kAggregate].current);
-  EXPECT_EQ(after.allocated_bytes[kAggregate].current, before.allocated_bytes[kAggregate].current);
-  EXPECT_EQ(after.active[kAggregate].current, before.active[kAggregate].current);
-  EXPECT_EQ(after.requested_bytes[kAggregate].current, before.requested_bytes[kAggregate].current);
+  const DeviceStats before = memory_stats(device);
+  std::vector<Stream> shared;
+  for (int i = 0; i < 3; ++i) shared.push_back(stream_create(device));
+  std::atomic<int> corrupted{0};
+  std::atomic<bool> done{false};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads / 2; ++t) {
+    threads.emplace_back([&, t] { churn(device, shared, t, 800, corrupted); });
+  }
+  std::thread control([&] {
+    AllocatorSettings tuned;
+    tuned.max_split_size = std::size_t{21} << 20;  // just above a large segment
+    tuned.garbage_collection_threshold = 0.5;
+    tuned.roundup_power2_divisions.assign(16, 4);
+    for (int i = 0; !done.load(); ++i) {
+      set_memory_caching(i % 3 != 0, device);
+      set_allocator_settings(i % 2 == 0 ? tuned : AllocatorSettings{});
+      EXPECT_GE(device_sensor(Sensor::MemoryUsed, device), 0);
+      const Stream s = shared[static_cast<std::size_t>(i) % shared.size()];
+      if (driver_capabilities().native_handles) {
+        EXPECT_EQ(stream_from_native(stream_native_handle(s), device), s);
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+    set_memory_caching(true, device);
+    set_allocator_settings(AllocatorSettings{});
+  });
+  for (auto& th : threads) th.join();
+  done = true;
+  control.join();
+  EXPECT_EQ(corrupted.load(), 0);
+  for (Stream s : shared) stream_destroy(s);
+  expect_balanced(device, before);
+  EXPECT_EQ(memory_stats(device).oversize_allocations.current, 0);
 }
 
 TEST(Stress, ProducersAndConsumersOrderedByEvents) {
