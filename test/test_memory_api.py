@@ -208,12 +208,10 @@ def test_caching_allocator_can_be_turned_off() -> None:
 
 
 _ALLOCATOR_SETTINGS = """
-import warnings
 import torch
-with warnings.catch_warnings(record=True) as caught:
-    warnings.simplefilter("always")
-    x = torch.empty(100 << 20, dtype=torch.uint8, device="accel")
-print(sum("no expandable segments" in str(w.message) for w in caught))
+import torch_accel
+x = torch.empty(100 << 20, dtype=torch.uint8, device="accel")
+print(torch_accel._C._get_allocator_settings()["expandable_segments"])
 s = torch.accel.memory_stats()
 print(s["max_split_size"], s["oversize_allocations.current"], s["oversize_segments.current"])
 del x
@@ -227,11 +225,60 @@ print(torch.accel.memory_stats()["allocated_bytes.all.current"] - (30 << 20))
 
 def test_pytorchs_allocator_settings_apply_to_accel(run_python) -> None:
     # PYTORCH_ALLOC_CONF, PyTorch's device-generic allocator settings, as CUDA reads them.
-    result = run_python(
-        _ALLOCATOR_SETTINGS, PYTORCH_ALLOC_CONF="max_split_size_mb:64,expandable_segments:True"
-    )
+    result = run_python(_ALLOCATOR_SETTINGS, PYTORCH_ALLOC_CONF="max_split_size_mb:64")
     assert result.returncode == 0, result.stderr[-2000:]
-    assert result.stdout.split("\n")[:4] == ["1", f"{64 << 20} 1 1", "2", str(1280 << 10)]
+    assert result.stdout.split("\n")[:4] == ["False", f"{64 << 20} 1 1", "2", str(1280 << 10)]
+
+
+_EXPANDABLE = """
+import json
+import torch
+import torch_accel
+a, b, c = (torch.empty(n << 20, dtype=torch.uint8, device="accel") for n in (3, 5, 4))
+stats = torch.accel.memory_stats()
+out = {"segments": stats["segment.large_pool.current"],
+       "reserved": stats["reserved_bytes.large_pool.current"] >> 20,
+       "gaps": [(b.data_ptr() - a.data_ptr()) >> 20, (c.data_ptr() - b.data_ptr()) >> 20]}
+first = a.data_ptr()
+del a, b
+d = torch.empty(8 << 20, dtype=torch.uint8, device="accel")  # where a and b were
+out["reused"] = d.data_ptr() == first
+del c, d
+torch.accel.empty_cache()
+out["after_empty_cache"] = torch.accel.memory_reserved()
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 8))
+model = model.to("accel")
+opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+losses = []
+for step in range(3):
+    x = torch.randn(32 + 16 * step, 64, device="accel")  # a batch size that varies
+    loss = model(x).square().mean()
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+    losses.append(loss.item())
+out["losses"] = losses
+out["expandable"] = torch_accel._C._get_allocator_settings()["expandable_segments"]
+print(json.dumps(out))
+"""
+
+
+def test_expandable_segments_grow_one_range_per_stream(run_python) -> None:
+    import json
+
+    runs = {}
+    for conf in ("expandable_segments:True", ""):
+        result = run_python(_EXPANDABLE, PYTORCH_ALLOC_CONF=conf)
+        assert result.returncode == 0, result.stderr[-2000:]
+        runs[conf] = json.loads(result.stdout.strip().splitlines()[-1])
+    on, off = runs["expandable_segments:True"], runs[""]
+    assert on["expandable"] and not off["expandable"]
+    # Blocks back to back, mapped in 2 MiB units: 12 MiB (classic: a 20 MiB segment).
+    assert on["segments"] == 1 and on["reserved"] == 12 and on["gaps"] == [3, 5]
+    assert on["reused"] and on["after_empty_cache"] == 0
+    assert off["segments"] == 1 and off["reserved"] == 20
+    assert on["losses"] == off["losses"]
 
 
 _READ_AFTER_FREE = """

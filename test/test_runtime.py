@@ -37,6 +37,7 @@ def test_import_reports_version_and_devices():
         "timing_events",
         "host_accessible_memory",
         "native_handles",
+        "virtual_memory",
     }
     if driver == "host":  # the host driver's defaults
         assert all(caps.values())

@@ -136,8 +136,8 @@ def driver() -> str:
 
 def driver_capabilities() -> dict[str, bool]:
     """What the driver can do: ``graphs``, ``host_functions``, ``timing_events``,
-    ``host_accessible_memory``, ``native_handles``. The runtime refuses what it cannot with an
-    error naming the driver."""
+    ``host_accessible_memory``, ``native_handles``, ``virtual_memory`` (expandable segments).
+    The runtime refuses what it cannot with an error naming the driver."""
     return _C.driver_capabilities()
 
 

@@ -202,10 +202,12 @@ void apply_allocator_config() {
   settings.max_non_split_rounding = Config::max_non_split_rounding_size();
   settings.garbage_collection_threshold = Config::garbage_collection_threshold();
   settings.roundup_power2_divisions = Config::roundup_power2_divisions();
-  if (Config::use_expandable_segments()) {
-    TORCH_WARN_ONCE(
-        "accel's caching allocator has no expandable segments: expandable_segments in "
-        "PYTORCH_ALLOC_CONF is ignored for accel devices");
+  settings.expandable_segments = Config::use_expandable_segments();
+  if (settings.expandable_segments &&
+      !call([] { return rt::driver_capabilities().virtual_memory; })) {
+    TORCH_WARN_ONCE("the ", rt::driver_name(),
+                    " driver has no virtual memory, which expandable segments need: "
+                    "expandable_segments in PYTORCH_ALLOC_CONF is ignored for accel devices");
   }
   if (Config::large_segment_size() != (std::size_t{20} << 20)) {
     TORCH_WARN_ONCE(

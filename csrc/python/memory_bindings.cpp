@@ -201,6 +201,7 @@ void init_memory_bindings(py::module_& m) {
     d["max_non_split_rounding"] = s.max_non_split_rounding;
     d["garbage_collection_threshold"] = s.garbage_collection_threshold;
     d["roundup_power2_divisions"] = s.roundup_power2_divisions;
+    d["expandable_segments"] = s.expandable_segments;
     return d;
   });
   m.def(

@@ -326,6 +326,7 @@ PYBIND11_MODULE(_C, m) {
     d["timing_events"] = c.timing_events;
     d["host_accessible_memory"] = c.host_accessible_memory;
     d["native_handles"] = c.native_handles;
+    d["virtual_memory"] = c.virtual_memory;
     return d;
   });
   m.def("launch_blocking", &rt::launch_blocking);

@@ -14,6 +14,8 @@ namespace accel::rt::detail {
 
 // --- blocks and bins ----------------------------------------------------------------------
 
+struct Expandable;
+
 struct Block {
   void* ptr = nullptr;
   std::size_t size = 0;
@@ -29,8 +31,9 @@ struct Block {
   bool in_bin = false;
   bool uncached = false;  // allocated with caching off: its segment goes back when freed
   int event_count = 0;
-  uint64_t freed_at = 0;         // when it last became free (CachingAllocator::free_seq_)
-  std::size_t segment_size = 0;  // set on segment heads
+  uint64_t freed_at = 0;             // when it last became free (CachingAllocator::free_seq_)
+  std::size_t segment_size = 0;      // set on segment heads
+  Expandable* expandable = nullptr;  // set on the head of an expandable segment
   std::vector<Stream> stream_uses;
   std::shared_ptr<HistoryContext> context;
 
@@ -146,6 +149,19 @@ struct Bins {
   }
 };
 
+// A stream's expandable segment in a pool (AllocatorSettings::expandable_segments): addresses
+// reserved once, device memory mapped behind [base, base + mapped) as allocations need it and
+// unmapped from the end when the cache is emptied. Its blocks form one segment whose head (at
+// base) has segment_size == mapped; nothing is mapped while head is null.
+struct Expandable {
+  char* base = nullptr;
+  std::size_t reserved = 0;
+  std::size_t granularity = 0;
+  std::size_t mapped = 0;
+  Block* head = nullptr;
+  bool unavailable = false;  // the reservation was refused: classic segments instead
+};
+
 struct BlockPool {
   bool small = true;
   bool no_split = false;  // MemPoolOptions::no_split
@@ -162,6 +178,13 @@ struct BlockPool {
     return *b;
   }
   Bins& bins_of(const Block* b) { return bins(b->stream->slot); }
+  std::vector<std::unique_ptr<Expandable>> expandables;  // by stream slot
+  Expandable& expandable(uint32_t slot) {
+    if (slot >= expandables.size()) expandables.resize(slot + 1);
+    auto& e = expandables[slot];
+    if (!e) e = std::make_unique<Expandable>();
+    return *e;
+  }
 };
 
 struct CachingAllocator::PrivatePool {

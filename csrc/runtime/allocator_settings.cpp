@@ -63,7 +63,10 @@ std::size_t CachingAllocator::largest_fit(const BlockPool& pool, std::size_t rou
 }
 
 bool CachingAllocator::splits(const BlockPool& pool, std::size_t rounded, std::size_t rest) const {
-  if (pool.small) return rest >= kMinBlockSize;
+  // Expandable segments keep any remainder: a free end is unmapped or grown, never stranded.
+  if (pool.small || (settings_.expandable_segments && !pool.is_private)) {
+    return rest >= kMinBlockSize;
+  }
   return !oversize(rounded) && rest > kSmallSize;
 }
 
@@ -78,7 +81,9 @@ void CachingAllocator::garbage_collect(const BlockPool& pool, std::size_t incomi
   if (reserved + incoming <= target) return;
   std::vector<Block*> idle;  // whole free segments of the default pools
   for (const auto& [addr, head] : segments_) {
-    if (!head->pool->is_private && segment_is_free(head)) idle.push_back(head);
+    if (!head->pool->is_private && head->expandable == nullptr && segment_is_free(head)) {
+      idle.push_back(head);
+    }
   }
   std::sort(idle.begin(), idle.end(),
             [](const Block* a, const Block* b) { return a->freed_at < b->freed_at; });
@@ -93,7 +98,7 @@ void CachingAllocator::recount_oversize() {
   int64_t segments = 0;
   int64_t allocations = 0;
   for (const auto& [addr, head] : segments_) {
-    if (oversize(head->segment_size)) ++segments;
+    if (head->expandable == nullptr && oversize(head->segment_size)) ++segments;
     for (const Block* b = head; b != nullptr; b = b->next) {
       if (b->allocated && oversize(b->size)) ++allocations;
     }

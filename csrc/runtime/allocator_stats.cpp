@@ -58,15 +58,16 @@ std::size_t CachingAllocator::reserve_limit() {
   // from running out of memory (Accelerate's find_executable_batch_size, transformers'
   // auto_find_batch_size) recognize the error by these words.
   if (reserved - allocated >= static_cast<int64_t>(size)) {
-    hint += " Reserved but unallocated memory could hold the request but is fragmented: "
-            "PYTORCH_ALLOC_CONF=max_split_size_mb:<MB> (or garbage_collection_threshold:<share>) "
-            "may help.";
+    hint +=
+        " Reserved but unallocated memory could hold the request but is fragmented: "
+        "PYTORCH_ALLOC_CONF=max_split_size_mb:<MB> (or garbage_collection_threshold:<share>) "
+        "may help.";
   }
   ACCEL_RT_THROW(OutOfMemoryError, "accel out of memory. Tried to allocate ", format_bytes(size),
                  " (", size, " bytes; a new segment of ", format_bytes(alloc_size),
-                 " was needed) on device ", device_,
-                 ". The device has a total capacity of ", format_bytes(info.total),
-                 ", of which ", format_bytes(info.free), " is free. The caching allocator has ",
+                 " was needed) on device ", device_, ". The device has a total capacity of ",
+                 format_bytes(info.total), ", of which ", format_bytes(info.free),
+                 " is free. The caching allocator has ",
                  format_bytes(static_cast<uint64_t>(allocated)), " allocated and ",
                  format_bytes(static_cast<uint64_t>(reserved)), " reserved (",
                  format_bytes(static_cast<uint64_t>(reserved - allocated)),

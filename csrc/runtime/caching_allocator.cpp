@@ -119,6 +119,10 @@ Block* CachingAllocator::try_allocate(BlockPool& pool, StreamObj& stream, std::s
   if (b != nullptr) {
     bins.remove(b);
     add_inactive_split(b, -1);
+  } else if (expands(pool, stream) && (b = grow_expandable(pool, stream, rounded)) != nullptr) {
+    // the stream's expandable segment grew (else its reservation was refused: see below)
+  } else if (expands(pool, stream)) {
+    return nullptr;  // no memory to map
   } else {
     garbage_collect(pool, segment_size_for(rounded));
     b = alloc_segment(pool, stream, segment_size_for(rounded));
@@ -312,7 +316,9 @@ void CachingAllocator::free_block(Block* b) {
       b->prev = n->prev;
       if (b->prev != nullptr) b->prev->next = b;
       b->segment_size = n->segment_size;
+      b->expandable = n->expandable;
       if (b->prev == nullptr) segments_[b->addr()] = b;
+      if (b->expandable != nullptr) b->expandable->head = b;
     } else {
       b->size += n->size;
       b->next = n->next;
@@ -367,7 +373,11 @@ bool CachingAllocator::release_free_segments(Releasable releasable) {
   bool released = false;
   for (auto it = segments_.begin(); it != segments_.end();) {
     Block* head = it->second;
-    ++it;  // release_segment erases the current entry
+    ++it;                               // release_segment erases the current entry
+    if (head->expandable != nullptr) {  // its free end is unmapped
+      if (releasable(*head->pool) && shrink_expandable(*head->expandable)) released = true;
+      continue;
+    }
     if (releasable(*head->pool) && segment_is_free(head)) {
       release_segment(head);
       released = true;

@@ -39,6 +39,7 @@ namespace accel::rt::detail {
 
 struct Block;
 struct BlockPool;
+struct Expandable;
 
 class CachingAllocator {
  public:
@@ -106,6 +107,12 @@ class CachingAllocator {
   void garbage_collect(const BlockPool& pool, std::size_t incoming);
   bool oversize(std::size_t size) const { return size >= settings_.max_split_size; }
   void recount_oversize();
+  // Expandable segments (allocator_expandable.cpp): whether allocations on `stream` from `pool`
+  // grow the stream's expandable segment; a free block of at least `rounded` bytes at its end,
+  // out of the bins, after mapping what is missing (nullptr: no memory); unmapping its free end.
+  bool expands(BlockPool& pool, const StreamObj& stream);
+  Block* grow_expandable(BlockPool& pool, StreamObj& stream, std::size_t rounded);
+  bool shrink_expandable(Expandable& e);
   Block* alloc_segment(BlockPool& pool, StreamObj& stream, std::size_t size);
   Block* try_allocate(BlockPool& pool, StreamObj& stream, std::size_t rounded, bool uncached);
   void split_block(Block* block, std::size_t size);

@@ -20,6 +20,22 @@ DriverStream Driver::stream_adopt(int, void*, int*) {
                  " driver cannot adopt a stream it did not create");
 }
 
+std::size_t Driver::va_granularity(int) {
+  ACCEL_RT_THROW(NotSupportedError, "the ", name(), " driver has no virtual memory");
+}
+void* Driver::va_reserve(int device, std::size_t) {
+  return (void)va_granularity(device), nullptr;
+}
+void Driver::va_release(int device, void*, std::size_t) {
+  (void)va_granularity(device);
+}
+bool Driver::va_map(int device, void*, std::size_t) {
+  return (void)va_granularity(device), false;
+}
+void Driver::va_unmap(int device, void*, std::size_t) {
+  (void)va_granularity(device);
+}
+
 int64_t Driver::device_sensor(int, Sensor sensor) {
   ACCEL_RT_THROW(NotSupportedError, "the ", name(), " driver does not report ",
                  sensor_name(sensor));

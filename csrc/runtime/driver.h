@@ -168,6 +168,26 @@ class ACCEL_RT_API Driver {
   // CUDA: cudaThreadExchangeStreamCaptureMode.   L0: nothing.
   virtual CaptureMode thread_capture_mode_exchange(CaptureMode mode) { return mode; }
 
+  // --- virtual memory (capabilities().virtual_memory) ----------------------------------
+  // The unit of va_map/va_unmap (sizes and offsets are multiples of it).
+  // CUDA: cuMemGetAllocationGranularity.  L0: zeVirtualMemQueryPageSize.  Host: 2 MiB.
+  virtual std::size_t va_granularity(int device);
+  // Reserves `size` bytes of device addresses with no memory behind them; nullptr if refused.
+  // CUDA: cuMemAddressReserve.  L0: zeVirtualMemReserve.  Host: mmap(PROT_NONE, MAP_NORESERVE).
+  virtual void* va_reserve(int device, std::size_t size);
+  // Releases a reservation whose memory is all unmapped.
+  // CUDA: cuMemAddressFree.  L0: zeVirtualMemFree.  Host: munmap.
+  virtual void va_release(int device, void* ptr, std::size_t size);
+  // Puts device memory behind [ptr, ptr + size) of a reservation; false when the device has
+  // no memory left for it (nothing mapped then).
+  // CUDA: cuMemCreate + cuMemMap + cuMemSetAccess.  L0: zePhysicalMemCreate + zeVirtualMemMap.
+  // Host: the pages made accessible, counted against the capacity.
+  virtual bool va_map(int device, void* ptr, std::size_t size);
+  // Takes the memory away once the work submitted before the call has passed it (as raw_free).
+  // CUDA: cuMemUnmap + cuMemRelease.  L0: zeVirtualMemUnmap + zePhysicalMemDestroy.
+  // Host: madvise(MADV_DONTNEED) and PROT_NONE, deferred until the device's streams pass.
+  virtual void va_unmap(int device, void* ptr, std::size_t size);
+
   // --- sensors ------------------------------------------------------------------------
   // What a sensor of the device reads now (units and periods: Sensor). The default throws
   // NotSupportedError, as should a driver for a sensor its device lacks.
@@ -203,7 +223,8 @@ struct HostDriverOptions {
   int max_kernel_buffers = 64;
   // What the driver reports it can do (and then refuses, through the runtime, what it leaves
   // out: tests use this to stand in for drivers without graphs or timing).
-  DriverCapabilities capabilities{.host_accessible_memory = true, .native_handles = true};
+  DriverCapabilities capabilities{
+      .host_accessible_memory = true, .native_handles = true, .virtual_memory = true};
 
   // ACCEL_HOST_DEVICES, ACCEL_HOST_MEMORY, ACCEL_LAUNCH_BLOCKING, ACCEL_PROTECT_DEVICE_MEMORY,
   // ACCEL_MAX_KERNEL_ARGS and ACCEL_MAX_KERNEL_BUFFERS (InitError naming a malformed one).

@@ -212,6 +212,14 @@ typedef struct accel_driver_table {
    * *count (call again with more room when it exceeds capacity). Absent: not listed. */
   int (*device_processes)(accel_driver* self, int device, accel_drv_process* out, size_t capacity,
                           size_t* count);
+  /* Virtual memory (accel::rt::Driver::va_*), for expandable segments: all five, or none
+   * (absent: no virtual memory). va_map sets *mapped to 0 when the device has no memory left
+   * for it. */
+  int (*va_granularity)(accel_driver* self, int device, size_t* out);
+  int (*va_reserve)(accel_driver* self, int device, size_t size, void** out);
+  int (*va_release)(accel_driver* self, int device, void* ptr, size_t size);
+  int (*va_map)(accel_driver* self, int device, void* ptr, size_t size, int* mapped);
+  int (*va_unmap)(accel_driver* self, int device, void* ptr, size_t size);
 } accel_driver_table;
 
 /* The symbol a driver library exports (and one optional one, below):

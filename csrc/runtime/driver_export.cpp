@@ -260,6 +260,21 @@ void fill_entries(accel_driver_table& t) {
       }
     });
   };
+  t.va_granularity = [](accel_driver* s, int device, size_t* out) {
+    return guarded([&] { *out = drv(s).va_granularity(device); });
+  };
+  t.va_reserve = [](accel_driver* s, int device, size_t size, void** out) {
+    return guarded([&] { *out = drv(s).va_reserve(device, size); });
+  };
+  t.va_release = [](accel_driver* s, int device, void* ptr, size_t size) {
+    return guarded([&] { drv(s).va_release(device, ptr, size); });
+  };
+  t.va_map = [](accel_driver* s, int device, void* ptr, size_t size, int* mapped) {
+    return guarded([&] { *mapped = drv(s).va_map(device, ptr, size) ? 1 : 0; });
+  };
+  t.va_unmap = [](accel_driver* s, int device, void* ptr, size_t size) {
+    return guarded([&] { drv(s).va_unmap(device, ptr, size); });
+  };
   t.pointer_attributes = [](accel_driver* s, const void* ptr, accel_drv_pointer_attributes* out) {
     return guarded([&] {
       const PointerAttributes a = drv(s).pointer_attributes(ptr);
@@ -293,6 +308,13 @@ int export_driver(std::unique_ptr<Driver> driver, accel_driver_table* table, std
   t.self = reinterpret_cast<accel_driver*>(exported);
   t.name = exported->name.c_str();
   fill_entries(t);
+  if (!c.virtual_memory) {  // absent entries say "no virtual memory"
+    t.va_granularity = nullptr;
+    t.va_reserve = nullptr;
+    t.va_release = nullptr;
+    t.va_map = nullptr;
+    t.va_unmap = nullptr;
+  }
   t.struct_size = static_cast<uint32_t>(std::min(table_size, sizeof(t)));
   std::memcpy(static_cast<void*>(table), &t, t.struct_size);
   return 0;

@@ -61,7 +61,10 @@ class TableDriver final : public Driver {
             .host_functions = c.host_functions != 0,
             .timing_events = c.timing_events != 0,
             .host_accessible_memory = c.host_accessible_memory != 0,
-            .native_handles = c.native_handles != 0 && t_.stream_native_handle != nullptr};
+            .native_handles = c.native_handles != 0 && t_.stream_native_handle != nullptr,
+            .virtual_memory = t_.va_granularity != nullptr && t_.va_reserve != nullptr &&
+                              t_.va_release != nullptr && t_.va_map != nullptr &&
+                              t_.va_unmap != nullptr};
   }
 
   int device_count() override {
@@ -257,6 +260,32 @@ class TableDriver final : public Driver {
     accel_drv_stream st = nullptr;
     run("stream_adopt", [&] { return t_.stream_adopt(t_.self, device, native, &st, priority); });
     return reinterpret_cast<DriverStream>(st);
+  }
+  std::size_t va_granularity(int device) override {
+    if (!capabilities().virtual_memory) return Driver::va_granularity(device);
+    std::size_t g = 0;
+    run("va_granularity", [&] { return t_.va_granularity(t_.self, device, &g); });
+    return g;
+  }
+  void* va_reserve(int device, std::size_t size) override {
+    if (!capabilities().virtual_memory) return Driver::va_reserve(device, size);
+    void* p = nullptr;
+    run("va_reserve", [&] { return t_.va_reserve(t_.self, device, size, &p); });
+    return p;
+  }
+  void va_release(int device, void* ptr, std::size_t size) override {
+    if (!capabilities().virtual_memory) return Driver::va_release(device, ptr, size);
+    if (!lost()) run("va_release", [&] { return t_.va_release(t_.self, device, ptr, size); });
+  }
+  bool va_map(int device, void* ptr, std::size_t size) override {
+    if (!capabilities().virtual_memory) return Driver::va_map(device, ptr, size);
+    int mapped = 0;
+    run("va_map", [&] { return t_.va_map(t_.self, device, ptr, size, &mapped); });
+    return mapped != 0;
+  }
+  void va_unmap(int device, void* ptr, std::size_t size) override {
+    if (!capabilities().virtual_memory) return Driver::va_unmap(device, ptr, size);
+    if (!lost()) run("va_unmap", [&] { return t_.va_unmap(t_.self, device, ptr, size); });
   }
   int64_t device_sensor(int device, Sensor sensor) override {
     if (t_.device_sensor == nullptr) return Driver::device_sensor(device, sensor);

@@ -163,6 +163,10 @@ struct AllocatorSettings {
   // two (roundup_power2_divisions); entry i is for sizes in [2^(20+i), 2^(21+i)), entry 0 also
   // for smaller ones, the last for larger ones; 0 or 1: 512-byte rounding. Empty: none.
   std::vector<std::size_t> roundup_power2_divisions;
+  // Each stream's allocations of the default pools grow one reserved range of addresses, memory
+  // mapped behind it as needed, instead of separate segments (expandable_segments), where the
+  // driver has virtual memory (DriverCapabilities::virtual_memory).
+  bool expandable_segments = false;
 };
 
 struct HostStats {
@@ -240,6 +244,8 @@ struct DriverCapabilities {
   bool host_accessible_memory = false;  // device memory is host memory: the CPU may touch it
                                         // inside host_access_begin/end (the host driver)
   bool native_handles = false;          // stream_native_handle
+  bool virtual_memory = false;          // va_reserve/va_map/va_unmap/va_release (expandable
+                                        // segments)
 };
 
 // What a pointer is (cudaPointerGetAttributes): memory of the runtime's allocators, or what the

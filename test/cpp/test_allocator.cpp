@@ -274,6 +274,59 @@ TEST_F(AllocatorSettingsTest, GarbageCollectionFreesTheLongestUnusedSegmentsOver
   free(d);
 }
 
+TEST_F(AllocatorSettingsTest, ExpandableSegmentsGrowOneRangeOfAddressesPerStream) {
+  if (!driver_capabilities().virtual_memory) GTEST_SKIP() << "the driver has no virtual memory";
+  AllocatorSettings s;
+  s.expandable_segments = true;
+  set_allocator_settings(s);
+  // Blocks of any size follow each other in one segment, mapped in 2 MiB units.
+  char* a = static_cast<char*>(malloc(3 * MiB, stream_));
+  char* b = static_cast<char*>(malloc(5 * MiB, stream_));
+  char* c = static_cast<char*>(malloc(4 * MiB, stream_));
+  EXPECT_EQ(b, a + 3 * MiB);
+  EXPECT_EQ(c, b + 5 * MiB);
+  EXPECT_EQ(cur(stats().segment), 1);
+  EXPECT_EQ(cur(stats().reserved_bytes), int64_t(12 * MiB));
+  // The memory holds what is written to it.
+  const std::vector<float> values = {1.f, 2.f, 3.f, 4.f};
+  memcpy(b + 5 * MiB - sizeof(float) * 4, values.data(), sizeof(float) * 4, CopyKind::HostToDevice);
+  std::vector<float> back(4);
+  memcpy(back.data(), b + 5 * MiB - sizeof(float) * 4, sizeof(float) * 4, CopyKind::DeviceToHost);
+  EXPECT_EQ(back, values);
+  // Freed neighbours merge whatever their sizes: 8 MiB fit where a and b were, mapping nothing.
+  free(a);
+  free(b);
+  const int64_t maps = stats().num_device_alloc;
+  char* d = static_cast<char*>(malloc(8 * MiB, stream_));
+  EXPECT_EQ(d, a);
+  EXPECT_EQ(stats().num_device_alloc, maps);
+  // A request larger than any free block grows the end: the free tail (none here) plus pages.
+  free(c);
+  char* e = static_cast<char*>(malloc(6 * MiB, stream_));
+  EXPECT_EQ(e, a + 8 * MiB) << "the free 4 MiB at the end were extended by 2 MiB";
+  EXPECT_EQ(cur(stats().reserved_bytes), int64_t(14 * MiB));
+  // Another stream grows its own range.
+  Stream other = stream_create(kDev);
+  void* f = malloc(MiB + MiB / 2, other);
+  EXPECT_EQ(cur(stats().segment), 2);
+  free(f);
+  stream_destroy(other);
+  // Emptying the cache unmaps the free ends: with nothing allocated, every range goes.
+  free(e);
+  empty_cache(kDev);
+  EXPECT_EQ(cur(stats().reserved_bytes), int64_t(8 * MiB)) << "d keeps its pages";
+  free(d);
+  empty_cache(kDev);
+  EXPECT_EQ(cur(stats().reserved_bytes), 0);
+  EXPECT_EQ(cur(stats().segment), 0);
+  EXPECT_EQ(mem_get_info(kDev).free, mem_get_info(kDev).total);
+  // Small requests too, in the small pool's own range; out of memory is still typed.
+  void* g = malloc(1000, stream_);
+  EXPECT_EQ(cur(stats().reserved_bytes), int64_t(2 * MiB));
+  EXPECT_RT_ERROR(malloc(5 * GiB, stream_), OutOfMemoryError, "Tried to allocate 5.00 GiB");
+  free(g);
+}
+
 TEST_F(AllocatorSettingsTest, BadSettingsAreRefusedByName) {
   AllocatorSettings s;
   s.garbage_collection_threshold = 1.0;

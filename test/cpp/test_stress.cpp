@@ -113,6 +113,7 @@ TEST(Stress, AllocatorSettingsCachingAndSensorsChangeWhileThreadsAllocate) {
     tuned.max_split_size = std::size_t{21} << 20;  // just above a large segment
     tuned.garbage_collection_threshold = 0.5;
     tuned.roundup_power2_divisions.assign(16, 4);
+    tuned.expandable_segments = true;
     for (int i = 0; !done.load(); ++i) {
       set_memory_caching(i % 3 != 0, device);
       set_allocator_settings(i % 2 == 0 ? tuned : AllocatorSettings{});

@@ -285,8 +285,8 @@ def _set_allocator_settings(settings: str) -> None:
     """Changes PyTorch's allocator settings (the syntax of PYTORCH_ALLOC_CONF, e.g.
     ``"max_split_size_mb:128,garbage_collection_threshold:0.8"``) and applies them to accel's
     caching allocator, as torch.cuda.memory._set_allocator_settings does for CUDA's. accel reads
-    max_split_size_mb, max_non_split_rounding_mb, garbage_collection_threshold and
-    roundup_power2_divisions; it has no expandable segments (warned, ignored)."""
+    max_split_size_mb, max_non_split_rounding_mb, garbage_collection_threshold,
+    roundup_power2_divisions and expandable_segments (on drivers with virtual memory)."""
     from torch_accel.accel import _lazy_init
 
     _lazy_init()

@@ -4,11 +4,13 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <iterator>
 #include <memory>
 #include <mutex>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -36,9 +38,12 @@ struct HostDevice {
   BusyClock busy;  // when its streams ran tasks (utilization)
   std::mutex m;    // streams and deferred
   std::vector<std::shared_ptr<HostStream>> streams;
+  // Memory given back once every stream passed the point where it was given back.
   struct Deferred {
+    enum class Kind { Unmap, Decommit, Release };  // raw_free, va_unmap, va_release
     void* ptr;
     std::size_t size;
+    Kind kind;
     Marker marker;
   };
   std::vector<Deferred> deferred;
@@ -54,19 +59,65 @@ struct HostDevice {
     return mk;
   }
 
+  // Gives [ptr, ptr + size) back now if no stream has work queued, else once they passed it.
+  void give_back(void* ptr, std::size_t size, Deferred::Kind kind) {
+    {
+      std::lock_guard<std::mutex> lock(m);
+      Marker mk = marker_locked();
+      if (!mk.positions.empty()) {
+        deferred.push_back(Deferred{ptr, size, kind, std::move(mk)});
+        return;
+      }
+    }
+    run(Deferred{ptr, size, kind, {}});
+  }
+
   void reclaim() {
     std::vector<Deferred> ready;
     {
       std::lock_guard<std::mutex> lock(m);
       if (deferred.empty()) return;
-      auto it = std::partition(deferred.begin(), deferred.end(),
-                               [](const Deferred& d) { return !d.marker.passed(); });
+      // In order: a reservation is released after the decommits inside it.
+      auto it = std::stable_partition(deferred.begin(), deferred.end(),
+                                      [](const Deferred& d) { return !d.marker.passed(); });
       std::move(it, deferred.end(), std::back_inserter(ready));
       deferred.erase(it, deferred.end());
     }
-    for (auto& d : ready) {
-      memory.unmap(d.ptr, d.size);
-      used.fetch_sub(d.size);
+    for (auto& d : ready) run(d);
+  }
+
+  // Waits until no decommit of [ptr, ptr + size) is pending (memory mapped there again must not
+  // be decommitted by an earlier va_unmap).
+  void settle(const void* ptr, std::size_t size) {
+    const auto lo = reinterpret_cast<uintptr_t>(ptr);
+    const uintptr_t hi = lo + size;
+    for (;;) {
+      reclaim();
+      bool pending = false;
+      {
+        std::lock_guard<std::mutex> lock(m);
+        for (const Deferred& d : deferred) {
+          const auto b = reinterpret_cast<uintptr_t>(d.ptr);
+          pending = pending || (d.kind == Deferred::Kind::Decommit && b < hi && lo < b + d.size);
+        }
+      }
+      if (!pending) return;
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+    }
+  }
+
+ private:
+  void run(const Deferred& d) {
+    switch (d.kind) {
+      case Deferred::Kind::Unmap:
+        memory.unmap(d.ptr, d.size);
+        used.fetch_sub(d.size);
+        break;
+      case Deferred::Kind::Decommit:
+        memory.decommit(d.ptr, d.size);
+        used.fetch_sub(d.size);
+        break;
+      case Deferred::Kind::Release: memory.release_reservation(d.ptr, d.size); break;
     }
   }
 };

@@ -31,6 +31,7 @@ namespace accel::rt::host {
 namespace {
 
 constexpr std::size_t kPageSize = 4096;
+constexpr std::size_t kVaGranularity = std::size_t{2} << 20;
 
 std::size_t round_up(std::size_t n, std::size_t m) {
   return (n + m - 1) / m * m;
@@ -146,17 +147,35 @@ class HostDriver final : public Driver {
   void raw_free(int device, void* ptr, std::size_t size) override {
     check_capture_safe("raw_free");
     HostDevice& d = *devices_[device];
-    const std::size_t bytes = round_up(size, kPageSize);
-    {
-      std::lock_guard<std::mutex> lock(d.m);
-      Marker mk = d.marker_locked();
-      if (!mk.positions.empty()) {
-        d.deferred.push_back(HostDevice::Deferred{ptr, bytes, std::move(mk)});
-        return;
-      }
-    }
-    d.memory.unmap(ptr, bytes);
-    d.used.fetch_sub(bytes);
+    d.give_back(ptr, round_up(size, kPageSize), HostDevice::Deferred::Kind::Unmap);
+  }
+
+  // Virtual memory: reservations of addresses, pages committed in 2 MiB units within the
+  // capacity, decommitted and released once the streams passed (as raw_free).
+  std::size_t va_granularity(int) override { return kVaGranularity; }
+  void* va_reserve(int device, std::size_t size) override {
+    check_capture_safe("va_reserve");
+    return devices_[device]->memory.reserve(round_up(size, kVaGranularity));
+  }
+  void va_release(int device, void* ptr, std::size_t size) override {
+    check_capture_safe("va_release");
+    devices_[device]->give_back(ptr, round_up(size, kVaGranularity),
+                                HostDevice::Deferred::Kind::Release);
+  }
+  bool va_map(int device, void* ptr, std::size_t size) override {
+    check_capture_safe("va_map");
+    HostDevice& d = *devices_[device];
+    d.settle(ptr, size);  // an earlier va_unmap of these pages happens first
+    uint64_t used = d.used.load();
+    do {
+      if (size > d.capacity || used > d.capacity - size) return false;
+    } while (!d.used.compare_exchange_weak(used, used + size));
+    d.memory.commit(ptr, size);
+    return true;
+  }
+  void va_unmap(int device, void* ptr, std::size_t size) override {
+    check_capture_safe("va_unmap");
+    devices_[device]->give_back(ptr, size, HostDevice::Deferred::Kind::Decommit);
   }
 
   // Pinned memory is made and freed by calls CUDA counts as unsafe during a capture.

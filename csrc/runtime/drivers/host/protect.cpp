@@ -24,6 +24,58 @@ void DeviceMemory::unmap(void* ptr, std::size_t size) {
   ::munmap(ptr, size);
 }
 
+void* DeviceMemory::reserve(std::size_t size) {
+  void* p = ::mmap(nullptr, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  return p == MAP_FAILED ? nullptr : p;
+}
+
+void DeviceMemory::commit(void* ptr, std::size_t size) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const auto base = reinterpret_cast<uintptr_t>(ptr);
+  bool accessible = !protect_ || all_count_ > 0;
+  if (protect_) {
+    auto it = regions_.lower_bound(base);
+    if (it != regions_.begin() && std::prev(it)->first + std::prev(it)->second.size == base) {
+      Region& r = std::prev(it)->second;  // grows the range that ends here
+      r.size += size;
+      accessible = accessible || r.count > 0;
+    } else {
+      regions_[base] = Region{size, 0};
+    }
+  }
+  set_access(base, size, accessible);
+}
+
+void DeviceMemory::decommit(void* ptr, std::size_t size) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const auto lo = reinterpret_cast<uintptr_t>(ptr);
+  if (protect_) {
+    // The tail of a committed range (or all of it): cut it off.
+    auto it = regions_.upper_bound(lo);
+    if (it != regions_.begin()) {
+      auto r = std::prev(it);
+      if (r->first + r->second.size > lo) {
+        if (r->first == lo) {
+          regions_.erase(r);
+        } else {
+          r->second.size = lo - r->first;
+        }
+      }
+    }
+  }
+  ::madvise(ptr, size, MADV_DONTNEED);  // the pages go back to the system
+  ::mprotect(ptr, size, PROT_NONE);
+}
+
+void DeviceMemory::release_reservation(void* ptr, std::size_t size) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (protect_) {
+    const auto lo = reinterpret_cast<uintptr_t>(ptr);
+    regions_.erase(regions_.lower_bound(lo), regions_.lower_bound(lo + size));
+  }
+  ::munmap(ptr, size);
+}
+
 void DeviceMemory::set_access(uintptr_t base, std::size_t size, bool accessible) {
   const int prot = accessible ? (PROT_READ | PROT_WRITE) : PROT_NONE;
   if (::mprotect(reinterpret_cast<void*>(base), size, prot) != 0) {

@@ -28,6 +28,15 @@ class DeviceMemory {
   void* map(std::size_t size);
   void unmap(void* ptr, std::size_t size);
 
+  // Virtual memory (expandable segments): a reservation of addresses with no memory behind
+  // them; memory committed behind parts of it (pages made accessible, or tracked for protection,
+  // merged with a committed range that ends where it starts) and decommitted from the end of a
+  // committed range (its pages given back); the reservation released once nothing is committed.
+  void* reserve(std::size_t size);
+  void commit(void* ptr, std::size_t size);
+  void decommit(void* ptr, std::size_t size);
+  void release_reservation(void* ptr, std::size_t size);
+
   // Access to [ptr, ptr + size): parts outside device mappings are ignored.
   void acquire(const void* ptr, std::size_t size);
   void release(const void* ptr, std::size_t size);
