@@ -311,3 +311,34 @@ def test_fused_operators_run_their_triton_kernels(dtype):
     o.float().sum().backward()
     assert qa.grad.shape == qa.shape and ka.grad.shape == ka.shape
     assert_no_fallback()
+
+
+_EXPANDABLE_ON_CUDA = """
+import json
+import torch
+import torch_accel
+caps = torch_accel.driver_capabilities()
+a, b = (torch.empty(n << 20, dtype=torch.uint8, device="accel") for n in (3, 5))
+x = torch.randn(512, 512, device="accel")
+y = (x @ x).cpu()
+expected = (x.cpu().to("cuda") @ x.cpu().to("cuda")).cpu()
+out = {"virtual_memory": caps["virtual_memory"], "gap": (b.data_ptr() - a.data_ptr()) >> 20,
+       "segments": torch.accel.memory_stats()["segment.large_pool.current"],
+       "matmul": float((y - expected).abs().max())}
+del a, b, x
+torch.accel.empty_cache()
+out["reserved_after_empty_cache"] = torch.accel.memory_reserved()
+print(json.dumps(out))
+"""
+
+
+def test_expandable_segments_map_cuda_memory_as_needed(run_python):
+    import json
+
+    result = run_python(
+        _EXPANDABLE_ON_CUDA, ACCEL_DRIVER="cuda", PYTORCH_ALLOC_CONF="expandable_segments:True"
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = json.loads(result.stdout.strip().splitlines()[-1])
+    assert out["virtual_memory"] and out["gap"] == 3 and out["segments"] == 1
+    assert out["matmul"] < 1e-3 and out["reserved_after_empty_cache"] == 0

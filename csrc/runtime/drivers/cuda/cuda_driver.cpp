@@ -25,6 +25,7 @@
 #include "runtime/driver_export.h"
 #include "runtime/drivers/cuda/nvml.h"
 #include "runtime/drivers/cuda/visible_devices.h"
+#include "runtime/drivers/cuda/vmm.h"
 #include "runtime/error.h"
 
 namespace accel::rt {
@@ -160,7 +161,9 @@ CudaGraphExecObj* as_exec(DriverGraphExec e) {
 
 class CudaDriver final : public Driver {
  public:
-  explicit CudaDriver(int devices) : devices_(devices), failures_(devices) {}
+  explicit CudaDriver(int devices) : devices_(devices), failures_(devices) {
+    vmm_ok_ = vmm_.load(0, vmm_why_);  // expandable segments where the GPU and driver have it
+  }
 
   std::string_view name() const override { return "cuda"; }
   int device_count() override { return devices_; }
@@ -199,6 +202,7 @@ class CudaDriver final : public Driver {
     c.timing_events = true;
     c.host_accessible_memory = false;
     c.native_handles = true;
+    c.virtual_memory = vmm_ok_;
     return c;
   }
 
@@ -265,6 +269,27 @@ class CudaDriver final : public Driver {
     check(cudaStreamDestroy(s->stream), "cudaStreamDestroy");
   }
   void* stream_native_handle(DriverStream stream) override { return as_stream(stream)->stream; }
+
+  // Virtual memory (expandable segments) through the driver API's cuMem* (vmm.h).
+  std::size_t va_granularity(int device) override { return vmm_.granularity(device); }
+  void* va_reserve(int device, std::size_t size) override {
+    check(cudaSetDevice(device), "cudaSetDevice");
+    return vmm_.reserve(size);
+  }
+  void va_release(int device, void* ptr, std::size_t size) override {
+    check(cudaSetDevice(device), "cudaSetDevice");
+    vmm_.release(ptr, size);
+  }
+  bool va_map(int device, void* ptr, std::size_t size) override {
+    check(cudaSetDevice(device), "cudaSetDevice");
+    return vmm_.map(device, ptr, size);
+  }
+  void va_unmap(int device, void* ptr, std::size_t size) override {
+    // cuMemUnmap does not wait for kernels: the device's work finishes first (as cudaFree).
+    check(cudaSetDevice(device), "cudaSetDevice");
+    check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+    vmm_.unmap(ptr, size);
+  }
 
   int64_t device_sensor(int device, Sensor sensor) override { return nvml_.read(device, sensor); }
   std::vector<DeviceProcess> device_processes(int device) override {
@@ -439,6 +464,9 @@ class CudaDriver final : public Driver {
 
   const int devices_;
   cuda::NvmlSensors nvml_;
+  cuda::Vmm vmm_;
+  bool vmm_ok_ = false;
+  std::string vmm_why_;  // why there is no virtual memory
   std::mutex mutex_;
   std::vector<std::string> failures_;  // per device: the first host task failure not reported
   std::unordered_map<unsigned long long, std::shared_ptr<Payloads>> captures_;  // by capture id
