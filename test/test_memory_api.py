@@ -234,7 +234,9 @@ _EXPANDABLE = """
 import json
 import torch
 import torch_accel
+torch.accel.memory._record_memory_history(max_entries=1000)
 a, b, c = (torch.empty(n << 20, dtype=torch.uint8, device="accel") for n in (3, 5, 4))
+snapshot = torch.accel.memory._snapshot()
 stats = torch.accel.memory_stats()
 out = {"segments": stats["segment.large_pool.current"],
        "reserved": stats["reserved_bytes.large_pool.current"] >> 20,
@@ -243,6 +245,8 @@ first = a.data_ptr()
 del a, b
 d = torch.empty(8 << 20, dtype=torch.uint8, device="accel")  # where a and b were
 out["reused"] = d.data_ptr() == first
+out["is_expandable"] = [seg["is_expandable"] for seg in snapshot["segments"]]
+out["actions"] = sorted({e["action"] for e in snapshot["device_traces"][0]} - {"alloc"})
 del c, d
 torch.accel.empty_cache()
 out["after_empty_cache"] = torch.accel.memory_reserved()
@@ -277,6 +281,9 @@ def test_expandable_segments_grow_one_range_per_stream(run_python) -> None:
     # Blocks back to back, mapped in 2 MiB units: 12 MiB (classic: a 20 MiB segment).
     assert on["segments"] == 1 and on["reserved"] == 12 and on["gaps"] == [3, 5]
     assert on["reused"] and on["after_empty_cache"] == 0
+    # What PyTorch's memory viewer expects of expandable segments.
+    assert on["is_expandable"] == [True] and on["actions"] == ["segment_map"]
+    assert off["is_expandable"] == [False] and off["actions"] == ["segment_alloc"]
     assert off["segments"] == 1 and off["reserved"] == 20
     assert on["losses"] == off["losses"]
 

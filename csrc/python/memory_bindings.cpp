@@ -111,7 +111,7 @@ py::dict snapshot() {
     s["stream"] = seg.stream;
     s["segment_type"] = seg.is_large ? "large" : "small";
     s["segment_pool_id"] = py::cast(pool_tuple(seg.pool));
-    s["is_expandable"] = false;
+    s["is_expandable"] = seg.is_expandable;
     s["frames"] = py::list();
     s["blocks"] = blocks;
     segments.append(s);

@@ -68,7 +68,7 @@ Block* CachingAllocator::grow_expandable(BlockPool& pool, StreamObj& stream, std
     e.mapped += grow;
     update_stat(stats_.reserved_bytes, pool.small, static_cast<int64_t>(grow));
     ++stats_.num_device_alloc;
-    record_trace(TraceEntry::Action::SegmentAlloc, reinterpret_cast<uint64_t>(at), grow, &stream,
+    record_trace(TraceEntry::Action::SegmentMap, reinterpret_cast<uint64_t>(at), grow, &stream,
                  pool.id, nullptr);
   }
   Block* b = nullptr;
@@ -129,7 +129,7 @@ bool CachingAllocator::shrink_expandable(Expandable& e) {
   if (e.head != nullptr) e.head->segment_size = e.mapped;
   update_stat(stats_.reserved_bytes, pool.small, -static_cast<int64_t>(unmapped));
   ++stats_.num_device_free;
-  record_trace(TraceEntry::Action::SegmentFree, reinterpret_cast<uint64_t>(e.base + cut), unmapped,
+  record_trace(TraceEntry::Action::SegmentUnmap, reinterpret_cast<uint64_t>(e.base + cut), unmapped,
                owner, pool.id, nullptr);
   if (e.mapped == 0) {  // the addresses go back too; a later allocation reserves again
     rt_.driver->va_release(device_, e.base, e.reserved);

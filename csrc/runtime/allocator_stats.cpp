@@ -114,6 +114,7 @@ void CachingAllocator::snapshot(MemorySnapshot& out) {
     seg.total_size = head->segment_size;
     seg.stream = head->stream->handle().bits();
     seg.is_large = !head->pool->small;
+    seg.is_expandable = head->expandable != nullptr;
     seg.pool = head->pool->id;
     for (const Block* b = head; b != nullptr; b = b->next) {
       BlockInfo bi;

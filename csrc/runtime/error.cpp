@@ -146,6 +146,8 @@ const char* trace_action_name(TraceEntry::Action action) noexcept {
     case TraceEntry::Action::FreeCompleted: return "free_completed";
     case TraceEntry::Action::SegmentAlloc: return "segment_alloc";
     case TraceEntry::Action::SegmentFree: return "segment_free";
+    case TraceEntry::Action::SegmentMap: return "segment_map";
+    case TraceEntry::Action::SegmentUnmap: return "segment_unmap";
     case TraceEntry::Action::Oom: return "oom";
     case TraceEntry::Action::Snapshot: return "snapshot";
   }

@@ -195,6 +195,8 @@ struct TraceEntry {
     FreeCompleted,
     SegmentAlloc,
     SegmentFree,
+    SegmentMap,    // pages mapped at the end of an expandable segment
+    SegmentUnmap,  // ... and unmapped from it
     Oom,
     Snapshot
   };
@@ -226,6 +228,7 @@ struct SegmentInfo {
   uint64_t requested_size = 0;
   uint64_t stream = 0;
   bool is_large = false;
+  bool is_expandable = false;
   PoolId pool;
   std::vector<BlockInfo> blocks;
 };
