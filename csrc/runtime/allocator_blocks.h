@@ -59,15 +59,18 @@ inline void mapping(std::size_t units, uint32_t& fl, uint32_t& sl) {
   }
 }
 
+inline std::size_t round_up(std::size_t n, std::size_t unit) {
+  return (n + unit - 1) / unit * unit;
+}
+
 inline std::size_t round_size(std::size_t size) {
-  return size < kUnit ? kUnit : (size + kUnit - 1) / kUnit * kUnit;
+  return size < kUnit ? kUnit : round_up(size, kUnit);
 }
 
 inline std::size_t segment_size_for(std::size_t rounded) {
   if (rounded <= CachingAllocator::kSmallSize) return CachingAllocator::kSmallBuffer;
   if (rounded < CachingAllocator::kMinLargeAlloc) return CachingAllocator::kLargeBuffer;
-  const std::size_t r = CachingAllocator::kRoundLarge;
-  return (rounded + r - 1) / r * r;
+  return round_up(rounded, CachingAllocator::kRoundLarge);
 }
 
 inline int64_t now_us() {

@@ -11,10 +11,6 @@
 namespace accel::rt::detail {
 namespace {
 
-std::size_t round_up(std::size_t n, std::size_t unit) {
-  return (n + unit - 1) / unit * unit;
-}
-
 Block* last_block(Block* head) {
   Block* b = head;
   while (b != nullptr && b->next != nullptr) b = b->next;
@@ -35,18 +31,10 @@ bool CachingAllocator::expands(BlockPool& pool, const StreamObj& stream) {
 
 Block* CachingAllocator::grow_expandable(BlockPool& pool, StreamObj& stream, std::size_t rounded) {
   Expandable& e = pool.expandable(stream.slot);
-  const auto check_capture = [&](std::size_t bytes) {
-    rt_.check_unsafe_call(detail::concat("allocating ", bytes, " bytes of new device memory for ",
-                                         detail::describe(stream.handle())),
-                          "the cache had no free block and new device memory is a "
-                          "synchronizing driver call (allocate it before the capture, or capture "
-                          "with capture_error_mode=\"thread_local\" or \"relaxed\")");
-  };
   if (e.base == nullptr) {
-    check_capture(rounded);
-    if (device_total_ == 0) device_total_ = rt_.driver->mem_get_info(device_).total;
+    check_new_memory(rounded, stream);
     e.granularity = rt_.driver->va_granularity(device_);
-    e.reserved = round_up(device_total_, e.granularity);
+    e.reserved = round_up(device_total(), e.granularity);
     e.base = static_cast<char*>(rt_.driver->va_reserve(device_, e.reserved));
     if (e.base == nullptr) {
       e.unavailable = true;
@@ -63,7 +51,7 @@ Block* CachingAllocator::grow_expandable(BlockPool& pool, StreamObj& stream, std
   }
   char* at = e.base + e.mapped;
   if (grow > 0) {
-    check_capture(grow);
+    check_new_memory(grow, stream);
     if (!rt_.driver->va_map(device_, at, grow)) return nullptr;
     e.mapped += grow;
     update_stat(stats_.reserved_bytes, pool.small, static_cast<int64_t>(grow));

@@ -74,8 +74,7 @@ void CachingAllocator::garbage_collect(const BlockPool& pool, std::size_t incomi
   const double threshold = settings_.garbage_collection_threshold;
   // No memory is freed while a capture is underway (CUDA forbids it).
   if (threshold <= 0.0 || pool.is_private || rt_.capturing_anywhere()) return;
-  if (device_total_ == 0) device_total_ = rt_.driver->mem_get_info(device_).total;
-  const std::size_t allowed = reserve_limit_ != 0 ? reserve_limit_ : device_total_;
+  const std::size_t allowed = reserve_limit_ != 0 ? reserve_limit_ : device_total();
   const auto target = static_cast<std::size_t>(threshold * static_cast<double>(allowed));
   auto reserved = static_cast<std::size_t>(stats_.reserved_bytes[kAggregate].current);
   if (reserved + incoming <= target) return;

@@ -52,6 +52,20 @@ void CachingAllocator::add_inactive_split(Block* b, int sign) {
   update_stat(stats_.inactive_split_bytes, b->pool->small, sign * static_cast<int64_t>(b->size));
 }
 
+void CachingAllocator::check_new_memory(std::size_t size, StreamObj& stream) {
+  rt_.check_unsafe_call(
+      detail::concat("allocating ", size, " bytes of new device memory for ",
+                     detail::describe(stream.handle())),
+      "the cache had no free block and new device memory is a synchronizing driver call "
+      "(allocate it before the capture, or capture with capture_error_mode=\"thread_local\" "
+      "or \"relaxed\")");
+}
+
+std::size_t CachingAllocator::device_total() {
+  if (device_total_ == 0) device_total_ = rt_.driver->mem_get_info(device_).total;
+  return device_total_;
+}
+
 Block* CachingAllocator::alloc_segment(BlockPool& pool, StreamObj& stream, std::size_t size) {
   if (reserve_limit_ != 0 &&
       static_cast<std::size_t>(stats_.reserved_bytes[kAggregate].current) + size > reserve_limit_) {
@@ -63,12 +77,7 @@ Block* CachingAllocator::alloc_segment(BlockPool& pool, StreamObj& stream, std::
     const RelaxedCaptureMode relaxed(*rt_.driver);
     p = rt_.driver->raw_alloc(device_, size);
   } else {
-    rt_.check_unsafe_call(
-        detail::concat("allocating ", size, " bytes of new device memory for ",
-                       detail::describe(stream.handle())),
-        "the cache had no free block and new device memory is a synchronizing driver call "
-        "(allocate it before the capture, or capture with capture_error_mode=\"thread_local\" "
-        "or \"relaxed\")");
+    check_new_memory(size, stream);
     p = rt_.driver->raw_alloc(device_, size);
   }
   if (p == nullptr) return nullptr;
@@ -119,14 +128,17 @@ Block* CachingAllocator::try_allocate(BlockPool& pool, StreamObj& stream, std::s
   if (b != nullptr) {
     bins.remove(b);
     add_inactive_split(b, -1);
-  } else if (expands(pool, stream) && (b = grow_expandable(pool, stream, rounded)) != nullptr) {
-    // the stream's expandable segment grew (else its reservation was refused: see below)
-  } else if (expands(pool, stream)) {
-    return nullptr;  // no memory to map
   } else {
-    garbage_collect(pool, segment_size_for(rounded));
-    b = alloc_segment(pool, stream, segment_size_for(rounded));
-    if (b == nullptr) return nullptr;
+    if (expands(pool, stream)) {
+      b = grow_expandable(pool, stream, rounded);
+      // nullptr: no memory to map, unless the reservation was just refused (then classic).
+      if (b == nullptr && !pool.expandable(stream.slot).unavailable) return nullptr;
+    }
+    if (b == nullptr) {
+      garbage_collect(pool, segment_size_for(rounded));
+      b = alloc_segment(pool, stream, segment_size_for(rounded));
+      if (b == nullptr) return nullptr;
+    }
   }
   split_block(b, rounded);
   return b;

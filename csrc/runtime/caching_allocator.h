@@ -114,6 +114,9 @@ class CachingAllocator {
   Block* grow_expandable(BlockPool& pool, StreamObj& stream, std::size_t rounded);
   bool shrink_expandable(Expandable& e);
   Block* alloc_segment(BlockPool& pool, StreamObj& stream, std::size_t size);
+  // CUDA's capture rule for a call that gets new device memory for `stream` (throws).
+  void check_new_memory(std::size_t size, StreamObj& stream);
+  std::size_t device_total();  // the device's memory, asked of the driver once
   Block* try_allocate(BlockPool& pool, StreamObj& stream, std::size_t rounded, bool uncached);
   void split_block(Block* block, std::size_t size);
   void free_block(Block* block);
@@ -165,7 +168,7 @@ class CachingAllocator {
   bool caching_ = true;
   AllocatorSettings settings_;
   uint64_t free_seq_ = 0;         // stamps freed blocks (garbage collection frees the oldest)
-  std::size_t device_total_ = 0;  // the device's memory, asked once
+  std::size_t device_total_ = 0;  // device_total()
   ContextRecorder recorder_;
   std::size_t history_max_ = 0;
   std::deque<TraceEntry> history_;

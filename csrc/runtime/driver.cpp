@@ -23,17 +23,20 @@ DriverStream Driver::stream_adopt(int, void*, int*) {
 std::size_t Driver::va_granularity(int) {
   ACCEL_RT_THROW(NotSupportedError, "the ", name(), " driver has no virtual memory");
 }
+// Without virtual memory every va_* call refuses as va_granularity does.
 void* Driver::va_reserve(int device, std::size_t) {
-  return (void)va_granularity(device), nullptr;
+  va_granularity(device);
+  return nullptr;
 }
 void Driver::va_release(int device, void*, std::size_t) {
-  (void)va_granularity(device);
+  va_granularity(device);
 }
 bool Driver::va_map(int device, void*, std::size_t) {
-  return (void)va_granularity(device), false;
+  va_granularity(device);
+  return false;
 }
 void Driver::va_unmap(int device, void*, std::size_t) {
-  (void)va_granularity(device);
+  va_granularity(device);
 }
 
 int64_t Driver::device_sensor(int, Sensor sensor) {

@@ -189,8 +189,7 @@ struct DeviceState {
   std::array<std::array<std::atomic<StreamObj*>, kPoolStreamsPerPriority>, kMaxPriorityLevels>
       pool{};
   std::array<std::atomic<uint32_t>, kMaxPriorityLevels> pool_next{};
-  std::mutex pool_mutex;                           // also guards `external`
-  std::unordered_map<void*, StreamObj*> external;  // adopted streams by native handle
+  std::mutex pool_mutex;  // also serializes adopting native streams (stream_from_native)
   std::unique_ptr<CachingAllocator> allocator;
   std::atomic<int> captures{0};  // captures underway on this device
 

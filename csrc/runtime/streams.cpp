@@ -162,6 +162,19 @@ void* stream_native_handle(Stream stream) {
   return handle;
 }
 
+namespace {
+// The live stream of `ds` whose native handle is `handle` (adopted ones included), or nullptr.
+StreamObj* stream_with_native(Runtime& rt, detail::DeviceState& ds, void* handle) {
+  for (uint32_t slot = 0, n = ds.streams.size(); slot < n; ++slot) {
+    StreamObj* s = ds.streams.get(slot);
+    if (s != nullptr && s->live.load() && rt.driver->stream_native_handle(s->ds) == handle) {
+      return s;
+    }
+  }
+  return nullptr;
+}
+}  // namespace
+
 Stream stream_from_native(void* handle, int device) {
   Runtime& rt = Runtime::get();
   const int d = rt.resolve_device(device, "stream_from_native");
@@ -171,27 +184,16 @@ Stream stream_from_native(void* handle, int device) {
   ACCEL_RT_CHECK(rt.capabilities.native_handles, NotSupportedError, "stream_from_native: the ",
                  rt.driver->name(), " driver has no native stream handles");
   detail::DeviceState& ds = *rt.devices[d];
-  // An accel stream of this device with that handle: itself (a stream destroyed since does not
-  // count, even though its driver stream is kept for reuse).
-  const uint32_t n = ds.streams.size();
-  for (uint32_t slot = 0; slot < n; ++slot) {
-    StreamObj* s = ds.streams.get(slot);
-    if (s != nullptr && s->live.load() && !s->external &&
-        rt.driver->stream_native_handle(s->ds) == handle) {
-      return s->handle();
-    }
-  }
+  // The stream with that handle: one of accel's own, or one adopted earlier (a stream destroyed
+  // since does not count, though its driver stream is kept for reuse). Under the lock, so that
+  // a handle is adopted once.
   std::lock_guard<std::mutex> lock(ds.pool_mutex);
-  if (auto it = ds.external.find(handle); it != ds.external.end()) return it->second->handle();
+  if (StreamObj* s = stream_with_native(rt, ds, handle)) return s->handle();
   for (int other = 0; other < rt.num_devices; ++other) {
     if (other == d) continue;
-    for (uint32_t slot = 0, m = rt.devices[other]->streams.size(); slot < m; ++slot) {
-      StreamObj* s = rt.devices[other]->streams.get(slot);
-      ACCEL_RT_CHECK(
-          s == nullptr || !s->live.load() || rt.driver->stream_native_handle(s->ds) != handle,
-          InvalidValueError, "stream_from_native: the handle is that of ",
-          detail::describe(s->handle()), ", not of a stream of device ", d);
-    }
+    const StreamObj* s = stream_with_native(rt, *rt.devices[other], handle);
+    ACCEL_RT_CHECK(s == nullptr, InvalidValueError, "stream_from_native: the handle is that of ",
+                   detail::describe(s->handle()), ", not of a stream of device ", d);
   }
   int priority = 0;
   DriverStream adopted = nullptr;
@@ -213,7 +215,6 @@ Stream stream_from_native(void* handle, int device) {
                                         return s.release();
                                       });
   obj->live.store(true, std::memory_order_release);
-  ds.external.emplace(handle, obj);
   return obj->handle();
 }
 
