@@ -11,8 +11,9 @@ c10::Allocator* device_allocator();
 c10::Allocator* host_allocator();
 // Gives the runtime's caching allocator PyTorch's device-generic allocator settings
 // (PYTORCH_ALLOC_CONF, read by c10's AcceleratorAllocatorConfig): max_split_size_mb,
-// max_non_split_rounding_mb, garbage_collection_threshold, roundup_power2_divisions. Done before
-// the first allocation, and again when torch.accel.memory._set_allocator_settings changes them.
+// max_non_split_rounding_mb, garbage_collection_threshold, roundup_power2_divisions,
+// expandable_segments. Done before the first allocation, and again when
+// torch.accel.memory._set_allocator_settings changes them.
 void apply_allocator_config();
 
 }  // namespace accel::device
