@@ -114,7 +114,7 @@ test-cpp: build-cpp
 # torch.compile's suite is test-compile's. The debug configurations skip the tests they cannot
 # change (test/conftest.py: config_independent, and run_python's fresh interpreters).
 COMPILE_TESTS := test/test_compile.py test/test_compile_backend.py test/test_compile_fused.py \
-                 test/test_compile_triton.py \
+                 test/test_compile_triton.py test/test_compile_cpp_wrapper.py \
                  test/test_compile_models.py test/test_compile_modes.py test/test_compile_flex.py
 NOT_COMPILE := $(addprefix --ignore=,$(COMPILE_TESTS))
 test-python: test-python-default test-python-debug

@@ -71,6 +71,10 @@ class CMakeBuild(build_ext):
             replace_file(built, target / ext_path.name)
             for lib in (package_dir / "lib").glob("*.so"):
                 replace_file(lib, target / "lib" / lib.name)
+            # Generated headers that Inductor's C++ wrapper code includes (c_shim_accel.h).
+            (target / "include").mkdir(parents=True, exist_ok=True)
+            for header in (package_dir / "include").glob("*.h"):
+                replace_file(header, target / "include" / header.name)
 
 
 def replace_file(src: Path, dst: Path) -> None:

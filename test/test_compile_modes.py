@@ -131,20 +131,6 @@ def test_max_autotune_trains_a_linear_model_under_autocast() -> None:
         torch.testing.assert_close(p.grad, q.grad, atol=1e-2, rtol=1e-2)
 
 
-def test_cpp_wrapper_and_aot_inductor_refuse_accel_saying_so() -> None:
-    # Not written yet for accel (torch_accel/_inductor/wrapper.py says why); torch 2.11 itself
-    # asserted "Device accel not supported". The device stays usable after each refusal.
-    model = torch.nn.Linear(16, 8).to(ACCEL)
-    x = torch.randn(4, 16, device=ACCEL)
-    with pytest.raises(Exception, match=r"cpp_wrapper.*not supported on accel yet"):
-        torch.compile(model, options={"cpp_wrapper": True})(x)
-    exported = torch.export.export(model, (x,))
-    with pytest.raises(Exception, match=r"AOTInductor.*not supported on accel yet"):
-        torch._inductor.aoti_compile_and_package(exported)
-    torch._dynamo.reset()
-    torch.testing.assert_close(torch.compile(model)(x), model(x))
-
-
 def test_combo_kernels_leave_accel_nodes_to_the_cpp_backend() -> None:
     # combo_kernels=True combined accel's C++ nodes as Triton's and failed an assertion
     # ("type(self)=<class 'torch._inductor.scheduler.Scheduler'>"); accel's nodes stay out of

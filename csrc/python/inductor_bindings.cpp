@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "aoti/aoti.h"
 #include "aten/underlying_task.h"
 #include "device/common.h"
 #include "python/bindings.h"
@@ -120,6 +121,8 @@ void init_inductor_bindings(py::module_& m) {
            py::arg("name"))
       .def("__call__", &KernelLauncher::operator())
       .def_property_readonly("name", &KernelLauncher::name);
+  // Before Inductor loads a C++ wrapper compiled for accel (csrc/aoti).
+  m.def("_expose_aoti_symbols", &aoti::expose_symbols);
   // How many elements a call of the operator needs before its kernel on a stream worker uses
   // intra-op threads (torch_accel/_inductor applies the same rule to generated loops).
   m.def(

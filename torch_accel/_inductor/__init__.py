@@ -8,9 +8,8 @@ accel compile), so that importing torch_accel stays cheap:
   device_custom_pass=AccelPostGradPass())``: the C++ backend within the device's kernel limits
   where the host can touch device memory (the host driver), Inductor's Triton backend elsewhere
   (the cuda driver; ``ACCEL_INDUCTOR_KERNELS`` chooses otherwise: ``kernels()``),
-  accel's wrapper code (kernels on streams, device indices, subgraphs), a C++ wrapper that
-  refuses with a message saying so (``cpp_wrapper``, AOTInductor), and the pass whose identity
-  keys the caches;
+  accel's wrapper code (kernels on streams, device indices, subgraphs), its C++ wrapper
+  (``cpp_wrapper``, AOTInductor: cpp_wrapper.py), and the pass whose identity keys the caches;
 - ``register_interface_for_device`` for ``accel`` and ``accel:N`` (reductions and streams need
   it);
 - ``register_device_op_overrides("accel", ...)``: the wrapper's device guard, set_device,
@@ -71,14 +70,15 @@ def register() -> None:
 def _register_backend(scheduling: type) -> None:
     from torch._inductor.codegen.common import register_backend_for_device
 
+    from torch_accel._inductor.cpp_wrapper import AccelCppWrapper
     from torch_accel._inductor.passes import AccelPostGradPass
-    from torch_accel._inductor.wrapper import AccelCppWrapperRefusal, AccelWrapper
+    from torch_accel._inductor.wrapper import AccelWrapper
 
     register_backend_for_device(
         "accel",
         scheduling,
         AccelWrapper,
-        AccelCppWrapperRefusal,
+        AccelCppWrapper,
         device_custom_pass=AccelPostGradPass(),
     )
 

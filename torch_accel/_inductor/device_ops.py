@@ -2,8 +2,8 @@
 
 Registered with ``register_device_op_overrides("accel", ...)``; without it Inductor falls back
 to the CPU's snippets, whose device guard does nothing (a graph on ``accel:1`` would allocate
-and launch on the current device). The C++ wrapper and AOTInductor snippets (``cpp_*``) are not
-provided: both are unsupported on accel (see the README).
+and launch on the current device). Of the C++ wrapper's snippets (``cpp_*``) only the kernel type is
+asked for C++ kernels; cpp_wrapper.py launches them itself.
 """
 
 from __future__ import annotations
@@ -31,3 +31,7 @@ class AccelDeviceOpOverrides(DeviceOpOverrides):
 
     def device_guard(self, device_idx: int) -> str:
         return f"torch.accel.device({device_idx})"
+
+    def cpp_kernel_type(self) -> str:
+        # The C++ wrapper's (AOTInductor's) table of loaded kernels: C++ kernels need none.
+        return "void*"

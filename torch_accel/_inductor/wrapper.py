@@ -99,30 +99,3 @@ class AccelWrapper(_AccelWrapperMixin, PythonWrapperCodegen):
 
 class AccelSubgraphWrapper(_AccelWrapperMixin, SubgraphPythonWrapperCodegen):
     pass
-
-
-class AccelCppWrapperRefusal:
-    """accel's C++ wrapper, registered so that ``cpp_wrapper=True`` and AOTInductor say what is
-    missing (torch 2.11 asserts "Device accel not supported" for a device without one).
-
-    Inductor's C++ wrapper calls the generated kernels, and the CPU's C shims for extern kernels,
-    on the calling thread, where accel runs every kernel as a task on an accel stream (so it is
-    ordered with eager work); an accel C++ wrapper would have to enqueue them, which is not
-    written yet."""
-
-    supports_caching = False  # read by compile_fx before the wrapper is made
-
-    @staticmethod
-    def create(*args: Any, **kwargs: Any) -> PythonWrapperCodegen:
-        from torch._inductor.virtualized import V
-
-        if V.graph.aot_mode:
-            what = "AOTInductor (torch._inductor.aoti_compile_and_package)"
-            instead = "export and compile the model on the CPU for deployment"
-        else:
-            what = "torch.compile(options={'cpp_wrapper': True})"
-            instead = "compile without cpp_wrapper (the Python wrapper runs the same C++ kernels)"
-        raise NotImplementedError(
-            f"{what} is not supported on accel yet: Inductor's C++ wrapper would run accel's "
-            f"kernels on the calling thread instead of on accel streams; {instead}"
-        )

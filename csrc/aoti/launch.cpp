@@ -1,0 +1,121 @@
+// Launching the kernels of Inductor's C++ wrapper and of AOTInductor models on accel streams.
+//
+// The generated wrapper (torch_accel/include/torch_accel_aoti.h) packs each kernel call into a
+// closure and hands it here with its device: it runs as a task on that device's current accel
+// stream, so compiled code is ordered with eager accel work and with the extern kernels the
+// wrapper calls through accel's C shim (generated: c_shim_accel.cpp), exactly as the Python
+// wrapper's kernels are (csrc/python/inductor_bindings.cpp). A C function, so that code compiled
+// by Inductor (or shipped in an AOTInductor package) needs no C++ type of accel's.
+#include <torch/csrc/inductor/aoti_torch/c/shim.h>
+#include <torch/csrc/inductor/aoti_torch/utils.h>
+
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_strided.h>
+#include <c10/core/DeviceGuard.h>
+#include <c10/util/intrusive_ptr.h>
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+
+#include "device/common.h"
+#include "runtime/runtime.h"
+
+namespace rt = accel::rt;
+
+namespace {
+
+// Labels outlive the generated library (a captured graph keeps them for its debug dumps).
+const char* intern(const char* name) {
+  static std::mutex mu;
+  static std::set<std::string, std::less<>> names;
+  std::lock_guard<std::mutex> lock(mu);
+  return names.emplace(name != nullptr ? name : "inductor kernel").first->c_str();
+}
+
+}  // namespace
+
+extern "C" AOTI_TORCH_EXPORT AOTITorchError aoti_torch_accel_launch(
+    int32_t device, void (*run)(void*), void (*drop)(void*), void* payload, const char* name) {
+  // Owned from here on, launched or not.
+  std::shared_ptr<void> closure(payload, drop);
+  AOTI_TORCH_CONVERT_EXCEPTION_TO_ERROR_CODE({
+    const char* label = intern(name);
+    accel::device::call(
+        [&] {
+          // The kernels are host code reading device memory.
+          static const bool host_memory = rt::device_memory_host_accessible();
+          TORCH_CHECK_NOT_IMPLEMENTED(
+              host_memory, label,
+              ": kernels torch.compile generated for accel run on the host, and the ",
+              rt::driver_name(),
+              " driver's device memory is not host memory; run eagerly, or with "
+              "ACCEL_DRIVER=host");
+          const rt::Stream s = rt::current_stream(device);
+          rt::launch_host_func(s, rt::Task([run, closure] { run(closure.get()); }), label);
+        },
+        label);
+  });
+}
+
+extern "C" AOTI_TORCH_EXPORT AOTITorchError aoti_torch_accel_current_device(int32_t* index) {
+  AOTI_TORCH_CONVERT_EXCEPTION_TO_ERROR_CODE({ *index = accel::device::current_device(); });
+}
+
+namespace {
+
+// An AOTInductor model keeps its weights as CPU tensors (AOTInductor's model runtime knows no
+// device but cpu, cuda, xpu and mps: cpp_wrapper.py records accel's constants as CPU ones);
+// each is copied to the accel device once and kept while its CPU storage lives (a model
+// deleted, or weights swapped for others, drop their copies at the next lookup).
+struct DeviceCopy {
+  c10::weak_intrusive_ptr<c10::StorageImpl> source;
+  at::Tensor copy;
+};
+std::mutex copies_mu;
+std::map<std::pair<const c10::StorageImpl*, c10::DeviceIndex>, DeviceCopy> copies;
+
+at::Tensor device_copy(const at::Tensor& cpu, c10::DeviceIndex device) {
+  std::lock_guard<std::mutex> lock(copies_mu);
+  for (auto it = copies.begin(); it != copies.end();) {
+    it = it->second.source.expired() ? copies.erase(it) : std::next(it);
+  }
+  c10::StorageImpl* storage = cpu.storage().unsafeGetStorageImpl();
+  auto it = copies.find({storage, device});
+  if (it == copies.end()) {
+    // The whole storage, so that every view of it (offset, strides) maps to the copy.
+    const int64_t bytes = static_cast<int64_t>(cpu.storage().nbytes());
+    at::Tensor raw = at::empty_strided(
+        {bytes}, {1}, at::TensorOptions().dtype(at::kByte).device(accel::device::kAccel, device));
+    raw.copy_(at::empty({0}, at::kByte).set_(cpu.storage(), 0, {bytes}, {1}));
+    it = copies
+             .emplace(std::make_pair(storage, device),
+                      DeviceCopy{c10::weak_intrusive_ptr<c10::StorageImpl>(
+                                     c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(storage)),
+                                 raw})
+             .first;
+  }
+  const at::Tensor& raw = it->second.copy;
+  return at::empty({0}, cpu.options().device(raw.device()))
+      .set_(raw.storage(), cpu.storage_offset(), cpu.sizes(), cpu.strides());
+}
+
+}  // namespace
+
+// The accel tensor of an AOTInductor model's constant (a CPU tensor) on the current device.
+extern "C" AOTI_TORCH_EXPORT AOTITorchError aoti_torch_accel_constant(AtenTensorHandle cpu,
+                                                                      AtenTensorHandle* out) {
+  AOTI_TORCH_CONVERT_EXCEPTION_TO_ERROR_CODE({
+    const at::Tensor& t = *torch::aot_inductor::tensor_handle_to_tensor_pointer(cpu);
+    if (t.device().type() == accel::device::kAccel) {
+      *out = torch::aot_inductor::new_tensor_handle(at::Tensor(t));
+    } else {
+      TORCH_CHECK(t.device().is_cpu(), "an AOTInductor constant on ", t.device(),
+                  " in a model compiled for accel");
+      *out =
+          torch::aot_inductor::new_tensor_handle(device_copy(t, accel::device::current_device()));
+    }
+  });
+}

@@ -1,0 +1,211 @@
+"""Inductor's C++ wrapper on accel: ``torch.compile(options={"cpp_wrapper": True})`` and
+AOTInductor packages (torch_accel/_inductor/cpp_wrapper.py, csrc/aoti).
+
+Generated kernels run as tasks on the current accel stream (in stream order with eager work,
+capturable), extern kernels through accel's C shim; AOTInductor packages compiled for accel load
+with ``aoti_load_package`` through the runner accel registers, on any accel device.
+"""
+
+from __future__ import annotations
+
+import gc
+import re
+
+import pytest
+import torch
+from torch._inductor.utils import run_and_get_code
+
+import torch_accel  # noqa: F401
+
+ACCEL = torch.device("accel")
+CPP_WRAPPER = {"cpp_wrapper": True}
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo() -> None:
+    torch._dynamo.reset()
+
+
+class Block(torch.nn.Module):
+    """Extern kernels (linear, conv, sort), fused C++ kernels, a reduction, tied weights."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = torch.nn.Embedding(50, 16)
+        self.conv = torch.nn.Conv1d(16, 16, 3, padding=1)
+        self.bn = torch.nn.BatchNorm1d(16)
+        self.head = torch.nn.Linear(16, 50, bias=False)
+        self.head.weight = self.emb.weight
+
+    def forward(self, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h = self.emb(idx).transpose(1, 2)
+        h = torch.relu(self.bn(self.conv(h))).transpose(1, 2)
+        top = torch.sort(h, dim=-1).values[..., -2:].sum()
+        return torch.log_softmax(self.head(h), -1), top
+
+
+def _block() -> Block:
+    torch.manual_seed(0)
+    return Block().to(ACCEL).eval()
+
+
+def _tokens(n: int, device: torch.device | str = ACCEL, seed: int = 1) -> torch.Tensor:
+    return torch.randint(0, 50, (2, n), generator=torch.Generator().manual_seed(seed)).to(device)
+
+
+def _assert_same(got, want) -> None:  # type: ignore[no-untyped-def]
+    for g, w in zip(got, want, strict=True):
+        assert g.device == w.device
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
+
+
+def test_cpp_wrapper_launches_kernels_on_the_stream_and_extern_kernels_through_accels_shim():
+    model = _block()
+    idx = _tokens(7)
+    with torch.no_grad():
+        got, (code,) = run_and_get_code(torch.compile(model, options=CPP_WRAPPER), idx)
+        _assert_same(got, model(idx))
+    # Every generated kernel is launched as a stream task, none called on the calling thread;
+    # the matrix product and the convolution go through accel's C shim, on accel buffers.
+    calls = [
+        line.strip()
+        for line in code.splitlines()
+        if re.search(r"\bcpp_fused_\w+\(", line) and not line.lstrip().startswith("extern")
+    ]
+    assert len(calls) >= 2
+    assert all(call.startswith("torch_accel_aoti::launch(") for call in calls), calls
+    assert "aoti_torch_accel_mm_out(" in code and "aoti_torch_accel_convolution(" in code
+    assert "aoti_torch_cpu_" not in code
+    assert "cached_torch_device_type_privateuse1" in code
+
+
+def test_cpp_wrapper_is_ordered_with_eager_work_on_any_stream_and_device():
+    f = torch.compile(lambda t: torch.tanh(t * 2 + 1).sum(0), options=CPP_WRAPPER)
+    for device in ("accel:0", "accel:1"):
+        a = torch.randn(384, 384, device=device)
+        side = torch.accel.Stream(device=torch.device(device))
+        side.wait_stream(torch.accel.current_stream(torch.device(device)))  # `a` is written
+        with torch.accel.stream(side):
+            # Fed by a preceding product, called in a loop without synchronizing: each call
+            # must read its own product, and the next product must not overwrite a buffer
+            # the compiled kernel still reads.
+            outs = [f(a @ a + k) for k in range(4)]
+        side.synchronize()
+        for k, out in enumerate(outs):
+            assert out.device == torch.device(device)
+            assert torch.equal(out, f(a @ a + k))
+
+
+def test_cpp_wrapper_is_captured_into_accel_graphs():
+    f = torch.compile(lambda t, w: torch.relu(t @ w) * 3 - t.sum(), options=CPP_WRAPPER)
+    x, w = torch.randn(16, 16, device=ACCEL), torch.randn(16, 16, device=ACCEL)
+    f(x, w)  # compiled outside the capture
+    g = torch.accel.AccelGraph()
+    with torch.accel.graph(g):
+        out = f(x, w)
+    for _ in range(2):
+        x.copy_(torch.randn(16, 16))
+        g.replay()
+        torch.testing.assert_close(out, torch.relu(x @ w) * 3 - x.sum())
+
+
+def test_cpp_wrapper_keeps_accels_own_operators_and_subgraphs():
+    from torch_accel.ops import rms_norm_rope
+
+    x, w = torch.randn(2, 5, 4, 8, device=ACCEL), torch.randn(8, device=ACCEL)
+    cos, sin = torch.randn(5, 8, device=ACCEL), torch.randn(5, 8, device=ACCEL)
+
+    def f(x, w, cos, sin, flag):  # type: ignore[no-untyped-def]
+        y = rms_norm_rope(x, w, cos, sin)
+        return torch.cond(flag, lambda t: t.sin().sum(-1), lambda t: t.cos().mean(-1), (y,))
+
+    compiled = torch.compile(f, options=CPP_WRAPPER)
+    for flag in (True, False):
+        flag_t = torch.tensor(flag, device=ACCEL)
+        torch.testing.assert_close(compiled(x, w, cos, sin, flag_t), f(x, w, cos, sin, flag_t))
+
+
+def test_cpp_wrapper_with_triton_kernels_says_it_is_not_supported(monkeypatch):
+    monkeypatch.setenv("ACCEL_INDUCTOR_KERNELS", "triton")
+    with pytest.raises(Exception, match=r"C\+\+ wrapper.*not supported on accel with Triton"):
+        torch.compile(lambda t: t + 1, options=CPP_WRAPPER)(torch.ones(2, device=ACCEL))
+    monkeypatch.delenv("ACCEL_INDUCTOR_KERNELS")
+    torch._dynamo.reset()
+    assert torch.equal(torch.compile(lambda t: t + 1)(torch.ones(2, device=ACCEL)).cpu(),
+                       torch.full((2,), 2.0))  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def package(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """One AOTInductor package of Block, with a dynamic sequence length."""
+    seq = torch.export.Dim("seq", min=2, max=64)
+    exported = torch.export.export(_block(), (_tokens(7),), dynamic_shapes={"idx": {1: seq}})
+    path = tmp_path_factory.mktemp("aoti") / "block.pt2"
+    return torch._inductor.aoti_compile_and_package(exported, package_path=str(path))
+
+
+def test_aot_inductor_package_runs_on_accel(package: str) -> None:
+    model = _block()
+    loaded = torch._inductor.aoti_load_package(package)
+    with torch.no_grad():
+        for n in (7, 2, 33):
+            _assert_same(loaded(_tokens(n, seed=n)), model(_tokens(n, seed=n)))
+        # In stream order with the eager work that produced its input.
+        outs = [loaded((_tokens(9) + k) % 50) for k in range(3)]
+        for k, out in enumerate(outs):
+            _assert_same(out, model((_tokens(9) + k) % 50))
+
+
+def test_aot_inductor_package_loads_on_another_device(package: str) -> None:
+    loaded = torch._inductor.aoti_load_package(package, device_index=1)
+    got = loaded(_tokens(5, "accel:1"))
+    assert got[0].device == torch.device("accel:1")
+    with torch.no_grad():
+        _assert_same([t.cpu() for t in got], [t.cpu() for t in _block()(_tokens(5))])
+
+
+def test_aot_inductor_library_outlives_the_work_it_queued(package: str) -> None:
+    # A loader used once and dropped while its kernels are still queued on the stream (the
+    # package's library unloaded under them crashed the process), and one whose run a graph
+    # captured, replayed after the loader is gone.
+    a = torch.randn(512, 512, device=ACCEL)
+    _ = a @ a @ a  # keeps the stream busy
+    out = torch._inductor.aoti_load_package(package)(_tokens(6))
+    gc.collect()
+    with torch.no_grad():
+        _assert_same(out, _block()(_tokens(6)))
+
+    loaded = torch._inductor.aoti_load_package(package)
+    idx = _tokens(6)
+    loaded(idx)
+    g = torch.accel.AccelGraph()
+    with torch.accel.graph(g):
+        captured = loaded(idx)
+    del loaded
+    gc.collect()
+    idx.copy_(_tokens(6, seed=5))
+    g.replay()
+    with torch.no_grad():
+        _assert_same(captured, _block()(_tokens(6, seed=5)))
+
+
+def test_aot_inductor_package_loads_in_a_fresh_process(package: str, run_python) -> None:
+    result = run_python(
+        "import torch, torch_accel\n"
+        f"loaded = torch._inductor.aoti_load_package({package!r})\n"
+        "logits, top = loaded(torch.arange(10, device='accel').reshape(2, 5))\n"
+        "print(logits.device, repr(logits.sum().item()), repr(top.item()))\n"
+    )
+    assert result.returncode == 0, result.stderr
+    with torch.no_grad():
+        logits, top = _block()(torch.arange(10, device=ACCEL).reshape(2, 5))
+    device, total, top_value = result.stdout.split()
+    assert device == "accel:0"
+    assert float(total) == pytest.approx(logits.sum().item(), rel=1e-5)
+    assert float(top_value) == pytest.approx(top.item(), rel=1e-5)
+
+
+def test_aot_inductor_package_on_a_missing_device_says_so(package: str) -> None:
+    with pytest.raises(Exception, match=r"accel:9|device|index"):
+        torch._inductor.aoti_load_package(package, device_index=9)(_tokens(3, "accel:0"))
+    assert torch.equal((torch.ones(2, device=ACCEL) + 1).cpu(), torch.full((2,), 2.0))
