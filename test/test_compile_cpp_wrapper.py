@@ -15,10 +15,18 @@ import pytest
 import torch
 from torch._inductor.utils import run_and_get_code
 
-import torch_accel  # noqa: F401
+import torch_accel
+import torch_accel._inductor
 
 ACCEL = torch.device("accel")
 CPP_WRAPPER = {"cpp_wrapper": True}
+
+# The C++ wrapper launches C++ kernels (the host driver's); with Triton kernels (the cuda
+# driver's) it refuses, which the test of that runs anywhere.
+cpp_kernels = pytest.mark.skipif(
+    torch_accel._inductor.kernels() != "cpp",
+    reason="Inductor's C++ wrapper on accel needs its C++ kernels (ACCEL_INDUCTOR_KERNELS)",
+)
 
 
 @pytest.fixture(autouse=True)
@@ -59,6 +67,7 @@ def _assert_same(got, want) -> None:  # type: ignore[no-untyped-def]
         torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
 
 
+@cpp_kernels
 def test_cpp_wrapper_launches_kernels_on_the_stream_and_extern_kernels_through_accels_shim():
     model = _block()
     idx = _tokens(7)
@@ -79,6 +88,7 @@ def test_cpp_wrapper_launches_kernels_on_the_stream_and_extern_kernels_through_a
     assert "cached_torch_device_type_privateuse1" in code
 
 
+@cpp_kernels
 def test_cpp_wrapper_is_ordered_with_eager_work_on_any_stream_and_device():
     f = torch.compile(lambda t: torch.tanh(t * 2 + 1).sum(0), options=CPP_WRAPPER)
     for device in ("accel:0", "accel:1"):
@@ -96,6 +106,7 @@ def test_cpp_wrapper_is_ordered_with_eager_work_on_any_stream_and_device():
             assert torch.equal(out, f(a @ a + k))
 
 
+@cpp_kernels
 def test_cpp_wrapper_is_captured_into_accel_graphs():
     f = torch.compile(lambda t, w: torch.relu(t @ w) * 3 - t.sum(), options=CPP_WRAPPER)
     x, w = torch.randn(16, 16, device=ACCEL), torch.randn(16, 16, device=ACCEL)
@@ -109,6 +120,7 @@ def test_cpp_wrapper_is_captured_into_accel_graphs():
         torch.testing.assert_close(out, torch.relu(x @ w) * 3 - x.sum())
 
 
+@cpp_kernels
 def test_cpp_wrapper_keeps_accels_own_operators_and_subgraphs():
     from torch_accel.ops import rms_norm_rope
 
@@ -126,13 +138,14 @@ def test_cpp_wrapper_keeps_accels_own_operators_and_subgraphs():
 
 
 def test_cpp_wrapper_with_triton_kernels_says_it_is_not_supported(monkeypatch):
+    # The wrapper itself (compiling with Triton kernels switches accel's Inductor backend to
+    # them for the rest of the process, and needs Triton's interpreter on the host driver).
+    from torch_accel._inductor.cpp_wrapper import AccelCppWrapper
+
     monkeypatch.setenv("ACCEL_INDUCTOR_KERNELS", "triton")
-    with pytest.raises(Exception, match=r"C\+\+ wrapper.*not supported on accel with Triton"):
-        torch.compile(lambda t: t + 1, options=CPP_WRAPPER)(torch.ones(2, device=ACCEL))
-    monkeypatch.delenv("ACCEL_INDUCTOR_KERNELS")
-    torch._dynamo.reset()
-    assert torch.equal(torch.compile(lambda t: t + 1)(torch.ones(2, device=ACCEL)).cpu(),
-                       torch.full((2,), 2.0))  # fmt: skip
+    with pytest.raises(NotImplementedError, match=r"C\+\+ wrapper.*not supported on accel with "
+                       r"Triton kernels.*compile without cpp_wrapper"):  # fmt: skip
+        AccelCppWrapper()
 
 
 @pytest.fixture(scope="module")
@@ -144,6 +157,7 @@ def package(tmp_path_factory: pytest.TempPathFactory) -> str:
     return torch._inductor.aoti_compile_and_package(exported, package_path=str(path))
 
 
+@cpp_kernels
 def test_aot_inductor_package_runs_on_accel(package: str) -> None:
     model = _block()
     loaded = torch._inductor.aoti_load_package(package)
@@ -156,6 +170,7 @@ def test_aot_inductor_package_runs_on_accel(package: str) -> None:
             _assert_same(out, model((_tokens(9) + k) % 50))
 
 
+@cpp_kernels
 def test_aot_inductor_package_loads_on_another_device(package: str) -> None:
     loaded = torch._inductor.aoti_load_package(package, device_index=1)
     got = loaded(_tokens(5, "accel:1"))
@@ -164,6 +179,7 @@ def test_aot_inductor_package_loads_on_another_device(package: str) -> None:
         _assert_same([t.cpu() for t in got], [t.cpu() for t in _block()(_tokens(5))])
 
 
+@cpp_kernels
 def test_aot_inductor_library_outlives_the_work_it_queued(package: str) -> None:
     # A loader used once and dropped while its kernels are still queued on the stream (the
     # package's library unloaded under them crashed the process), and one whose run a graph
@@ -189,6 +205,7 @@ def test_aot_inductor_library_outlives_the_work_it_queued(package: str) -> None:
         _assert_same(captured, _block()(_tokens(6, seed=5)))
 
 
+@cpp_kernels
 def test_aot_inductor_package_loads_in_a_fresh_process(package: str, run_python) -> None:
     result = run_python(
         "import torch, torch_accel\n"
@@ -205,7 +222,28 @@ def test_aot_inductor_package_loads_in_a_fresh_process(package: str, run_python)
     assert float(top_value) == pytest.approx(top.item(), rel=1e-5)
 
 
+@cpp_kernels
 def test_aot_inductor_package_on_a_missing_device_says_so(package: str) -> None:
     with pytest.raises(Exception, match=r"accel:9|device|index"):
         torch._inductor.aoti_load_package(package, device_index=9)(_tokens(3, "accel:0"))
     assert torch.equal((torch.ones(2, device=ACCEL) + 1).cpu(), torch.full((2,), 2.0))
+
+
+@cpp_kernels
+def test_cpp_wrapper_graph_from_inductors_cache_in_a_fresh_process(run_python, tmp_path) -> None:
+    # A process that takes the compiled graph from the FX-graph cache generates no wrapper
+    # code: the cached module itself prepares (accel's headers, libtorch_accel's symbols).
+    code = (
+        "import torch, torch_accel\n"
+        "from torch._dynamo.utils import counters\n"
+        "x = torch.arange(12.0, device='accel').reshape(3, 4)\n"
+        "f = torch.compile(lambda t: (t @ t.T).relu() + t.sum(), options={'cpp_wrapper': True})\n"
+        "print(f(x).sum().item(), counters['inductor']['fxgraph_cache_hit'])\n"
+    )
+    env = {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path)}
+    first, second = run_python(code, **env), run_python(code, **env)
+    assert first.returncode == 0 and second.returncode == 0, first.stderr + second.stderr
+    x = torch.arange(12.0).reshape(3, 4)
+    want = ((x @ x.T).relu() + x.sum()).sum().item()
+    assert first.stdout.split() == [repr(want), "0"]
+    assert second.stdout.split() == [repr(want), "1"]
