@@ -83,7 +83,7 @@ def _call_methods_through_ops(text: str, functions: tuple) -> str:  # type: igno
         if Variant.function in f.variants:
             continue
         name = CppSignatureGroup.from_native_function(f, method=False).signature.name()
-        start = text.index(f"AOTITorchError {PREFIX}{_shim_name(get_fallback_op_name(f))}(")
+        start = text.index(f"AOTITorchError {PREFIX}{shim_name(get_fallback_op_name(f))}(")
         end = text.index("\n}\n", start)
         if "at::symint::" in text[start:end]:  # torchgen's own call for symint methods
             continue
@@ -96,7 +96,7 @@ def _call_methods_through_ops(text: str, functions: tuple) -> str:  # type: igno
     return text
 
 
-def _shim_name(op: str) -> str:
+def shim_name(op: str) -> str:
     """aten.bernoulli_.float -> bernoulli__float; aten.mm.default -> mm."""
     base, _, overload = op.removeprefix("aten.").partition(".")
     return base if overload == "default" else f"{base}_{overload}"

@@ -3,6 +3,7 @@ for malformed entries (the build runs the same script and stops on its exit stat
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -168,3 +169,24 @@ def test_the_project_yaml_generates_and_documents_every_tier(tmp_path: Path) -> 
     a = torch.ones(2, device="accel")
     torch.add(a, a, out=torch.empty(2, device="accel"))
     assert torch.accel.fallback_stats() == {}
+
+
+def test_aoti_shim_has_a_function_for_every_operator_inductor_calls_through_one() -> None:
+    # codegen/gen_aoti_shim.py: Inductor's C++ wrapper calls aoti_torch_<device>_<op> for each
+    # operator of torchgen's list; libtorch_accel must define all of accel's (a missing one
+    # fails only when a generated library loads).
+    import ctypes
+
+    from torchgen.aoti.fallback_ops import inductor_fallback_ops
+
+    sys.path.insert(0, str(ROOT / "codegen"))
+    try:
+        from gen_aoti_shim import PREFIX, shim_name
+    finally:
+        sys.path.pop(0)
+    lib = ctypes.CDLL(str(ROOT / "torch_accel" / "lib" / "libtorch_accel.so"))
+    names = [PREFIX + shim_name(op) for op in inductor_fallback_ops]
+    assert len(names) > 150
+    assert [n for n in names if not hasattr(lib, n)] == []
+    header = (ROOT / "torch_accel" / "include" / "c_shim_accel.h").read_text()
+    assert [n for n in names if not re.search(rf"\b{n}\(", header)] == []

@@ -206,44 +206,38 @@ def test_aot_inductor_library_outlives_the_work_it_queued(package: str) -> None:
 
 
 @cpp_kernels
-def test_aot_inductor_package_loads_in_a_fresh_process(package: str, run_python) -> None:
-    result = run_python(
-        "import torch, torch_accel\n"
-        f"loaded = torch._inductor.aoti_load_package({package!r})\n"
-        "logits, top = loaded(torch.arange(10, device='accel').reshape(2, 5))\n"
-        "print(logits.device, repr(logits.sum().item()), repr(top.item()))\n"
-    )
-    assert result.returncode == 0, result.stderr
-    with torch.no_grad():
-        logits, top = _block()(torch.arange(10, device=ACCEL).reshape(2, 5))
-    device, total, top_value = result.stdout.split()
-    assert device == "accel:0"
-    assert float(total) == pytest.approx(logits.sum().item(), rel=1e-5)
-    assert float(top_value) == pytest.approx(top.item(), rel=1e-5)
-
-
-@cpp_kernels
 def test_aot_inductor_package_on_a_missing_device_says_so(package: str) -> None:
     with pytest.raises(Exception, match=r"accel:9|device|index"):
         torch._inductor.aoti_load_package(package, device_index=9)(_tokens(3, "accel:0"))
     assert torch.equal((torch.ones(2, device=ACCEL) + 1).cpu(), torch.full((2,), 2.0))
 
 
+_FRESH_PROCESS = """
+import torch, torch_accel
+from torch._dynamo.utils import counters
+loaded = torch._inductor.aoti_load_package({package!r})
+logits, top = loaded(torch.arange(10, device="accel").reshape(2, 5))
+print(logits.device, repr(logits.sum().item()), repr(top.item()))
+x = torch.arange(12.0, device="accel").reshape(3, 4)
+f = torch.compile(lambda t: (t @ t.T).relu() + t.sum(), options={{"cpp_wrapper": True}})
+print(repr(f(x).sum().item()), counters["inductor"]["fxgraph_cache_hit"])
+"""
+
+
 @cpp_kernels
-def test_cpp_wrapper_graph_from_inductors_cache_in_a_fresh_process(run_python, tmp_path) -> None:
-    # A process that takes the compiled graph from the FX-graph cache generates no wrapper
-    # code: the cached module itself prepares (accel's headers, libtorch_accel's symbols).
-    code = (
-        "import torch, torch_accel\n"
-        "from torch._dynamo.utils import counters\n"
-        "x = torch.arange(12.0, device='accel').reshape(3, 4)\n"
-        "f = torch.compile(lambda t: (t @ t.T).relu() + t.sum(), options={'cpp_wrapper': True})\n"
-        "print(f(x).sum().item(), counters['inductor']['fxgraph_cache_hit'])\n"
-    )
-    env = {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path)}
-    first, second = run_python(code, **env), run_python(code, **env)
-    assert first.returncode == 0 and second.returncode == 0, first.stderr + second.stderr
-    x = torch.arange(12.0).reshape(3, 4)
+def test_a_fresh_process_loads_packages_and_graphs_from_inductors_cache(package, run_python):
+    # The package in a process that compiled nothing; and a graph compiled here, taken from the
+    # FX-graph cache there: that process generates no wrapper code, the cached module itself
+    # prepares (accel's headers, libtorch_accel's symbols).
+    x = torch.arange(12.0, device=ACCEL).reshape(3, 4)
+    torch.compile(lambda t: (t @ t.T).relu() + t.sum(), options=CPP_WRAPPER)(x)
+    result = run_python(_FRESH_PROCESS.format(package=package))
+    assert result.returncode == 0, result.stderr
+    with torch.no_grad():
+        logits, top = _block()(torch.arange(10, device=ACCEL).reshape(2, 5))
     want = ((x @ x.T).relu() + x.sum()).sum().item()
-    assert first.stdout.split() == [repr(want), "0"]
-    assert second.stdout.split() == [repr(want), "1"]
+    lines = [line.split() for line in result.stdout.splitlines()]
+    assert lines[0][0] == "accel:0"
+    assert float(lines[0][1]) == pytest.approx(logits.sum().item(), rel=1e-5)
+    assert float(lines[0][2]) == pytest.approx(top.item(), rel=1e-5)
+    assert lines[1] == [repr(want), "1"]

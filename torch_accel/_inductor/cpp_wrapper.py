@@ -90,12 +90,8 @@ class AccelCppWrapper(CppWrapperCpu):
         prepare()
 
     @staticmethod
-    def create(
-        is_subgraph: bool,
-        subgraph_name: str | None,
-        parent_wrapper: Any,
-        partition_signatures: Any = None,
-    ) -> AccelCppWrapper:
+    def create(*args: Any, **kwargs: Any) -> AccelCppWrapper:
+        # Subgraphs too (torch.cond): the C++ wrapper generates them inline, as the CPU's does.
         return AccelCppWrapper()
 
     def write_header(self) -> None:
