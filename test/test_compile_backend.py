@@ -162,3 +162,32 @@ def test_the_accel_backend_runs_dynamic_shapes_uncaptured(caplog) -> None:
             torch._dynamo.mark_dynamic(t, 0)
             torch.testing.assert_close(f(t).cpu(), (t.cpu().sin() * 2).sum(0))
     assert any("without graph capture" in r.getMessage() for r in caplog.records)
+
+
+@helpers.skip_in_triton_interpreter(INTERPRETED)
+def test_the_accel_backend_takes_torch_compiles_mode_and_options() -> None:
+    # torch.compile passes mode= and options= to a backend other than Inductor as keyword
+    # arguments (compile_fx rejected `options`): they configure Inductor as for
+    # backend="inductor", here the C++ wrapper, whose kernels the backend captures and replays.
+    from torch._inductor.utils import run_and_get_code
+
+    from torch_accel._dynamo import backend
+
+    def fn(t: torch.Tensor) -> torch.Tensor:
+        return torch.relu(t @ t.T) * 2 + 1
+
+    xs = [torch.randn(8, 8, device=ACCEL) for _ in range(4)]
+    f = torch.compile(fn, backend="accel", options={"cpp_wrapper": True})
+    before = dict(backend.stats)
+    outs, (code,) = run_and_get_code(lambda: [f(x) for x in xs])
+    for x, out in zip(xs, outs, strict=True):
+        torch.testing.assert_close(out, fn(x))
+    assert "torch_accel_aoti::launch(" in code
+    assert backend.stats["replays"] - before["replays"] == 3
+    torch._dynamo.reset()
+    f = torch.compile(fn, backend="accel", mode="max-autotune-no-cudagraphs")
+    for x in xs:
+        torch.testing.assert_close(f(x), fn(x))
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match="Unexpected optimization option no_such_option"):
+        torch.compile(lambda t: t + 1, backend="accel", options={"no_such_option": 1})(xs[0])

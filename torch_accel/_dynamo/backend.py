@@ -289,9 +289,25 @@ class _Graphed:
         return outputs
 
 
-def accel_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kwargs: Any) -> Any:
-    """The ``accel`` Dynamo backend: Inductor plus graph capture and replay."""
+def accel_backend(
+    gm: torch.fx.GraphModule,
+    example_inputs: Sequence[Any],
+    *,
+    mode: str | None = None,
+    options: dict[str, Any] | None = None,
+    **kwargs: Any,
+) -> Any:
+    """The ``accel`` Dynamo backend: Inductor plus graph capture and replay.
+
+    ``torch.compile(backend="accel", mode=..., options=...)`` passes its mode and options here
+    (to a backend other than Inductor, as keyword arguments): they become Inductor's
+    configuration as for ``backend="inductor"``, checked the same way (torch's own wrapper
+    reads them: an unknown option is an error naming it)."""
     from torch._inductor.compile_fx import compile_fx, compile_fx_inner
+
+    if mode is not None or options is not None:
+        config = torch._TorchCompileInductorWrapper(mode, options, None).config
+        kwargs["config_patches"] = {**config, **(kwargs.get("config_patches") or {})}
 
     def inner(model: torch.fx.GraphModule, inputs: Sequence[Any], **inner_kwargs: Any) -> Any:
         compiled = compile_fx_inner(model, inputs, **inner_kwargs)
