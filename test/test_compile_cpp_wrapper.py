@@ -206,6 +206,23 @@ def test_aot_inductor_library_outlives_the_work_it_queued(package: str) -> None:
 
 
 @cpp_kernels
+def test_aot_inductor_package_takes_new_weights_as_cpu_tensors(package: str) -> None:
+    # AOTInductor checks new constants against its model's device, the CPU for accel packages
+    # (cpp_wrapper.py): weights are given as CPU tensors, copied to accel at the next run.
+    loaded = torch._inductor.aoti_load_package(package)
+    names = set(loaded.get_constant_fqns())
+    halved = _block()
+    with torch.no_grad():
+        for p in halved.parameters():
+            p.mul_(0.5)
+    state = {k: v.cpu() for k, v in halved.state_dict().items() if k in names}
+    assert "head.weight" in state and "emb.weight" not in state  # one constant for tied weights
+    loaded.load_constants(state, check_full_update=True)
+    with torch.no_grad():
+        _assert_same(loaded(_tokens(7)), halved(_tokens(7)))
+
+
+@cpp_kernels
 def test_aot_inductor_package_on_a_missing_device_says_so(package: str) -> None:
     with pytest.raises(Exception, match=r"accel:9|device|index"):
         torch._inductor.aoti_load_package(package, device_index=9)(_tokens(3, "accel:0"))
