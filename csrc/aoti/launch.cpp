@@ -12,6 +12,7 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_strided.h>
 #include <c10/core/DeviceGuard.h>
+#include <c10/core/UndefinedTensorImpl.h>
 #include <c10/util/intrusive_ptr.h>
 
 #include <map>
@@ -67,39 +68,68 @@ extern "C" AOTI_TORCH_EXPORT AOTITorchError aoti_torch_accel_current_device(int3
 namespace {
 
 // An AOTInductor model keeps its weights as CPU tensors (AOTInductor's model runtime knows no
-// device but cpu, cuda, xpu and mps: cpp_wrapper.py records accel's constants as CPU ones);
-// each is copied to the accel device once and kept while its CPU storage lives (a model
-// deleted, or weights swapped for others, drop their copies at the next lookup).
+// device but cpu, cuda, xpu and mps: cpp_wrapper.py records accel's constants as CPU ones). Each
+// CPU storage is copied to the accel device once (tied weights and views of one storage share
+// the copy), and each constant's accel view of it is made once: a run finds its constants
+// without copying or making tensors. Entries hold their CPU source weakly and are dropped once
+// it is freed (a model deleted, weights swapped for others), in a sweep every so many lookups.
+template <class Impl, class Null = c10::detail::intrusive_target_default_null_type<Impl>>
 struct DeviceCopy {
-  c10::weak_intrusive_ptr<c10::StorageImpl> source;
+  c10::weak_intrusive_ptr<Impl, Null> source;
   at::Tensor copy;
 };
-std::mutex copies_mu;
-std::map<std::pair<const c10::StorageImpl*, c10::DeviceIndex>, DeviceCopy> copies;
+template <class Impl, class Null = c10::detail::intrusive_target_default_null_type<Impl>>
+using CopyMap = std::map<std::pair<const Impl*, c10::DeviceIndex>, DeviceCopy<Impl, Null>>;
+
+struct DeviceCopies {
+  std::mutex mu;
+  CopyMap<c10::StorageImpl> storages;
+  CopyMap<c10::TensorImpl, c10::UndefinedTensorImpl> views;
+  std::size_t lookups = 0;  // since the last sweep
+};
+DeviceCopies copies;
+
+template <class Map>
+void drop_expired(Map& map) {
+  for (auto it = map.begin(); it != map.end();) {
+    it = it->second.source.expired() ? map.erase(it) : std::next(it);
+  }
+}
 
 at::Tensor device_copy(const at::Tensor& cpu, c10::DeviceIndex device) {
-  std::lock_guard<std::mutex> lock(copies_mu);
-  for (auto it = copies.begin(); it != copies.end();) {
-    it = it->second.source.expired() ? copies.erase(it) : std::next(it);
+  std::lock_guard<std::mutex> lock(copies.mu);
+  // Amortized: a sweep per as many lookups as there are views.
+  if (++copies.lookups > copies.views.size()) {
+    drop_expired(copies.views);
+    drop_expired(copies.storages);
+    copies.lookups = 0;
   }
-  c10::StorageImpl* storage = cpu.storage().unsafeGetStorageImpl();
-  auto it = copies.find({storage, device});
-  if (it == copies.end()) {
+  // A live source's entry is its own: the weak reference keeps a freed source's address taken.
+  if (auto view = copies.views.find({cpu.unsafeGetTensorImpl(), device});
+      view != copies.views.end()) {
+    return view->second.copy;
+  }
+  auto raw = copies.storages.find({cpu.storage().unsafeGetStorageImpl(), device});
+  if (raw == copies.storages.end()) {
     // The whole storage, so that every view of it (offset, strides) maps to the copy.
     const int64_t bytes = static_cast<int64_t>(cpu.storage().nbytes());
-    at::Tensor raw = at::empty_strided(
+    at::Tensor copy = at::empty_strided(
         {bytes}, {1}, at::TensorOptions().dtype(at::kByte).device(accel::device::kAccel, device));
-    raw.copy_(at::empty({0}, at::kByte).set_(cpu.storage(), 0, {bytes}, {1}));
-    it = copies
-             .emplace(std::make_pair(storage, device),
-                      DeviceCopy{c10::weak_intrusive_ptr<c10::StorageImpl>(
-                                     c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(storage)),
-                                 raw})
-             .first;
+    copy.copy_(at::empty({0}, at::kByte).set_(cpu.storage(), 0, {bytes}, {1}));
+    raw = copies.storages
+              .emplace(std::make_pair(cpu.storage().unsafeGetStorageImpl(), device),
+                       DeviceCopy<c10::StorageImpl>{cpu.storage().getWeakStorageImpl(), copy})
+              .first;
   }
-  const at::Tensor& raw = it->second.copy;
-  return at::empty({0}, cpu.options().device(raw.device()))
-      .set_(raw.storage(), cpu.storage_offset(), cpu.sizes(), cpu.strides());
+  at::Tensor view =
+      at::empty({0}, cpu.options().device(raw->second.copy.device()))
+          .set_(raw->second.copy.storage(), cpu.storage_offset(), cpu.sizes(), cpu.strides());
+  copies.views.emplace(
+      std::make_pair(cpu.unsafeGetTensorImpl(), device),
+      DeviceCopy<c10::TensorImpl, c10::UndefinedTensorImpl>{
+          c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>(cpu.getIntrusivePtr()),
+          view});
+  return view;
 }
 
 }  // namespace
