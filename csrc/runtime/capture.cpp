@@ -86,7 +86,11 @@ void Runtime::check_event_not_captured(EventObj& e, const char* call) {
   if (id == 0) return;
   std::lock_guard<std::mutex> lock(capture_mutex);
   auto it = live_captures.find(id);
-  if (it == live_captures.end()) return;
+  // After the capture the record is a graph node, not work that runs or ran: CUDA refuses such
+  // an event until it is recorded again (cudaErrorCapturedEvent), and so does every driver.
+  ACCEL_RT_CHECK(it != live_captures.end(), CaptureError, call,
+                 ": the event was last recorded during a capture, which has ended (its work runs "
+                 "only when the graph replays); record it again outside a capture first");
   invalidate_and_throw(*it->second, concat(call, " on an event recorded during the capture"));
 }
 

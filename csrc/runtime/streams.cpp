@@ -277,6 +277,14 @@ Event event_create(int device, bool enable_timing) {
 void event_destroy(Event event) {
   Runtime& rt = Runtime::get();
   detail::EventObj& e = rt.event(event, "event_destroy");
+  // An event last recorded in a capture is a graph node to CUDA, not a record: querying it
+  // before an eager record fails (cudaErrorCapturedEvent), so event_create could not recycle it.
+  // A fresh driver event takes its place.
+  if (e.capture_id.load(std::memory_order_acquire) != 0) {
+    DriverEvent fresh = rt.driver->event_create(e.device, e.timing);
+    rt.driver->event_destroy(e.de);
+    e.de = fresh;
+  }
   e.retire();
   rt.events.release(e.slot);
 }
@@ -329,6 +337,33 @@ void stream_wait_event(Stream stream, Event event) {
         s.capturing.store(true, std::memory_order_release);
         cs.streams.push_back(&s);
       }
+      return;
+    }
+    ACCEL_RT_THROW(CaptureError,
+                   "stream_wait_event: the event was last recorded during a capture, which has "
+                   "ended (its work runs only when the graph replays); record it again outside a "
+                   "capture first");
+  }
+  if (s.capturing.load(std::memory_order_acquire)) {
+    bool capturing = false;
+    {
+      std::lock_guard<std::mutex> lock(rt.capture_mutex);
+      capturing = s.capture != nullptr;
+    }
+    // Eager work cannot be a dependency of a graph (CUDA refuses the wait:
+    // cudaErrorStreamCaptureIsolation); work that already finished needs none, so the wait is
+    // dropped. The query is one the capture allows (relaxed mode: it does not synchronize).
+    if (capturing) {
+      if (!e.recorded.load(std::memory_order_acquire)) return;
+      bool done = false;
+      {
+        const detail::RelaxedCaptureMode relaxed(*rt.driver);
+        done = rt.driver->event_query(e.de);
+      }
+      ACCEL_RT_CHECK(done, CaptureError,
+                     "stream_wait_event: the event was recorded outside the capture and has not "
+                     "completed; a captured stream cannot wait on eager work (wait before "
+                     "capture_begin instead)");
       return;
     }
   }

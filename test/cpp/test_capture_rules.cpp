@@ -173,7 +173,11 @@ TEST_F(CaptureRulesTest, AFailingBranchStopsItsDependentsAndIsReported) {
   graph_capture_end(g_);
   graph_replay(g_, s_);
   EXPECT_RT_ERROR(stream_synchronize(s_), TaskError, "branch failed");
-  EXPECT_LT(ran.load(), 100);
+  // The host driver runs its graphs itself and skips what depends on a failed node; a GPU's
+  // graph cannot know that a host function failed (the cuda driver reports it all the same).
+  if (std::string(driver_name()) == "host") {
+    EXPECT_LT(ran.load(), 100);
+  }
   launch_host_func(s_, [&] { ran += 1000; });
   stream_synchronize(s_);  // the stream stays usable
   EXPECT_GE(ran.load(), 1000);
@@ -210,11 +214,13 @@ TEST_F(CaptureRulesTest, DebugDumpWritesTheNodesAndTheirDependencies) {
   text << in.rdbuf();
   const std::string dot = text.str();
   EXPECT_NE(dot.find("digraph"), std::string::npos);
-  EXPECT_NE(dot.find("n0 [label=\"0: memset\"]"), std::string::npos) << dot;
-  EXPECT_NE(dot.find("1: side work"), std::string::npos) << dot;
-  EXPECT_NE(dot.find("2: main \\\"work\\\""), std::string::npos) << dot;
-  for (const char* edge : {"n0 -> n1;", "n0 -> n2;", "n1 -> n3;", "n2 -> n3;"}) {
-    EXPECT_NE(dot.find(edge), std::string::npos) << edge << " in\n" << dot;
+  if (std::string(driver_name()) == "host") {  // other drivers: the vendor's format and labels
+    EXPECT_NE(dot.find("n0 [label=\"0: memset\"]"), std::string::npos) << dot;
+    EXPECT_NE(dot.find("1: side work"), std::string::npos) << dot;
+    EXPECT_NE(dot.find("2: main \\\"work\\\""), std::string::npos) << dot;
+    for (const char* edge : {"n0 -> n1;", "n0 -> n2;", "n1 -> n3;", "n2 -> n3;"}) {
+      EXPECT_NE(dot.find(edge), std::string::npos) << edge << " in\n" << dot;
+    }
   }
   std::remove(path.c_str());
   graph_reset(g_);

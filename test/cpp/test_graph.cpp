@@ -96,8 +96,8 @@ TEST_F(GraphTest, AllocationsDuringCaptureComeFromAPrivatePool) {
   graph_capture_begin(g_, s_);
   captured = static_cast<float*>(malloc(4096, s_));
   EXPECT_NE(static_cast<void*>(captured), eager_before);  // not the eager cache
-  launch_host_func(s_, [captured] {
-    for (int i = 0; i < 1024; ++i) captured[i] += 1.f;
+  testing::device_kernel(s_, captured, 1024, [](float* v, std::size_t n) {
+    for (std::size_t i = 0; i < n; ++i) v[i] += 1.f;
   });
   graph_capture_end(g_);
   EXPECT_NE(graph_pool(g_), PoolId{});
@@ -200,7 +200,7 @@ TEST_F(GraphTest, UnjoinedStreamFailsTheCaptureAndLeavesStreamsUsable) {
   event_record(fork, s_);
   stream_wait_event(side, fork);
   launch_host_func(side, [] {});
-  EXPECT_RT_ERROR(graph_capture_end(g_), CaptureError, "not joined back into the origin stream");
+  EXPECT_RT_ERROR(graph_capture_end(g_), CaptureError, "joined back into the origin stream");
   EXPECT_EQ(stream_capture_status(side), CaptureStatus::None);
   EXPECT_EQ(stream_capture_status(s_), CaptureStatus::None);
   std::atomic<int> runs{0};  // two streams run concurrently
@@ -337,15 +337,44 @@ TEST_F(GraphTest, WaitingOnEagerWorkInsideACapture) {
   event_destroy(pending);
 }
 
+TEST_F(GraphTest, AnEventLastRecordedInAnEndedCaptureIsRefusedUntilRecordedAgain) {
+  // CUDA refuses such an event (cudaErrorCapturedEvent): its record is a graph node, not work.
+  Event e = event_create(0, /*enable_timing=*/true);
+  Event eager = event_create(0, /*enable_timing=*/true);
+  graph_capture_begin(g_, s_);
+  launch_host_func(s_, [] {});
+  event_record(e, s_);
+  graph_capture_end(g_);
+  const char* why = "last recorded during a capture, which has ended";
+  EXPECT_RT_ERROR(event_query(e), CaptureError, why);
+  EXPECT_RT_ERROR(event_synchronize(e), CaptureError, why);
+  event_record(eager, s_);
+  event_synchronize(eager);
+  EXPECT_RT_ERROR(event_elapsed_time(eager, e), CaptureError, why);
+  EXPECT_RT_ERROR(stream_wait_event(s_, e), CaptureError, why);
+  event_record(e, s_);  // recorded eagerly: an ordinary event again
+  event_synchronize(e);
+  EXPECT_TRUE(event_query(e));
+  EXPECT_GE(event_elapsed_time(eager, e), 0.f);
+  event_destroy(e);
+  event_destroy(eager);
+  // Events recycled after a capture answer as fresh ones.
+  Event fresh = event_create(0);
+  EXPECT_TRUE(event_query(fresh));
+  event_destroy(fresh);
+}
+
 TEST_F(GraphTest, PinnedCopiesAreCapturedAndRepeated) {
   auto* pinned = static_cast<float*>(host_malloc(16 * sizeof(float)));
   float* dev = static_cast<float*>(malloc(16 * sizeof(float), s_));
   graph_capture_begin(g_, s_);
+  // Through device memory and back, then doubled on the host (a host task may touch pinned
+  // memory on every driver).
   memcpy_async(dev, pinned, 16 * sizeof(float), CopyKind::HostToDevice, s_);
-  launch_host_func(s_, [dev] {
-    for (int i = 0; i < 16; ++i) dev[i] *= 2.f;
-  });
   memcpy_async(pinned, dev, 16 * sizeof(float), CopyKind::DeviceToHost, s_);
+  launch_host_func(s_, [pinned] {
+    for (int i = 0; i < 16; ++i) pinned[i] *= 2.f;
+  });
   graph_capture_end(g_);
   EXPECT_EQ(graph_node_count(g_), 3u);
   for (int i = 0; i < 16; ++i) pinned[i] = float(i);

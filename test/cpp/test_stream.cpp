@@ -51,8 +51,12 @@ TEST(Stream, FromNativeHandleGivesTheAccelStreamWithThatHandle) {
   // libraries' streams could take it, and none of these takes its own stale one.
   void* stale = stream_native_handle(a);
   stream_destroy(a);
-  EXPECT_RT_ERROR(stream_from_native(stale, 0), NotSupportedError,
-                  "is not the handle of a live accel stream of device 0");
+  // (A driver that adopts native streams passes the handle to its vendor runtime, where a
+  // destroyed stream's handle is undefined behaviour: CUDA's.)
+  if (std::string(driver_name()) != "cuda") {
+    EXPECT_RT_ERROR(stream_from_native(stale, 0), NotSupportedError,
+                    "is not the handle of a live accel stream of device 0");
+  }
   stream_destroy(b);
 }
 

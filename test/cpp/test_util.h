@@ -85,6 +85,33 @@ std::string capture_error_from_thread(F&& f) {
     if (::accel::rt::launch_blocking()) GTEST_SKIP() << "needs async streams"; \
   } while (0)
 
+// Whether the device's sensors can be read (a GPU driver reads them through the vendor's
+// library, which an emulated GPU lacks).
+inline bool sensors_available(int device) {
+  try {
+    (void)device_sensor(Sensor::MemoryUsed, device);
+    return true;
+  } catch (const NotSupportedError&) {
+    return false;
+  }
+}
+
+// Runs f(data, count) on `count` values of device memory at `ptr`, in stream order, as a kernel
+// would: in place where the driver's device memory is host-accessible, else on a pinned copy
+// (device to host, f, host to device; captured alike). The copy is never freed: a graph may
+// replay it.
+template <class T, class F>
+void device_kernel(Stream s, T* ptr, std::size_t count, F f) {
+  if (driver_capabilities().host_accessible_memory) {
+    launch_host_func(s, [ptr, count, f] { f(ptr, count); });
+    return;
+  }
+  auto* staging = static_cast<T*>(host_malloc(count * sizeof(T)));
+  memcpy_async(staging, ptr, count * sizeof(T), CopyKind::DeviceToHost, s);
+  launch_host_func(s, [staging, count, f] { f(staging, count); });
+  memcpy_async(ptr, staging, count * sizeof(T), CopyKind::HostToDevice, s);
+}
+
 inline bool env_flag(const char* name) {
   const char* v = std::getenv(name);
   return v != nullptr && std::strcmp(v, "1") == 0;

@@ -12,6 +12,7 @@
 #include <dlfcn.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -70,7 +71,12 @@ bool sticky(cudaError_t e) {
     case cudaErrorStreamCaptureUnmatched:
     case cudaErrorCapturedEvent: throw CaptureError(what, __FILE__, __LINE__);
     case cudaErrorStreamCaptureUnjoined:
-      throw CaptureError(ErrorCode::CaptureUnjoined, what, __FILE__, __LINE__);
+      throw CaptureError(ErrorCode::CaptureUnjoined,
+                         what +
+                             ": a stream joined the capture but its work was not joined back "
+                             "into the origin stream before capture_end; record an event on it "
+                             "and make the origin stream wait on it",
+                         __FILE__, __LINE__);
     default: throw DriverError(what, __FILE__, __LINE__);
   }
 }
@@ -301,11 +307,14 @@ class CudaDriver final : public Driver {
     cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
     unsigned long long capture = 0;
     check(cudaStreamGetCaptureInfo(s->stream, &status, &capture), "cudaStreamGetCaptureInfo");
-    auto payload = std::make_unique<HostPayload>(
-        HostPayload{this, s->device, std::move(task), status == cudaStreamCaptureStatusActive});
+    const bool captured = status == cudaStreamCaptureStatusActive;
+    auto payload =
+        std::make_unique<HostPayload>(HostPayload{this, s->device, std::move(task), captured});
     HostPayload* raw = payload.get();
+    // An eager payload is CUDA's once launched: it may have run and freed itself by the time
+    // cudaLaunchHostFunc returns, so nothing of it is read after the launch.
     check(cudaLaunchHostFunc(s->stream, &CudaDriver::run_host_payload, raw), "cudaLaunchHostFunc");
-    if (raw->owned_by_capture) {
+    if (captured) {
       std::lock_guard<std::mutex> lock(mutex_);
       auto& list = captures_[capture];
       if (!list) list = std::make_shared<Payloads>();
@@ -414,6 +423,13 @@ class CudaDriver final : public Driver {
     check(cudaGraphExecDestroy(e->exec), "cudaGraphExecDestroy");
   }
   void graph_debug_dump(DriverGraph graph, const char* path) override {
+    if (std::FILE* f = std::fopen(path, "w")) {  // CUDA would say only "operating system error"
+      std::fclose(f);
+    } else {
+      throw InvalidValueError(
+          std::string("graph_debug_dump: cannot write '") + path + "': " + std::strerror(errno),
+          __FILE__, __LINE__);
+    }
     check(cudaGraphDebugDotPrint(as_graph(graph)->graph, path, cudaGraphDebugDotFlagsVerbose),
           "cudaGraphDebugDotPrint");
   }
