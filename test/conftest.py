@@ -151,3 +151,14 @@ def test_driver():
         return {"ACCEL_DRIVER": name, "ACCEL_DRIVER_PATH": str(drivers)}
 
     return env
+
+
+@pytest.fixture
+def emulated_cuda() -> dict[str, str]:
+    """The environment that selects the cuda driver built on the emulated CUDA runtime
+    (test/cpp/cuda_emulator) for run_python; skips where make test-cpp has not built it (no CUDA
+    toolkit)."""
+    path = Path(__file__).resolve().parent.parent / "build" / "test" / "cpp" / "emulated_cuda"
+    if not (path / "libaccel_driver_cuda.so").exists():
+        pytest.skip("the cuda driver on the emulated CUDA runtime is not built (make test-cpp)")
+    return {"ACCEL_DRIVER": "cuda", "ACCEL_DRIVER_PATH": str(path)}

@@ -293,9 +293,14 @@ def test_batch_norm_out_forms_write_the_functional_results(fallback_mode) -> Non
     )
 
 
-def test_batch_norm_without_running_statistics_in_eval_mode_raises(fallback_mode) -> None:
+@pytest.mark.parametrize("path", ["kernel", "fallback"])
+def test_batch_norm_without_running_statistics_in_eval_mode_raises(path, request) -> None:
     """_batch_norm_no_update normalizes with the running statistics; its CPU kernel reads them
-    when they are None and crashes the process (on the CPU device too). Accel raises."""
+    when they are None and crashes the process (on the CPU device too). Accel raises, also where
+    the operator takes the CPU fallback (a driver without an executor: found on the emulated
+    cuda driver)."""
+    if path == "fallback":
+        request.getfixturevalue("force_fallback")
     x = torch.randn(3, 4, 5, device=ACCEL)
     with pytest.raises(RuntimeError, match="running_mean and running_var must be given"):
         torch.ops.aten._batch_norm_no_update(x, None, None, None, None, 0.1, 1e-5)

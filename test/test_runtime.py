@@ -155,6 +155,42 @@ def test_a_driver_without_an_executor_runs_operators_through_the_host(run_python
     assert "aten::copy_ has no accel kernel and runs on the CPU fallback" in r.stderr
 
 
+def test_the_cuda_driver_on_an_emulated_gpu(run_python, emulated_cuda):
+    # The cuda driver's own code on the emulated CUDA runtime: device memory the host cannot
+    # touch. torch's CUDA finds no GPU here, so there is no executor for ATen's kernels: operators
+    # take the visible fallback and torch_accel.executor() says why; copies, streams and events go
+    # through the driver in stream order; a nested tensor's metadata needs no kernel (autograd asks
+    # for it while recording, where an error used to abort the process).
+    code = (
+        "import torch, torch_accel, warnings\n"
+        "warnings.simplefilter('ignore')\n"
+        "print(torch_accel.driver(), torch_accel.driver_capabilities()['host_accessible_memory'])\n"
+        "print(torch_accel.executor())\n"
+        "x = torch.arange(12.0).reshape(3, 4)\n"
+        "a = x.to('accel')\n"
+        "s = torch.accel.Stream()\n"
+        "s.wait_stream(torch.accel.current_stream())\n"
+        "with torch.accel.stream(s):\n"
+        "    b = (a * 2).t().contiguous()\n"
+        "torch.accel.current_stream().wait_stream(s)\n"
+        "print(torch.equal(b.cpu(), (x * 2).t()))\n"
+        "parts = [torch.ones(2, 3), torch.ones(4, 3)]\n"
+        "nt = torch.nested.nested_tensor(parts, device='accel', requires_grad=True)\n"
+        "print(torch.ops.aten._nested_tensor_size(nt).tolist())\n"
+        "try:\n"
+        "    torch.nn.functional.linear(nt, torch.ones(5, 3, device='accel'))\n"
+        "except NotImplementedError as e:\n"
+        "    print('refused:', str(e).splitlines()[0])\n"
+    )
+    r = run_python(code, **emulated_cuda)
+    assert r.returncode == 0, r.stderr[-2000:]
+    lines = r.stdout.strip().splitlines()
+    assert lines[0] == "cuda False"
+    assert lines[1].startswith("('none', \"torch's CUDA finds no GPU (torch.cuda.is_available()")
+    assert lines[2:4] == ["True", "[[2, 3], [4, 3]]"]
+    assert lines[4].startswith("refused: aten::linear: the cuda driver has no kernels for it")
+
+
 def test_device_buffer_round_trip_on_two_streams_with_timing():
     n = 100_000
     data = [np.arange(n, dtype=np.float32) * (i + 1) for i in range(2)]

@@ -251,6 +251,19 @@ c10::DeviceIndex nested_call_device(const torch::jit::Stack& stack, size_t begin
 
 void direct_call(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const std::string name = op_name(op);
+  // A nested tensor's metadata is the tensor object's own (CPU tensors on every device, as
+  // ATen's kernels return them): no kernel, no stream to wait for, any executor or none
+  // (autograd asks for the sizes while recording, where an error would abort the process).
+  if (nested_metadata(name) && op.schema().arguments().size() == 1 && stack->back().isTensor() &&
+      stack->back().toTensor().is_nested()) {
+    const auto* nt = at::native::get_nested_tensor_impl(stack->back().toTensor());
+    at::Tensor meta = name == "aten::_nested_tensor_size"      ? nt->get_nested_sizes()
+                      : name == "aten::_nested_tensor_strides" ? nt->get_nested_strides()
+                                                               : nt->get_storage_offsets();
+    torch::jit::drop(*stack, 1);
+    torch::jit::push(*stack, std::move(meta));
+    return;
+  }
   TORCH_CHECK_NOT_IMPLEMENTED(executor() != Executor::None, name, ": the ", rt::driver_name(),
                               " driver has no kernels for it (", executor_unavailable_reason(),
                               ")");

@@ -1,5 +1,6 @@
 #include "aten/executor.h"
 
+#include <ATen/detail/CUDAHooksInterface.h>
 #include <c10/util/Exception.h>
 #include <dlfcn.h>
 
@@ -103,6 +104,15 @@ const Choice& choice() {
     }
     const std::string driver = device::call([] { return std::string(rt::driver_name()); });
     if (driver == "cuda") {
+      // The driver found GPUs; ATen's CUDA kernels also need torch's CUDA to find them (a CPU
+      // build of torch, an older NVIDIA driver than torch's CUDA, an emulated GPU): else the
+      // visible fallback, saying why, instead of an error from every operator.
+      if (!at::detail::getCUDAHooks().hasCUDA()) {
+        c.why =
+            "torch's CUDA finds no GPU (torch.cuda.is_available() is False), so ATen's CUDA "
+            "kernels cannot run on the cuda driver's memory";
+        return c;
+      }
       load_cuda_bridge(c);
     } else {
       c.why = "the " + driver + " driver has no executor for ATen kernels yet";

@@ -260,6 +260,7 @@ void accel_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
                               " has no accel kernel, and ACCEL_FALLBACK=error forbids running it "
                               "on the CPU fallback. Set ACCEL_FALLBACK=warn (the default) or "
                               "silent to allow the fallback.");
+  check_cpu_kernel_inputs(op, *stack);
   refuse_capture(call_device(op, *stack, name), name.c_str(),
                  "it has no accel kernel and runs through the CPU fallback, which copies its "
                  "arguments to the host");

@@ -16,6 +16,11 @@ enum class FallbackMode { Warn, Silent, Error };
 // Runs an operator through the CPU fallback (the boxed kernel registered for PrivateUse1).
 void cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack);
 
+// Refuses, with a RuntimeError naming the problem, inputs on which an operator's CPU kernel
+// crashes the process instead of checking them (on the CPU device too), before accel runs that
+// kernel on its memory (underlying tier) or through the fallback (norm.cpp).
+void check_cpu_kernel_inputs(const c10::OperatorHandle& op, const torch::jit::Stack& stack);
+
 // The mode starts from ACCEL_FALLBACK (warn, silent or error; warn by default).
 FallbackMode fallback_mode();
 void set_fallback_mode(FallbackMode mode);

@@ -28,6 +28,7 @@
 
 #include "AccelNativeFunctions.h"
 #include "aten/dispatch_util.h"
+#include "aten/fallback.h"
 
 namespace accel::aten {
 namespace {
@@ -251,9 +252,7 @@ bool batch_norm_statistics(const c10::OperatorHandle& op, torch::jit::Stack* sta
     return true;
   }
   if (arg(3).isNone() || arg(4).isNone()) {
-    // The CPU kernel of _batch_norm_no_update reads them anyway (a crash on the CPU device).
-    TORCH_CHECK(name != "aten::_batch_norm_no_update", name,
-                ": running_mean and running_var must be given (eval mode normalizes with them)");
+    check_cpu_kernel_inputs(op, *stack);
     return false;  // the kernel's error
   }
   if (name == "aten::_batch_norm_no_update") {
@@ -330,6 +329,16 @@ void batch_norm_into(torch::jit::Stack& args, const std::vector<at::Tensor>& res
     } else if (i == 2) {
       to.copy_(eval_invstd(running_var, to.scalar_type(), eps));
     }
+  }
+}
+
+void check_cpu_kernel_inputs(const c10::OperatorHandle& op, const torch::jit::Stack& stack) {
+  const c10::FunctionSchema& schema = op.schema();
+  if (schema.name() == "aten::_batch_norm_no_update") {
+    // Its CPU kernel reads the running statistics whether they were given or not.
+    const size_t begin = stack.size() - schema.arguments().size();
+    TORCH_CHECK(!stack[begin + 3].isNone() && !stack[begin + 4].isNone(), schema.name(),
+                ": running_mean and running_var must be given (eval mode normalizes with them)");
   }
 }
 

@@ -66,6 +66,16 @@ struct Capture {
   bool ended = false;
 };
 
+// What the emulator keeps per thread (in a pthread key, not thread_local: LeakSanitizer misreads
+// the dynamic TLS of a dlopen'ed library, and static TLS may not fit in a big process).
+struct ThreadState {
+  int device = 0;
+  cudaError_t last = cudaSuccess;
+  bool in_callback = false;
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeGlobal;
+};
+ThreadState& thread_state();
+
 // The emulated devices: how many, the memory of each, the calling thread's current one.
 int device_count();
 std::size_t device_memory();

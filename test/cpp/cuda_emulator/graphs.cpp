@@ -19,7 +19,6 @@ std::vector<std::unique_ptr<Capture>>& all_captures() {  // under the lock
   return *v;
 }
 unsigned long long g_next_capture = 1;
-thread_local cudaStreamCaptureMode tl_mode = cudaStreamCaptureModeGlobal;
 
 // The nodes `from` depends on, directly or not, and `from` themselves.
 std::set<std::size_t> ancestors(const GraphData& g, const std::vector<std::size_t>& from) {
@@ -66,14 +65,14 @@ void invalidate(Capture* c) {
 }
 
 cudaError_t unsafe_call() {
-  if (tl_mode == cudaStreamCaptureModeRelaxed) return cudaSuccess;
+  const cudaStreamCaptureMode mode = thread_state().mode;
+  if (mode == cudaStreamCaptureModeRelaxed) return cudaSuccess;
   std::lock_guard<std::mutex> lock(global_mutex());
   bool refused = false;
   for (Capture* c : captures()) {
     if (c->invalidated || c->mode == cudaStreamCaptureModeRelaxed) continue;
     const bool mine = c->thread == std::this_thread::get_id();
-    if (mine ||
-        (c->mode == cudaStreamCaptureModeGlobal && tl_mode == cudaStreamCaptureModeGlobal)) {
+    if (mine || (c->mode == cudaStreamCaptureModeGlobal && mode == cudaStreamCaptureModeGlobal)) {
       invalidate(c);
       refused = true;
     }
@@ -284,7 +283,7 @@ cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) 
 
 cudaError_t cudaThreadExchangeStreamCaptureMode(cudaStreamCaptureMode* mode) {
   EMU_ENTER();
-  std::swap(tl_mode, *mode);
+  std::swap(thread_state().mode, *mode);
   return cudaSuccess;
 }
 

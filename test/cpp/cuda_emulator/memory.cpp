@@ -25,8 +25,8 @@ constexpr std::size_t kGranularity = std::size_t{2} << 20;  // cuMem's, as on NV
 constexpr std::size_t kPage = 4096;
 
 struct Region {
-  char* base = nullptr;    // the device addresses (no host access)
-  char* shadow = nullptr;  // the same bytes for the emulator's copies
+  char* base = nullptr;      // the device addresses (no host access)
+  char* shadow = nullptr;    // the same bytes for the emulator's copies
   std::size_t size = 0;      // addresses: more than the memory, as a GPU's address space is
   std::size_t capacity = 0;  // the device's memory
   std::map<std::size_t, std::size_t> free;      // offset -> size, coalesced

@@ -42,9 +42,14 @@ State& st() {
   return State::state();
 }
 
-thread_local int tl_device = 0;
-thread_local cudaError_t tl_last = cudaSuccess;
-thread_local bool tl_in_callback = false;
+pthread_key_t thread_key() {
+  static const pthread_key_t key = [] {
+    pthread_key_t k;
+    ::pthread_key_create(&k, [](void* p) { delete static_cast<ThreadState*>(p); });
+    return k;
+  }();
+  return key;
+}
 
 void worker_loop(CUstream_st* s) {
   for (;;) {
@@ -86,6 +91,15 @@ bool valid_device(int d) {
 
 }  // namespace
 
+ThreadState& thread_state() {
+  auto* t = static_cast<ThreadState*>(::pthread_getspecific(thread_key()));
+  if (t == nullptr) {
+    t = new ThreadState;
+    ::pthread_setspecific(thread_key(), t);
+  }
+  return *t;
+}
+
 int device_count() {
   return st().devices;
 }
@@ -93,7 +107,7 @@ std::size_t device_memory() {
   return st().memory;
 }
 int current_device() {
-  return tl_device;
+  return thread_state().device;
 }
 
 void Progress::wait(uint64_t seq, const char* call) {
@@ -112,12 +126,13 @@ std::mutex& global_mutex() {
 }
 
 cudaError_t fail(cudaError_t e) {
-  if (e != cudaSuccess) tl_last = e;
+  if (e != cudaSuccess) thread_state().last = e;
   return e;
 }
 
 cudaError_t enter() {
-  if (tl_in_callback) return cudaErrorNotPermitted;  // CUDA forbids CUDA calls in host functions
+  if (thread_state().in_callback)
+    return cudaErrorNotPermitted;  // CUDA forbids CUDA calls in host functions
   if (st().forked) return cudaErrorInitializationError;
   return cudaSuccess;
 }
@@ -126,8 +141,8 @@ CUstream_st* resolve(cudaStream_t stream) {
   const auto raw = reinterpret_cast<uintptr_t>(stream);
   if (raw > 2) return stream;
   std::lock_guard<std::mutex> lock(st().mu);  // 0, cudaStreamLegacy, cudaStreamPerThread
-  CUstream_st*& legacy = st().legacy[static_cast<std::size_t>(tl_device)];
-  if (legacy == nullptr) legacy = make_stream(tl_device, 0, 0);
+  CUstream_st*& legacy = st().legacy[static_cast<std::size_t>(thread_state().device)];
+  if (legacy == nullptr) legacy = make_stream(thread_state().device, 0, 0);
   return legacy;
 }
 
@@ -159,8 +174,8 @@ using namespace cuda_emulator;
 extern "C" {
 
 cudaError_t cudaGetLastError() {
-  const cudaError_t e = tl_last;
-  tl_last = cudaSuccess;
+  const cudaError_t e = thread_state().last;
+  thread_state().last = cudaSuccess;
   return e;
 }
 
@@ -219,7 +234,7 @@ cudaError_t cudaGetDeviceCount(int* count) {
 cudaError_t cudaSetDevice(int device) {
   EMU_ENTER();
   if (!valid_device(device)) return fail(cudaErrorInvalidDevice);
-  tl_device = device;
+  thread_state().device = device;
   return cudaSuccess;
 }
 
@@ -257,7 +272,7 @@ cudaError_t cudaDeviceSynchronize() {
   {
     std::lock_guard<std::mutex> lock(st().mu);
     for (CUstream_st* s : st().streams) {
-      if (s->device == tl_device) waits.emplace_back(s->progress, last_submitted(s));
+      if (s->device == thread_state().device) waits.emplace_back(s->progress, last_submitted(s));
     }
   }
   for (auto& [p, seq] : waits) p->wait(seq, "cudaDeviceSynchronize");
@@ -267,7 +282,7 @@ cudaError_t cudaDeviceSynchronize() {
 cudaError_t cudaStreamCreateWithPriority(cudaStream_t* stream, unsigned int flags, int priority) {
   EMU_ENTER();
   std::lock_guard<std::mutex> lock(st().mu);
-  *stream = make_stream(tl_device, flags, priority);
+  *stream = make_stream(thread_state().device, flags, priority);
   return cudaSuccess;
 }
 
@@ -337,9 +352,9 @@ cudaError_t cudaLaunchHostFunc(cudaStream_t stream, cudaHostFn_t fn, void* data)
   return fail(submit(
       resolve(stream),
       [fn, data] {
-        tl_in_callback = true;
+        thread_state().in_callback = true;
         fn(data);
-        tl_in_callback = false;
+        thread_state().in_callback = false;
       },
       "host function"));
 }
