@@ -114,6 +114,13 @@ cudaError_t unsafe_call();
 
 }  // namespace cuda_emulator
 
+// The first line of every API call: returns its error when no call may be made now.
+#define EMU_ENTER()                                                      \
+  do {                                                                   \
+    const cudaError_t entered_ = ::cuda_emulator::enter();               \
+    if (entered_ != cudaSuccess) return ::cuda_emulator::fail(entered_); \
+  } while (0)
+
 struct CUstream_st {
   int device = 0;
   int priority = 0;

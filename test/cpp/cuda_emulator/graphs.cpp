@@ -46,8 +46,18 @@ void end_capture(Capture* c) {  // under the lock
   v.erase(std::remove(v.begin(), v.end(), c), v.end());
 }
 
-cudaError_t event_usable(CUevent_st* e) {  // under the lock
-  return e->capture != nullptr ? cudaErrorCapturedEvent : cudaSuccess;
+// For a query or a synchronization: the event's latest eager record (progress stays null if it
+// was never recorded), or why the call is refused (a captured record; a potentially unsafe call
+// during capture).
+cudaError_t latest_record(CUevent_st* e, std::shared_ptr<Progress>* progress, uint64_t* seq) {
+  {
+    std::lock_guard<std::mutex> lock(global_mutex());
+    if (e->capture != nullptr) return cudaErrorCapturedEvent;
+    if (!e->recorded) return cudaSuccess;
+    *progress = e->progress;
+    *seq = e->seq;
+  }
+  return unsafe_call();
 }
 
 }  // namespace
@@ -128,12 +138,6 @@ void run_graph(const GraphData& g) {
 }  // namespace cuda_emulator
 
 using namespace cuda_emulator;
-
-#define EMU_ENTER()                                     \
-  do {                                                  \
-    const cudaError_t entered_ = enter();               \
-    if (entered_ != cudaSuccess) return fail(entered_); \
-  } while (0)
 
 extern "C" {
 
@@ -231,14 +235,10 @@ cudaError_t cudaEventQuery(cudaEvent_t event) {
   EMU_ENTER();
   std::shared_ptr<Progress> progress;
   uint64_t seq = 0;
-  {
-    std::lock_guard<std::mutex> lock(global_mutex());
-    if (const cudaError_t e = event_usable(event); e != cudaSuccess) return fail(e);
-    if (!event->recorded) return cudaSuccess;
-    progress = event->progress;
-    seq = event->seq;
+  if (const cudaError_t e = latest_record(event, &progress, &seq); e != cudaSuccess) {
+    return fail(e);
   }
-  if (const cudaError_t e = unsafe_call(); e != cudaSuccess) return fail(e);
+  if (progress == nullptr) return cudaSuccess;  // never recorded
   return progress->reached(seq) ? cudaSuccess : fail(cudaErrorNotReady);
 }
 
@@ -246,15 +246,10 @@ cudaError_t cudaEventSynchronize(cudaEvent_t event) {
   EMU_ENTER();
   std::shared_ptr<Progress> progress;
   uint64_t seq = 0;
-  {
-    std::lock_guard<std::mutex> lock(global_mutex());
-    if (const cudaError_t e = event_usable(event); e != cudaSuccess) return fail(e);
-    if (!event->recorded) return cudaSuccess;
-    progress = event->progress;
-    seq = event->seq;
+  if (const cudaError_t e = latest_record(event, &progress, &seq); e != cudaSuccess) {
+    return fail(e);
   }
-  if (const cudaError_t e = unsafe_call(); e != cudaSuccess) return fail(e);
-  progress->wait(seq, "cudaEventSynchronize");
+  if (progress != nullptr) progress->wait(seq, "cudaEventSynchronize");
   return cudaSuccess;
 }
 

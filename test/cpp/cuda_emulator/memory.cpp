@@ -307,12 +307,6 @@ Access classify(const void* p, std::size_t n) {
 
 using namespace cuda_emulator;
 
-#define EMU_ENTER()                                     \
-  do {                                                  \
-    const cudaError_t entered_ = enter();               \
-    if (entered_ != cudaSuccess) return fail(entered_); \
-  } while (0)
-
 extern "C" {
 
 cudaError_t cudaMemGetInfo(std::size_t* free, std::size_t* total) {

@@ -85,6 +85,19 @@ uint64_t last_submitted(CUstream_st* s) {
   return s->submitted;
 }
 
+// Whether a stream may be queried or synchronized now: not while it captures (the capture is
+// invalidated), nor when the capture modes forbid it.
+cudaError_t may_wait_for(CUstream_st* s) {
+  {
+    std::lock_guard<std::mutex> lock(st().mu);
+    if (s->capture != nullptr) {
+      invalidate(s->capture);
+      return cudaErrorStreamCaptureUnsupported;
+    }
+  }
+  return unsafe_call();
+}
+
 bool valid_device(int d) {
   return d >= 0 && d < st().devices;
 }
@@ -164,12 +177,6 @@ cudaError_t submit(CUstream_st* s, std::function<void()> op, const char* label, 
 }  // namespace cuda_emulator
 
 using namespace cuda_emulator;
-
-#define EMU_ENTER()                                     \
-  do {                                                  \
-    const cudaError_t entered_ = enter();               \
-    if (entered_ != cudaSuccess) return fail(entered_); \
-  } while (0)
 
 extern "C" {
 
@@ -320,14 +327,7 @@ cudaError_t cudaStreamGetDevice(cudaStream_t stream, int* device) {
 cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
   EMU_ENTER();
   CUstream_st* s = resolve(stream);
-  {
-    std::lock_guard<std::mutex> lock(st().mu);
-    if (s->capture != nullptr) {
-      invalidate(s->capture);
-      return fail(cudaErrorStreamCaptureUnsupported);
-    }
-  }
-  if (const cudaError_t e = unsafe_call(); e != cudaSuccess) return fail(e);
+  if (const cudaError_t e = may_wait_for(s); e != cudaSuccess) return fail(e);
   s->progress->wait(last_submitted(s), "cudaStreamSynchronize");
   return cudaSuccess;
 }
@@ -335,14 +335,7 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
 cudaError_t cudaStreamQuery(cudaStream_t stream) {
   EMU_ENTER();
   CUstream_st* s = resolve(stream);
-  {
-    std::lock_guard<std::mutex> lock(st().mu);
-    if (s->capture != nullptr) {
-      invalidate(s->capture);
-      return fail(cudaErrorStreamCaptureUnsupported);
-    }
-  }
-  if (const cudaError_t e = unsafe_call(); e != cudaSuccess) return fail(e);
+  if (const cudaError_t e = may_wait_for(s); e != cudaSuccess) return fail(e);
   return s->progress->reached(last_submitted(s)) ? cudaSuccess : fail(cudaErrorNotReady);
 }
 
