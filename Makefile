@@ -7,6 +7,9 @@
 #                  set up, then torch.compile's suite alone (make test runs it once)
 #   make test-cuda set up, then every suite and the OpInfo sweep on the cuda driver (skips,
 #                  saying why, without one)
+#   make test-emulated-cuda
+#                  set up, then the device layer's suites on the cuda driver over the emulated
+#                  CUDA runtime (no GPU needed; make test runs it)
 #   make bench-cuda
 #                  accel on the cuda driver against native torch CUDA (skips without a GPU)
 #   make install   set up and build only
@@ -64,7 +67,7 @@ DEPS_STAMP := $(VENV)/.deps-$(shell sha1sum $(REQUIREMENTS) | cut -c1-12)
 .PHONY: demo test install sanitize bench opinfo opinfo-sweep pytorch-suites compile-sweep vision-sweep hf-sweep inductor-sweep \
         system-deps deps test-cpp \
         test-python test-python-default test-python-debug test-lane-default test-lane-debug \
-        test-compile test-cuda bench-cuda build-cpp clean
+        test-compile test-cuda test-emulated-cuda bench-cuda build-cpp clean
 
 demo: install
 	$(PY) examples/transformer_lm.py
@@ -145,6 +148,23 @@ COMPILE_IN_DEBUG_LANE := test/test_compile_models.py test/test_compile_modes.py 
                          test/test_compile_triton.py
 test-lane-default: test-python-default
 	$(PY) -m pytest -q -p no:cacheprovider $(filter-out $(COMPILE_IN_DEBUG_LANE),$(COMPILE_TESTS))
+	$(MAKE) --no-print-directory test-emulated-cuda
+
+# The device layer on the cuda driver where no GPU is: the driver's own code on the emulated CUDA
+# runtime (test/cpp/cuda_emulator, built by test-cpp where the CUDA toolkit is), device memory
+# the host cannot touch, no executor (torch's CUDA finds no GPU: operators take the visible
+# fallback). The suites whose subject is not an operator's kernel; about 25 s.
+EMULATED_CUDA := $(BUILD_DIR)/test/cpp/emulated_cuda
+EMULATED_CUDA_TESTS := $(addprefix test/,test_streams.py test_events.py test_memory.py \
+  test_copies.py test_serialization.py test_rng.py test_amp.py test_autograd.py test_modules.py \
+  test_device.py test_fork.py test_dynamo_accel_api.py)
+test-emulated-cuda: install
+	@if [ ! -f $(EMULATED_CUDA)/libaccel_driver_cuda.so ]; then \
+	  echo "make test-emulated-cuda: skipped: no $(EMULATED_CUDA) (no CUDA toolkit; make test-cpp builds it)"; \
+	else \
+	  ACCEL_DRIVER=cuda ACCEL_DRIVER_PATH=$(abspath $(EMULATED_CUDA)) \
+	    $(PY) -m pytest -q -p no:cacheprovider $(EMULATED_CUDA_TESTS); \
+	fi
 
 test-lane-debug: test-python-debug
 	$(PY) -m pytest -q -p no:cacheprovider $(COMPILE_IN_DEBUG_LANE)

@@ -205,7 +205,12 @@ def test_sensors_and_the_process_list():
     # The host driver: utilization measured from its stream workers (the share of the last
     # second during which a task ran), memory used as mapped; no hardware sensors.
     x = torch.ones(1 << 20, device="accel:1")  # 4 MiB
-    used = torch.accel.device_memory_used(1)
+    try:
+        used = torch.accel.device_memory_used(1)
+    except NotImplementedError as e:  # a GPU driver without NVIDIA's library (an emulated GPU)
+        if torch_accel.driver() == "host" or "NVML" not in str(e):
+            raise
+        pytest.skip(str(e))
     free, total = torch.accel.mem_get_info(1)
     assert used >= x.numel() * 4
     listing = torch.accel.list_gpu_processes(1).splitlines()
