@@ -139,11 +139,15 @@ def run_python():
     return run
 
 
+# Where make test-cpp builds the C++ suites' driver libraries.
+_CPP_TEST_BUILD = Path(__file__).resolve().parent.parent / "build" / "test" / "cpp"
+
+
 @pytest.fixture
 def test_driver():
     """The environment that selects one of the C++ test drivers (test/cpp/test_driver_plugin.cpp:
     testdrv, limited, fragile, ...) for run_python; skips where make test-cpp has not built them."""
-    drivers = Path(__file__).resolve().parent.parent / "build" / "test" / "cpp" / "drivers"
+    drivers = _CPP_TEST_BUILD / "drivers"
 
     def env(name: str) -> dict[str, str]:
         if not (drivers / f"libaccel_driver_{name}.so").exists():
@@ -158,7 +162,7 @@ def emulated_cuda() -> dict[str, str]:
     """The environment that selects the cuda driver built on the emulated CUDA runtime
     (test/cpp/cuda_emulator) for run_python; skips where make test-cpp has not built it (no CUDA
     toolkit)."""
-    path = Path(__file__).resolve().parent.parent / "build" / "test" / "cpp" / "emulated_cuda"
+    path = _CPP_TEST_BUILD / "emulated_cuda"
     if not (path / "libaccel_driver_cuda.so").exists():
         pytest.skip("the cuda driver on the emulated CUDA runtime is not built (make test-cpp)")
     return {"ACCEL_DRIVER": "cuda", "ACCEL_DRIVER_PATH": str(path)}

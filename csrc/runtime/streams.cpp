@@ -321,28 +321,27 @@ void stream_wait_event(Stream stream, Event event) {
   detail::EventObj& e = rt.event(event, "stream_wait_event");
   StreamObj& s = rt.stream(stream, "stream_wait_event");
   if (const uint64_t id = e.capture_id.load(std::memory_order_acquire); id != 0) {
-    std::lock_guard<std::mutex> lock(rt.capture_mutex);
-    auto it = rt.live_captures.find(id);
-    if (it != rt.live_captures.end()) {
-      detail::CaptureState& cs = *it->second;
-      ACCEL_RT_CHECK(s.capture == nullptr || s.capture == &cs, CaptureError,
-                     "stream_wait_event: ", detail::describe(stream),
-                     " is capturing another graph than the one the event was recorded in");
-      ACCEL_RT_CHECK(s.device == cs.device, CaptureError,
-                     "stream_wait_event: ", detail::describe(stream),
-                     " cannot join a capture on device ", cs.device);
-      rt.driver->stream_wait_event(s.ds, e.de);
-      if (s.capture == nullptr) {  // the stream joins the capture
-        s.capture = &cs;
-        s.capturing.store(true, std::memory_order_release);
-        cs.streams.push_back(&s);
+    {
+      std::lock_guard<std::mutex> lock(rt.capture_mutex);
+      auto it = rt.live_captures.find(id);
+      if (it != rt.live_captures.end()) {
+        detail::CaptureState& cs = *it->second;
+        ACCEL_RT_CHECK(s.capture == nullptr || s.capture == &cs, CaptureError,
+                       "stream_wait_event: ", detail::describe(stream),
+                       " is capturing another graph than the one the event was recorded in");
+        ACCEL_RT_CHECK(s.device == cs.device, CaptureError,
+                       "stream_wait_event: ", detail::describe(stream),
+                       " cannot join a capture on device ", cs.device);
+        rt.driver->stream_wait_event(s.ds, e.de);
+        if (s.capture == nullptr) {  // the stream joins the capture
+          s.capture = &cs;
+          s.capturing.store(true, std::memory_order_release);
+          cs.streams.push_back(&s);
+        }
+        return;
       }
-      return;
     }
-    ACCEL_RT_THROW(CaptureError,
-                   "stream_wait_event: the event was last recorded during a capture, which has "
-                   "ended (its work runs only when the graph replays); record it again outside a "
-                   "capture first");
+    rt.check_event_not_captured(e, "stream_wait_event");  // its capture ended: refused
   }
   if (s.capturing.load(std::memory_order_acquire)) {
     bool capturing = false;

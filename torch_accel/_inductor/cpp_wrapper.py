@@ -109,7 +109,7 @@ class AccelCppWrapper(CppWrapperCpu):
             return super().codegen_device(device)
         self.used_cached_devices.add("privateuse1")
         if V.graph.aot_mode:
-            return "cached_torch_device_type_privateuse1, torch_accel_aoti::current_device()"
+            return _CURRENT_DEVICE
         return f"cached_torch_device_type_privateuse1, {device.index if device.index else 0}"
 
     def codegen_model_constructor(self) -> None:
