@@ -103,6 +103,9 @@ CUstream_st* resolve(cudaStream_t stream);
 // Queues op on s, or adds it to the graph s is capturing into. *seq: its place in the queue.
 cudaError_t submit(CUstream_st* s, std::function<void()> op, const char* label,
                    uint64_t* seq = nullptr);
+// Queues op on s (eagerly: the caller checked that s is not capturing); returns its place in
+// the queue. May be called under the global lock.
+uint64_t enqueue(CUstream_st* s, std::function<void()> op);
 // Under the global lock: adds a node to the capture s belongs to.
 cudaError_t capture_node(CUstream_st* s, std::function<void()> op, const char* label);
 // Under the global lock: marks the capture invalid (its end reports it).

@@ -46,18 +46,22 @@ void end_capture(Capture* c) {  // under the lock
   v.erase(std::remove(v.begin(), v.end(), c), v.end());
 }
 
-// For a query or a synchronization: the event's latest eager record (progress stays null if it
-// was never recorded), or why the call is refused (a captured record; a potentially unsafe call
-// during capture).
-cudaError_t latest_record(CUevent_st* e, std::shared_ptr<Progress>* progress, uint64_t* seq) {
+// cudaEventQuery (block false) and cudaEventSynchronize (block true) on the event's latest
+// eager record; refused for a captured record or a potentially unsafe call during capture.
+cudaError_t query_or_wait(CUevent_st* e, bool block) {
+  std::shared_ptr<Progress> progress;
+  uint64_t seq = 0;
   {
     std::lock_guard<std::mutex> lock(global_mutex());
     if (e->capture != nullptr) return cudaErrorCapturedEvent;
-    if (!e->recorded) return cudaSuccess;
-    *progress = e->progress;
-    *seq = e->seq;
+    if (!e->recorded) return cudaSuccess;  // nothing recorded: complete
+    progress = e->progress;
+    seq = e->seq;
   }
-  return unsafe_call();
+  if (const cudaError_t err = unsafe_call(); err != cudaSuccess) return err;
+  if (!block) return progress->reached(seq) ? cudaSuccess : cudaErrorNotReady;
+  progress->wait(seq, "cudaEventSynchronize");
+  return cudaSuccess;
 }
 
 }  // namespace
@@ -182,12 +186,7 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
       }
     };
   }
-  {
-    std::lock_guard<std::mutex> q(s->m);
-    event->seq = ++s->submitted;
-    s->queue.emplace_back(event->seq, std::move(op));
-  }
-  s->cv.notify_one();
+  event->seq = enqueue(s, std::move(op));
   event->progress = s->progress;
   return cudaSuccess;
 }
@@ -233,24 +232,12 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned
 
 cudaError_t cudaEventQuery(cudaEvent_t event) {
   EMU_ENTER();
-  std::shared_ptr<Progress> progress;
-  uint64_t seq = 0;
-  if (const cudaError_t e = latest_record(event, &progress, &seq); e != cudaSuccess) {
-    return fail(e);
-  }
-  if (progress == nullptr) return cudaSuccess;  // never recorded
-  return progress->reached(seq) ? cudaSuccess : fail(cudaErrorNotReady);
+  return fail(query_or_wait(event, false));
 }
 
 cudaError_t cudaEventSynchronize(cudaEvent_t event) {
   EMU_ENTER();
-  std::shared_ptr<Progress> progress;
-  uint64_t seq = 0;
-  if (const cudaError_t e = latest_record(event, &progress, &seq); e != cudaSuccess) {
-    return fail(e);
-  }
-  if (progress != nullptr) progress->wait(seq, "cudaEventSynchronize");
-  return cudaSuccess;
+  return fail(query_or_wait(event, true));
 }
 
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {

@@ -164,14 +164,20 @@ cudaError_t submit(CUstream_st* s, std::function<void()> op, const char* label, 
     std::lock_guard<std::mutex> lock(st().mu);
     if (s->capture != nullptr) return capture_node(s, std::move(op), label);
   }
+  const uint64_t n = enqueue(s, std::move(op));
+  if (seq != nullptr) *seq = n;
+  return cudaSuccess;
+}
+
+uint64_t enqueue(CUstream_st* s, std::function<void()> op) {
+  uint64_t n = 0;
   {
     std::lock_guard<std::mutex> lock(s->m);
-    const uint64_t n = ++s->submitted;
+    n = ++s->submitted;
     s->queue.emplace_back(n, std::move(op));
-    if (seq != nullptr) *seq = n;
   }
   s->cv.notify_one();
-  return cudaSuccess;
+  return n;
 }
 
 }  // namespace cuda_emulator
