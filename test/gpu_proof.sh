@@ -56,7 +56,7 @@ print(torch.accel.get_device_properties(0))
 assert t.driver() == 'cuda', t.init_error()"
       if [ -x build/test/cpp/runtime_tests ]; then
         step runtime_tests build/test/cpp/runtime_tests --gtest_brief=1 \
-          --gtest_filter=-EnvConfig.*:InitFailure.*:Plugin.*:DriverSelection.*:Capabilities.*:DeviceLost.*
+          --gtest_filter=-EnvConfig.*:InitFailure.*:Plugin.*:DriverSelection.*:Capabilities.*:DeviceLost.*:DeviceAllocator.*
       else
         echo "== runtime_tests: not built (no GoogleTest: see the header of this script)"
       fi

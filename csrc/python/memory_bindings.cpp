@@ -32,6 +32,14 @@ void freeDeadCapturedTracebackFrames();
 namespace accel::python {
 namespace {
 
+// A pluggable allocator's functions from their addresses (ctypes'), both or neither.
+rt::SegmentAllocator segment_allocator(uintptr_t alloc_fn, uintptr_t free_fn) {
+  rt::SegmentAllocator a;
+  a.alloc = reinterpret_cast<decltype(a.alloc)>(alloc_fn);
+  a.free = reinterpret_cast<decltype(a.free)>(free_fn);
+  return a;
+}
+
 // A Python (and optionally C++) stack captured at an allocation event.
 struct TracebackContext final : rt::HistoryContext {
   explicit TracebackContext(std::shared_ptr<torch::CapturedTraceback> tb) : tb(std::move(tb)) {}
@@ -237,10 +245,26 @@ void init_memory_bindings(py::module_& m) {
       py::arg("ptr"));
   m.def(
       "_mem_pool_create",
-      [](int device, bool use_on_oom, bool no_split) {
-        return pool_tuple(rt::mem_pool_create(device, rt::MemPoolOptions{use_on_oom, no_split}));
+      [](int device, bool use_on_oom, bool no_split, uintptr_t alloc_fn, uintptr_t free_fn) {
+        return pool_tuple(rt::mem_pool_create(
+            device, rt::MemPoolOptions{.use_on_oom = use_on_oom,
+                                       .no_split = no_split,
+                                       .allocator = segment_allocator(alloc_fn, free_fn)}));
       },
-      py::arg("device"), py::arg("use_on_oom"), py::arg("no_split"));
+      py::arg("device"), py::arg("use_on_oom"), py::arg("no_split"), py::arg("alloc_fn") = 0,
+      py::arg("free_fn") = 0);
+  // torch.cuda.memory.change_current_allocator: the functions' addresses (0, 0: the driver's).
+  m.def(
+      "_set_device_allocator",
+      [](uintptr_t alloc_fn, uintptr_t free_fn) {
+        rt::set_device_allocator(segment_allocator(alloc_fn, free_fn));
+      },
+      py::arg("alloc_fn"), py::arg("free_fn"));
+  m.def("_device_allocator", [] {
+    const rt::SegmentAllocator a = rt::device_allocator();
+    return std::make_pair(reinterpret_cast<uintptr_t>(a.alloc),
+                          reinterpret_cast<uintptr_t>(a.free));
+  });
   m.def(
       "_mem_pool_release",
       [](int device, PoolTuple p) { rt::mem_pool_release(device, pool_of(p)); }, py::arg("device"),

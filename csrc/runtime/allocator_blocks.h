@@ -167,7 +167,8 @@ struct Expandable {
 
 struct BlockPool {
   bool small = true;
-  bool no_split = false;  // MemPoolOptions::no_split
+  bool no_split = false;       // MemPoolOptions::no_split
+  SegmentAllocator allocator;  // where its segments come from (the driver when is_driver())
   PoolId id;
   bool is_private = false;
   int* use_count = nullptr;  // the private pool's holders

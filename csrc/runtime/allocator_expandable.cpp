@@ -25,7 +25,7 @@ bool is_cached(const Block* b) {
 
 bool CachingAllocator::expands(BlockPool& pool, const StreamObj& stream) {
   return settings_.expandable_segments && rt_.capabilities.virtual_memory && !pool.is_private &&
-         !stream.capturing.load(std::memory_order_acquire) &&
+         pool.allocator.is_driver() && !stream.capturing.load(std::memory_order_acquire) &&
          !pool.expandable(stream.slot).unavailable;
 }
 

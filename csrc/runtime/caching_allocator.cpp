@@ -37,6 +37,7 @@ BlockPool& CachingAllocator::pool_for(PoolId id, bool small) {
     }
     p->small.small = true;
     p->large.small = false;
+    p->small.allocator = p->large.allocator = allocator_;
   }
   return small ? p->small : p->large;
 }
@@ -64,37 +65,6 @@ void CachingAllocator::check_new_memory(std::size_t size, StreamObj& stream) {
 std::size_t CachingAllocator::device_total() {
   if (device_total_ == 0) device_total_ = rt_.driver->mem_get_info(device_).total;
   return device_total_;
-}
-
-Block* CachingAllocator::alloc_segment(BlockPool& pool, StreamObj& stream, std::size_t size) {
-  if (reserve_limit_ != 0 &&
-      static_cast<std::size_t>(stats_.reserved_bytes[kAggregate].current) + size > reserve_limit_) {
-    return nullptr;  // the per-process memory fraction is used up
-  }
-  void* p;
-  if (stream.capturing.load(std::memory_order_acquire)) {
-    // Memory for the capture's own pool: allowed while capturing.
-    const RelaxedCaptureMode relaxed(*rt_.driver);
-    p = rt_.driver->raw_alloc(device_, size);
-  } else {
-    check_new_memory(size, stream);
-    p = rt_.driver->raw_alloc(device_, size);
-  }
-  if (p == nullptr) return nullptr;
-  Block* b = arena_->make();
-  b->ptr = p;
-  b->size = size;
-  b->segment_size = size;
-  b->stream = &stream;
-  b->pool = &pool;
-  segments_[b->addr()] = b;
-  ++pool.segments;
-  update_stat(stats_.segment, pool.small, 1);
-  update_stat(stats_.reserved_bytes, pool.small, static_cast<int64_t>(size));
-  if (oversize(size)) update_stat(stats_.oversize_segments, 1);
-  ++stats_.num_device_alloc;
-  record_trace(TraceEntry::Action::SegmentAlloc, b->addr(), size, &stream, pool.id, nullptr);
-  return b;
 }
 
 void CachingAllocator::split_block(Block* b, std::size_t size) {
@@ -173,8 +143,9 @@ void* CachingAllocator::malloc(std::size_t size, StreamObj& stream) {
   }
   // While a capture is underway no event is queried and no memory freed (CUDA forbids both).
   const bool capturing = rt_.capturing_anywhere();
-  if (!pending_events_.empty() && !capturing) process_events();
-  const bool uncached = !caching_ && pool_id.is_default() && !capturing;
+  if ((!pending_events_.empty() || !pending_user_frees_.empty()) && !capturing) process_events();
+  const bool uncached =
+      (!caching_ || !allocator_.is_driver()) && pool_id.is_default() && !capturing;
 
   Block* b = try_allocate(pool_for(pool_id, small), stream, rounded, uncached);
   if (b == nullptr && !capturing) {
@@ -301,6 +272,16 @@ void CachingAllocator::process_events() {
   }
   pending_events_.resize(kept);
   for (Block* b : ready) free_block(b);
+  kept = 0;
+  for (PendingUserFree& f : pending_user_frees_) {
+    if (rt_.driver->event_query(f.event)) {
+      rt_.return_event(device_, f.event);
+      user_free(f);
+    } else {
+      pending_user_frees_[kept++] = f;
+    }
+  }
+  pending_user_frees_.resize(kept);
 }
 
 void CachingAllocator::capture_ended() {
@@ -365,21 +346,6 @@ bool CachingAllocator::segment_is_free(const Block* head) const {
   return head->next == nullptr && !head->allocated && head->event_count == 0 && head->in_bin;
 }
 
-void CachingAllocator::release_segment(Block* head) {
-  BlockPool& pool = *head->pool;
-  pool.bins_of(head).remove(head);
-  segments_.erase(head->addr());
-  --pool.segments;
-  update_stat(stats_.segment, pool.small, -1);
-  update_stat(stats_.reserved_bytes, pool.small, -static_cast<int64_t>(head->segment_size));
-  if (oversize(head->segment_size)) update_stat(stats_.oversize_segments, -1);
-  ++stats_.num_device_free;
-  record_trace(TraceEntry::Action::SegmentFree, head->addr(), head->segment_size, head->stream,
-               pool.id, nullptr);
-  rt_.driver->raw_free(device_, head->ptr, head->segment_size);
-  arena_->recycle(head);
-}
-
 template <class Releasable>
 bool CachingAllocator::release_free_segments(Releasable releasable) {
   bool released = false;
@@ -439,6 +405,7 @@ void CachingAllocator::create_pool(PoolId id, MemPoolOptions options) {
   PrivatePool& p = *private_pools_.at(id);
   p.use_on_oom = options.use_on_oom;
   p.small.no_split = p.large.no_split = options.no_split;
+  if (!options.allocator.is_driver()) p.small.allocator = p.large.allocator = options.allocator;
   ++p.use_count;
 }
 
@@ -474,7 +441,7 @@ void CachingAllocator::set_caching(bool enabled) {
 
 bool CachingAllocator::caching() {
   std::lock_guard<std::mutex> lock(mutex_);
-  return caching_;
+  return caching_ && allocator_.is_driver();
 }
 
 void CachingAllocator::empty_cache() {

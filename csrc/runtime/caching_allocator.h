@@ -17,6 +17,9 @@
 // watches driver memory (protected memory, compute-sanitizer) sees every use after free. The
 // choice is made per allocation: blocks allocated while caching was on return to the cache.
 //
+// Segments come from the driver, or from functions the user gives (SegmentAllocator: a MemPool's
+// own, or the device's current allocator for every pool, set before the first segment).
+//
 // Graph captures allocate from private pools (PoolId), kept apart from the default pool so that
 // addresses baked into a graph stay valid for every replay. A private pool lives while a graph
 // or capture holds it; then its cached segments are released.
@@ -92,6 +95,11 @@ class CachingAllocator {
   std::size_t reserve_limit();
   void set_caching(bool enabled);
   bool caching();
+  // Segments of the default pools and of pools created from now on come from `allocator`, and
+  // the default pools' are no longer cached (set_device_allocator). Only while the device has
+  // never had a segment (InvalidValueError otherwise).
+  void set_allocator(SegmentAllocator allocator);
+  SegmentAllocator allocator();
   // PyTorch's allocator settings (allocator_settings.cpp); validated by the caller.
   void set_settings(const AllocatorSettings& settings);
   AllocatorSettings settings();
@@ -114,6 +122,9 @@ class CachingAllocator {
   Block* grow_expandable(BlockPool& pool, StreamObj& stream, std::size_t rounded);
   bool shrink_expandable(Expandable& e);
   Block* alloc_segment(BlockPool& pool, StreamObj& stream, std::size_t size);
+  // A new segment's memory from the pool's allocator (nullptr: none). Refuses memory that
+  // overlaps a segment the allocator already has.
+  void* segment_memory(BlockPool& pool, StreamObj& stream, std::size_t size);
   // CUDA's capture rule for a call that gets new device memory for `stream` (throws).
   void check_new_memory(std::size_t size, StreamObj& stream);
   std::size_t device_total();  // the device's memory, asked of the driver once
@@ -159,6 +170,17 @@ class CachingAllocator {
   };
   std::vector<PendingEvent> pending_events_;
   std::vector<Block*> deferred_frees_;  // freed during a capture, events not recorded yet
+  // Segments of user allocators (SegmentAllocator) released while their stream still had work:
+  // given to the allocator's free once the event recorded then completed (process_events).
+  struct PendingUserFree {
+    DriverEvent event;
+    void* ptr;
+    std::size_t size;
+    StreamObj* stream;
+    SegmentAllocator allocator;
+  };
+  std::vector<PendingUserFree> pending_user_frees_;
+  void user_free(const PendingUserFree& f);
   // Threads whose allocations go to a pool (begin_allocate_to_pool), innermost last.
   std::vector<std::pair<PoolId, std::thread::id>> thread_pools_;
   DeviceStats stats_;
@@ -166,6 +188,7 @@ class CachingAllocator {
   bool history_enabled_ = false;
   std::size_t reserve_limit_ = 0;
   bool caching_ = true;
+  SegmentAllocator allocator_;  // set_allocator: the default pools' and new pools' source
   AllocatorSettings settings_;
   uint64_t free_seq_ = 0;         // stamps freed blocks (garbage collection frees the oldest)
   std::size_t device_total_ = 0;  // device_total()

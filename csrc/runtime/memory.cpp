@@ -275,6 +275,26 @@ void set_memory_caching(bool enabled, int device) {
               [enabled](Runtime& rt, int d) { rt.devices[d]->allocator->set_caching(enabled); });
 }
 
+void set_device_allocator(SegmentAllocator allocator) {
+  ACCEL_RT_CHECK((allocator.alloc == nullptr) == (allocator.free == nullptr), InvalidValueError,
+                 "set_device_allocator: give both an alloc and a free function, or neither (the "
+                 "driver's)");
+  Runtime& rt = Runtime::get();
+  for (int d = 0; d < rt.num_devices; ++d) {  // refuse before changing any device
+    const int64_t segments = rt.devices[d]->allocator->stats().num_device_alloc;
+    ACCEL_RT_CHECK(segments == 0, InvalidValueError, "the allocator of device ", d,
+                   " cannot change: it already allocated ", segments,
+                   " segment(s) of device memory (change it before the first allocation, at the "
+                   "start of the process)");
+  }
+  for (int d = 0; d < rt.num_devices; ++d) rt.devices[d]->allocator->set_allocator(allocator);
+}
+
+SegmentAllocator device_allocator() {
+  Runtime& rt = Runtime::get();
+  return rt.num_devices > 0 ? rt.devices[0]->allocator->allocator() : SegmentAllocator{};
+}
+
 bool memory_caching(int device) {
   Runtime& rt = Runtime::get();
   return rt.devices[rt.resolve_device(device, "memory_caching")]->allocator->caching();

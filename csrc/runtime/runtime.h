@@ -141,9 +141,26 @@ ACCEL_RT_API void attach_memory_pressure_hook(MemoryPressureHook hook);
 // from the default pool, that the allocations of chosen threads go to. A pool lives while it
 // has holders (its creator, each thread allocating to it, each graph capturing into it: the
 // use count); then its free segments go back to the driver, and the rest as it is freed.
+// Where a pool's segments come from (torch.cuda's CUDAPluggableAllocator functions): both null
+// means the driver (raw_alloc/raw_free). `alloc` gets the segment's size, the device and the
+// driver's native handle of the allocating stream (stream_native_handle; null where the driver
+// has none) and returns nullptr when it has no memory; `free` gets the same pointer, size and
+// device, and the handle of the stream that allocated the segment, once every stream that used
+// it has passed its last free. Both are called with the allocator's lock held and the device
+// bound to the thread: they must not call back into the runtime.
+struct SegmentAllocator {
+  void* (*alloc)(std::size_t size, int device, void* stream) = nullptr;
+  void (*free)(void* ptr, std::size_t size, int device, void* stream) = nullptr;
+
+  bool is_driver() const noexcept { return alloc == nullptr; }
+  bool operator==(const SegmentAllocator&) const = default;
+};
 struct MemPoolOptions {
   bool use_on_oom = false;  // an allocation outside the pool that finds no memory may use it
   bool no_split = false;    // its blocks are never split (one allocation per block)
+  // The pool's segments come from these functions; the driver's (the default): from the
+  // device's current allocator (set_device_allocator).
+  SegmentAllocator allocator;
 };
 // A new pool on `device`, held once by the caller.
 ACCEL_RT_API PoolId mem_pool_create(int device = -1, MemPoolOptions options = {});
@@ -154,6 +171,15 @@ ACCEL_RT_API int mem_pool_use_count(int device, PoolId pool);
 ACCEL_RT_API void mem_pool_begin_allocate(int device, PoolId pool);
 // Ends the calling thread's innermost begin for `pool` and lets the pool go.
 ACCEL_RT_API void mem_pool_end_allocate(int device, PoolId pool);
+
+// Every device's memory from `allocator` (torch.cuda.memory.change_current_allocator), its
+// segments no longer cached: each allocation of a default pool calls `allocator.alloc` for
+// memory of its own and `allocator.free` once the allocation was freed and its streams passed
+// the free; pools created later (MemPool, graph captures) get their segments from it and cache
+// them. Only before any device memory was allocated (InvalidValueError after that, naming the
+// device; also unless both functions or neither are given). The driver's: both null.
+ACCEL_RT_API void set_device_allocator(SegmentAllocator allocator);
+ACCEL_RT_API SegmentAllocator device_allocator();
 
 // --- pinned host memory -------------------------------------------------------------------
 ACCEL_RT_API void* host_malloc(std::size_t size);

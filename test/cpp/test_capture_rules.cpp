@@ -267,7 +267,7 @@ TEST(MemPool, ThreadAllocationsGoToThePoolUntilItIsReleased) {
 }
 
 TEST(MemPool, NoSplitGivesEachAllocationItsOwnBlock) {
-  const PoolId pool = mem_pool_create(0, MemPoolOptions{false, true});
+  const PoolId pool = mem_pool_create(0, MemPoolOptions{.no_split = true, .allocator = {}});
   mem_pool_begin_allocate(0, pool);
   void* a = rt::malloc(4096);
   void* b = rt::malloc(4096);

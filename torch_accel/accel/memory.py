@@ -19,9 +19,16 @@ import torch
 
 from torch_accel import _C
 from torch_accel.accel._utils import _lazy_device_index
+from torch_accel.accel.pluggable import (
+    AccelPluggableAllocator,
+    _AccelAllocator,
+    _get_current_allocator,  # noqa: F401 (torch.cuda.memory has it too)
+    change_current_allocator,
+)
 from torch_accel.accel.sensors import list_gpu_processes  # torch.cuda.memory has it too
 
 __all__ = [
+    "AccelPluggableAllocator",
     "MemPool",
     "attach_out_of_memory_observer",
     "caching_allocator_alloc",
@@ -29,6 +36,7 @@ __all__ = [
     "caching_allocator_enable",
     "caching_allocator_enabled",
     "can_device_access_peer",
+    "change_current_allocator",
     "device_memory_used",
     "empty_cache",
     "get_allocator_backend",
@@ -133,8 +141,9 @@ def reset_max_memory_cached(device: Any = None) -> None:
 
 
 def get_allocator_backend() -> str:
-    """The device allocator's name: ``"native"``, accel's caching allocator (the only one)."""
-    return "native"
+    """The device allocator's name, as torch.cuda's: ``"native"`` (accel's caching allocator),
+    or ``"pluggable"`` after :func:`change_current_allocator`."""
+    return "native" if _C._device_allocator() == (0, 0) else "pluggable"
 
 
 def _nested(flat: dict[str, int]) -> dict[str, Any]:
@@ -390,22 +399,29 @@ class MemPool:
     captures into it with ``capture_begin(pool=pool.id)``. Its memory goes back to the device when
     the pool and its tensors are gone.
 
-    ``use_on_oom``: an allocation outside the pool that finds no device memory may use the pool's
-    free blocks. ``no_split``: blocks of the pool are never split between allocations.
-    ``allocator`` must be None: every accel pool is served by accel's caching allocator.
+    ``allocator``: an :class:`AccelPluggableAllocator` the pool's segments come from (accel's
+    caching allocator splits and caches them; they go back through its free function when the
+    pool releases them); None: the device's current allocator. ``use_on_oom``: an allocation
+    outside the pool that finds no device memory may use the pool's free blocks. ``no_split``:
+    blocks of the pool are never split between allocations.
     """
 
     def __init__(
-        self, allocator: Any = None, use_on_oom: bool = False, no_split: bool = False
+        self,
+        allocator: _AccelAllocator | None = None,
+        use_on_oom: bool = False,
+        no_split: bool = False,
     ) -> None:
-        if allocator is not None:
-            raise NotImplementedError(
-                "torch.accel.MemPool: a custom allocator is not supported on accel (its caching "
-                "allocator serves every pool); pass allocator=None"
+        if allocator is not None and not isinstance(allocator, _AccelAllocator):
+            raise TypeError(
+                "torch.accel.MemPool: allocator must be a torch.accel.memory."
+                f"AccelPluggableAllocator or None, not {type(allocator).__name__}"
             )
+        functions = allocator.allocator() if allocator is not None else (0, 0)
+        self._allocator = allocator
         self._device = _lazy_device_index(None)
         self._id: tuple[int, int] = tuple(
-            _C._mem_pool_create(self._device, bool(use_on_oom), bool(no_split))
+            _C._mem_pool_create(self._device, bool(use_on_oom), bool(no_split), *functions)
         )
         self._finalizer = weakref.finalize(self, _release_pool, self._device, self._id)
 
@@ -415,9 +431,9 @@ class MemPool:
         return self._id
 
     @property
-    def allocator(self) -> None:
-        """None: accel's caching allocator serves the pool."""
-        return None
+    def allocator(self) -> _AccelAllocator | None:
+        """The allocator given at creation (None: the device's current one)."""
+        return self._allocator
 
     def use_count(self) -> int:
         """How many hold the pool: this object, each active :func:`use_mem_pool`, each graph
