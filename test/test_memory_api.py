@@ -351,7 +351,10 @@ def test_torch_cuda_memory_names_that_apply_to_accel() -> None:
         torch.accel.reset_max_memory_cached()
     assert torch.accel.max_memory_reserved() == torch.accel.memory_reserved()
     assert torch.accel.get_allocator_backend() == "native"
-    assert not torch.accel.is_tf32_supported()
+    on_cuda = torch_accel.executor()[0] == "cuda"
+    assert torch.accel.is_tf32_supported() == (on_cuda and torch.cuda.is_tf32_supported())
+    assert torch.accel.get_arch_list() == (torch.cuda.get_arch_list() if on_cuda else [])
+    assert torch.accel.get_gencode_flags() == (torch.cuda.get_gencode_flags() if on_cuda else "")
     assert torch.accel.AcceleratorError is torch.AcceleratorError
 
 

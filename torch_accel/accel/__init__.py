@@ -85,6 +85,8 @@ __all__ = [
     "get_device_capability",
     "get_device_name",
     "get_device_properties",
+    "get_arch_list",
+    "get_gencode_flags",
     "get_rng_state",
     "get_rng_state_all",
     "init",
@@ -310,8 +312,27 @@ def is_bf16_supported(including_emulation: bool = True) -> bool:
 
 
 def is_tf32_supported() -> bool:
-    """False: accel's float32 matrix products compute in float32 (no TensorFloat-32 mode)."""
-    return False
+    """Whether float32 matrix products may use TensorFloat-32 (``torch.backends.cuda.matmul``'s
+    settings): on the cuda driver as torch.cuda says for the GPU; False where accel's kernels
+    run on the host (they compute in float32)."""
+    return _on_cuda() and torch.cuda.is_tf32_supported()
+
+
+def _on_cuda() -> bool:
+    """Whether accel's operators run torch's CUDA kernels (the cuda driver's executor)."""
+    return _C.executor()[0] == "cuda"
+
+
+def get_arch_list() -> list[str]:
+    """The GPU architectures the kernels accel runs were built for (torch.cuda.get_arch_list):
+    torch's CUDA kernels' on the cuda driver; ``[]`` where accel's kernels run on the host."""
+    return torch.cuda.get_arch_list() if _on_cuda() else []
+
+
+def get_gencode_flags() -> str:
+    """nvcc's ``-gencode`` flags for :func:`get_arch_list` (torch.cuda.get_gencode_flags); ``""``
+    where accel's kernels run on the host."""
+    return torch.cuda.get_gencode_flags() if _on_cuda() else ""
 
 
 # --- the CPU fallback -----------------------------------------------------------------------
