@@ -96,6 +96,8 @@ int test_owns(uintptr_t ptr, size_t size) {
 @pytest.fixture(scope="module")
 def allocator_library(tmp_path_factory: pytest.TempPathFactory) -> Path:
     flags: list[str] = []
+    if not torch.accel.is_available():
+        pytest.skip(f"no accel device: {torch_accel.init_error()}")
     if not torch_accel.driver_capabilities()["host_accessible_memory"]:
         if torch_accel.driver() != "cuda" or not torch.cuda.is_available():
             pytest.skip(
