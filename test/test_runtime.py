@@ -124,6 +124,44 @@ def test_a_lost_device_raises_accelerator_error_and_stays_lost(run_python, test_
     assert lines[3] == "released"
 
 
+def test_a_gpu_fault_on_the_cuda_driver_is_sticky_and_the_process_exits_cleanly(
+    run_python, emulated_cuda, tmp_path
+):
+    # The cuda driver on the emulated CUDA runtime, whose context dies once the trigger file
+    # exists (an illegal address in a kernel): CUDA then fails every call, frees, destroys and
+    # the process's teardown included, with that error.
+    trigger = tmp_path / "fault"
+    code = (
+        "import pathlib, torch, torch_accel\n"
+        "x = torch.arange(4.0, device='accel')\n"
+        "s = torch.accel.Stream()\n"
+        "print((x * 2).cpu().tolist())\n"
+        f"pathlib.Path({str(trigger)!r}).touch()\n"
+        "for step in ('synchronize', 'op after', 'stream'):\n"
+        "    try:\n"
+        "        if step == 'synchronize': torch.accel.synchronize()\n"
+        "        elif step == 'op after': (x + 1).cpu()\n"
+        "        else: torch.accel.Stream()\n"
+        "        print(step, 'no error')\n"
+        "    except torch.AcceleratorError as e:\n"
+        "        print(step, 'AcceleratorError:', e)\n"
+        "del x, s\n"
+        "print('released', torch.accel.device_count())\n"
+    )
+    r = run_python(code, **emulated_cuda, CUDA_EMULATOR_LOSE_DEVICE=str(trigger))
+    assert r.returncode == 0, r.stderr[-2000:]
+    lines = r.stdout.strip().splitlines()
+    assert lines[0] == "[0.0, 2.0, 4.0, 6.0]"
+    assert lines[1].startswith("synchronize AcceleratorError: ")
+    assert "the cuda driver lost the device" in lines[1]
+    assert "cudaErrorIllegalAddress" in lines[1], lines[1]
+    for line, step in zip(lines[2:4], ("op after", "stream"), strict=True):
+        assert line.startswith(f"{step} AcceleratorError: "), line
+        assert "lost the device earlier" in line and "cudaErrorIllegalAddress" in line, line
+    assert lines[4] == "released 2"
+    assert "freeing device memory failed" not in r.stderr
+
+
 def test_a_driver_without_an_executor_runs_operators_through_the_host(run_python, test_driver):
     # The limited test driver's memory is not host-accessible and it has no executor for ATen
     # kernels: operators take the CPU fallback, and copies and fills between accel tensors go

@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -231,6 +232,40 @@ TEST(DeviceLost, TheFirstLossIsStickyAndFreesStillWork) {
     EXPECT_EQ(e.code(), ErrorCode::DeviceLost);
     EXPECT_STREQ(error_code_name(e.code()), "device lost");
   }
+}
+
+// The cuda driver on the emulated CUDA runtime, whose context dies once the file named by
+// CUDA_EMULATOR_LOSE_DEVICE exists (as at an illegal address in a kernel): CUDA then fails every
+// call that needs the context, frees and destroys included, with that same error.
+TEST(DeviceLost, AGpuFaultIsStickyAndReleasingStillWorks) {
+  const std::string trigger = env("CUDA_EMULATOR_LOSE_DEVICE");
+  if (env("ACCEL_DRIVER") != "cuda" || trigger.empty()) {
+    GTEST_SKIP() << "runs with the emulated cuda driver and CUDA_EMULATOR_LOSE_DEVICE";
+  }
+  std::remove(trigger.c_str());
+  Stream s = stream_create();
+  Event e = event_create(0, true);
+  void* kept = malloc(1 << 20, s);
+  void* pinned = host_malloc(4096);
+  memset_async(kept, 1, 1 << 20, s);
+  event_record(e, s);
+  stream_synchronize(s);
+  std::fclose(std::fopen(trigger.c_str(), "w"));  // a kernel faults
+  // The first call that sees it names CUDA's error; the device is lost for good.
+  EXPECT_RT_ERROR(stream_synchronize(s), DeviceLostError, "cudaErrorIllegalAddress");
+  EXPECT_RT_ERROR(memset_async(kept, 0, 16, s), DeviceLostError, "lost the device earlier");
+  EXPECT_RT_ERROR(event_query(e), DeviceLostError, "lost the device earlier");
+  EXPECT_RT_ERROR(stream_create(), DeviceLostError, "lost the device earlier");
+  // Releasing needs no device (CUDA would refuse each call): nothing throws, nothing leaks.
+  free(kept);
+  host_free(pinned);
+  event_destroy(e);
+  stream_destroy(s);
+  EXPECT_RT_ERROR(empty_cache(0), DeviceLostError, "lost the device earlier");
+  EXPECT_EQ(device_count(), 2);  // counting needs no context
+  std::remove(trigger.c_str());  // a dead context stays dead
+  EXPECT_RT_ERROR(stream_synchronize(default_stream(1)), DeviceLostError,
+                  "cudaErrorIllegalAddress");
 }
 
 TEST(DriverSelection, AutoKeepsWhyEachDriverWasSkipped) {

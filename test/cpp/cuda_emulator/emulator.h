@@ -96,8 +96,11 @@ Access classify(const void* p, std::size_t n);
 std::mutex& global_mutex();
 // Sets the calling thread's last error and returns e.
 cudaError_t fail(cudaError_t e);
-// cudaSuccess, or why no call may be made now (inside a host function, or in a forked child).
+// cudaSuccess, or why no call may be made now (inside a host function, or in a forked child;
+// cudaErrorIllegalAddress, sticky, once the context faulted: CUDA_EMULATOR_LOSE_DEVICE names a
+// file, and the context dies when it exists, as at an illegal address in a kernel).
 cudaError_t enter();
+bool context_faulted();
 // The stream a handle names (the legacy stream of the current device for 0); nullptr if none.
 CUstream_st* resolve(cudaStream_t stream);
 // Queues op on s, or adds it to the graph s is capturing into. *seq: its place in the queue.

@@ -1,8 +1,10 @@
 // The emulated CUDA runtime: devices, streams (a worker thread each), host functions, copies and
 // memsets (memory.cpp has the memory itself, graphs.cpp events, capture and graphs).
 #include <pthread.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -22,6 +24,7 @@ struct State {
     const char* mb = std::getenv("CUDA_EMULATOR_MEMORY_MB");
     memory = (mb != nullptr ? std::strtoull(mb, nullptr, 10) : 4096) << 20;
     legacy.resize(static_cast<std::size_t>(std::max(devices, 0)), nullptr);
+    if (const char* f = std::getenv("CUDA_EMULATOR_LOSE_DEVICE")) lose_file = f;
     ::pthread_atfork(nullptr, nullptr, [] { state().forked = true; });
   }
   static State& state();
@@ -31,6 +34,9 @@ struct State {
   std::vector<CUstream_st*> streams;  // live ones, legacy streams included
   std::vector<CUstream_st*> legacy;   // per device, made on first use
   bool forked = false;
+  // A GPU fault (an illegal address in a kernel): once this file exists, the context is dead.
+  std::string lose_file;
+  std::atomic<bool> faulted{false};
 };
 
 // Never destroyed: stream workers may still run when the process exits.
@@ -61,7 +67,7 @@ void worker_loop(CUstream_st* s) {
       op = std::move(s->queue.front());
       s->queue.pop_front();
     }
-    op.second();
+    if (!context_faulted()) op.second();  // a dead context runs nothing more
     {
       std::lock_guard<std::mutex> lock(s->progress->m);
       s->progress->completed = op.first;
@@ -143,11 +149,25 @@ cudaError_t fail(cudaError_t e) {
   return e;
 }
 
-cudaError_t enter() {
+bool context_faulted() {
+  if (st().faulted.load(std::memory_order_acquire)) return true;
+  if (st().lose_file.empty() || ::access(st().lose_file.c_str(), F_OK) != 0) return false;
+  st().faulted.store(true, std::memory_order_release);
+  return true;
+}
+
+cudaError_t enter_without_context() {
   if (thread_state().in_callback)
     return cudaErrorNotPermitted;  // CUDA forbids CUDA calls in host functions
   if (st().forked) return cudaErrorInitializationError;
   return cudaSuccess;
+}
+
+cudaError_t enter() {
+  const cudaError_t e = enter_without_context();
+  if (e != cudaSuccess) return e;
+  // After a fault every call that needs the context fails with it, frees included (sticky).
+  return context_faulted() ? cudaErrorIllegalAddress : cudaSuccess;
 }
 
 CUstream_st* resolve(cudaStream_t stream) {
@@ -187,6 +207,7 @@ using namespace cuda_emulator;
 extern "C" {
 
 cudaError_t cudaGetLastError() {
+  if (context_faulted()) return cudaErrorIllegalAddress;  // sticky: not reset
   const cudaError_t e = thread_state().last;
   thread_state().last = cudaSuccess;
   return e;
@@ -216,6 +237,7 @@ const char* cudaGetErrorName(cudaError_t e) {
     EMU_NAME(cudaErrorStreamCaptureImplicit)
     EMU_NAME(cudaErrorCapturedEvent)
     EMU_NAME(cudaErrorStreamCaptureWrongThread)
+    EMU_NAME(cudaErrorIllegalAddress)
 #undef EMU_NAME
     default: return "cudaErrorUnknown";
   }
@@ -234,12 +256,14 @@ const char* cudaGetErrorString(cudaError_t e) {
       return "capture sequence contains a fork that was not joined to the primary stream";
     case cudaErrorCapturedEvent:
       return "operation not permitted on an event last recorded in a capturing stream";
+    case cudaErrorIllegalAddress: return "an illegal memory access was encountered";
     default: return "emulated CUDA error";
   }
 }
 
 cudaError_t cudaGetDeviceCount(int* count) {
-  EMU_ENTER();
+  const cudaError_t entered = enter_without_context();  // works after a fault, as CUDA's
+  if (entered != cudaSuccess) return fail(entered);
   *count = st().devices;
   return cudaSuccess;
 }
