@@ -162,6 +162,53 @@ def test_a_gpu_fault_on_the_cuda_driver_is_sticky_and_the_process_exits_cleanly(
     assert "freeing device memory failed" not in r.stderr
 
 
+def test_the_cuda_drivers_sensors_come_from_nvml(run_python, emulated_cuda):
+    # The cuda driver on the emulated CUDA runtime and its emulated NVML
+    # (test/cpp/cuda_emulator/nvml.cpp): readings that differ per device (each accel device
+    # found by its PCI bus id), memory in use as the emulator counts it, a sensor the GPU lacks,
+    # a process list longer than the driver's first guess.
+    code = (
+        "import os, torch, torch_accel\n"
+        "a = torch.accel\n"
+        "before = a.device_memory_used(1)\n"
+        "x = torch.ones(1 << 20, device='accel:1')\n"
+        "print([(a.utilization(d), a.memory_usage(d), a.temperature(d), a.clock_rate(d))"
+        " for d in (0, 1)])\n"
+        "print(a.device_memory_used(1) - before >= x.numel() * 4)\n"
+        "try:\n"
+        "    a.power_draw(0)\n"
+        "except NotImplementedError as e:\n"
+        "    print('power:', e)\n"
+        "lines = a.list_gpu_processes(1).splitlines()\n"
+        "print(len(lines), [l.split()[1] for l in lines[1:]].count(str(os.getpid())))\n"
+    )
+    r = run_python(
+        code,
+        **emulated_cuda,
+        CUDA_EMULATOR_NVML_UNSUPPORTED="power",
+        CUDA_EMULATOR_NVML_PROCESSES="20",
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    lines = r.stdout.strip().splitlines()
+    assert lines[0] == "[(10, 5, 40, 1755), (20, 10, 41, 1756)]"
+    assert lines[1] == "True"
+    assert lines[2].startswith("power: cuda driver: nvmlDeviceGetPowerUsage failed: Not Supported")
+    assert "does not report its power draw" in lines[2]
+    assert lines[3] == "22 1"  # the header, this process, 20 others
+
+    # Without the NVIDIA driver's library loaded, sensors say where they come from.
+    code = (
+        "import torch, torch_accel\n"
+        "try:\n"
+        "    torch.accel.utilization(0)\n"
+        "except NotImplementedError as e:\n"
+        "    print(e)\n"
+    )
+    r = run_python(code, **emulated_cuda, CUDA_EMULATOR_NVML="0")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "device sensors come from NVML, and nvmlInit failed: Driver Not Loaded" in r.stdout
+
+
 def test_a_driver_without_an_executor_runs_operators_through_the_host(run_python, test_driver):
     # The limited test driver's memory is not host-accessible and it has no executor for ATen
     # kernels: operators take the CPU fallback, and copies and fills between accel tensors go

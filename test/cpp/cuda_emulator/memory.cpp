@@ -424,3 +424,11 @@ cudaError_t cudaGetDriverEntryPointByVersion(const char* symbol, void** fn, unsi
 }
 
 }  // extern "C"
+
+// For the emulated NVML (nvml.cpp, another library): the device memory in use on `device`.
+extern "C" __attribute__((visibility("default"))) std::size_t cuda_emulator_memory_used(
+    int device) {
+  if (device < 0 || device >= cuda_emulator::device_count()) return 0;
+  std::lock_guard<std::mutex> lock(cuda_emulator::global_mutex());
+  return region(device).used_bytes;
+}
