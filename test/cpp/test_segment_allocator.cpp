@@ -2,9 +2,11 @@
 // allocator, and the device's current allocator (set_device_allocator, DeviceAllocator.*: run in
 // a process of its own, before any device memory exists).
 //
-// The test allocator hands out host memory, which is device memory only where the driver's
-// device memory is host memory: the tests skip elsewhere (on a GPU the functions would call
-// cudaMalloc and cudaFree).
+// The test allocator hands out host memory where the driver's device memory is host memory, and
+// the emulated CUDA runtime's cudaMalloc and cudaFree on the cuda driver built on it (as a
+// pluggable allocator on a GPU would call CUDA's); the tests skip elsewhere.
+#include <dlfcn.h>
+
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
@@ -40,6 +42,35 @@ Heap& heap() {
 
 int expected_device = 0;
 
+// Where the test allocator's memory comes from (null: nowhere usable with this driver).
+struct Source {
+  void* (*alloc)(std::size_t) = nullptr;
+  void (*free)(void*) = nullptr;
+};
+void* host_memory(std::size_t size) {
+  return std::aligned_alloc(512, (size + 511) / 512 * 512);
+}
+void host_free(void* p) {
+  std::free(p);
+}
+
+const Source& source() {
+  static const Source s = [] {
+    if (driver_capabilities().host_accessible_memory) return Source{host_memory, host_free};
+    // The cuda driver on the emulated CUDA runtime: its cudaMalloc, under the emulator's name.
+    const char* dir = std::getenv("ACCEL_DRIVER_PATH");
+    if (std::string(driver_name()) != "cuda" || dir == nullptr) return Source{};
+    const std::string path = std::string(dir) + "/libaccel_driver_cuda.so";
+    void* driver = ::dlopen(path.c_str(), RTLD_NOW | RTLD_NOLOAD);
+    if (driver == nullptr) return Source{};
+    Source found;
+    found.alloc = reinterpret_cast<void* (*)(std::size_t)>(::dlsym(driver, "cuda_emulator_malloc"));
+    found.free = reinterpret_cast<void (*)(void*)>(::dlsym(driver, "cuda_emulator_free"));
+    return found.alloc != nullptr && found.free != nullptr ? found : Source{};
+  }();
+  return s;
+}
+
 void* heap_alloc(std::size_t size, int device, void* stream) {
   Heap& h = heap();
   std::lock_guard<std::mutex> lock(h.m);
@@ -49,7 +80,7 @@ void* heap_alloc(std::size_t size, int device, void* stream) {
   if (device != expected_device) ++h.wrong_device;
   if (size > h.refuse_above) return nullptr;
   if (h.repeat && h.last != nullptr) return h.last;
-  void* p = std::aligned_alloc(512, (size + 511) / 512 * 512);
+  void* p = source().alloc(size);
   if (p == nullptr) return nullptr;
   h.live[p] = size;
   h.last = p;
@@ -69,7 +100,7 @@ void heap_free(void* ptr, std::size_t size, int device, void* stream) {
   }
   h.live.erase(it);
   if (h.last == ptr) h.last = nullptr;
-  std::free(ptr);
+  source().free(ptr);
 }
 
 constexpr SegmentAllocator kHeap{heap_alloc, heap_free};
@@ -77,9 +108,9 @@ constexpr SegmentAllocator kHeap{heap_alloc, heap_free};
 class SegmentAllocatorTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!driver_capabilities().host_accessible_memory) {
-      GTEST_SKIP() << "the test's allocator hands out host memory, which the " << driver_name()
-                   << " driver cannot use as device memory";
+    if (source().alloc == nullptr) {
+      GTEST_SKIP() << "the test's allocator has no device memory to give on the " << driver_name()
+                   << " driver (host memory, or the emulated CUDA runtime's)";
     }
     Heap& h = heap();
     std::lock_guard<std::mutex> lock(h.m);
@@ -210,8 +241,8 @@ TEST_F(SegmentAllocatorTest, TheDeviceAllocatorCannotChangeOnceMemoryWasAllocate
 
 // In a process of its own (ctest runtime_device_allocator), before any device memory exists.
 TEST(DeviceAllocator, EveryAllocationGoesToTheDevicesAllocatorUncached) {
-  if (!driver_capabilities().host_accessible_memory) {
-    GTEST_SKIP() << "the test's allocator hands out host memory";
+  if (source().alloc == nullptr) {
+    GTEST_SKIP() << "the test's allocator has no device memory to give on this driver";
   }
   ASSERT_EQ(memory_stats(0).num_device_alloc, 0) << "run this suite in a fresh process";
   set_device_allocator(kHeap);

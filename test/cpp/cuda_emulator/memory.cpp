@@ -425,6 +425,17 @@ cudaError_t cudaGetDriverEntryPointByVersion(const char* symbol, void** fn, unsi
 
 }  // extern "C"
 
+// For tests that stand for another library allocating device memory (a pluggable allocator
+// calling cudaMalloc): the emulator's cudaMalloc and cudaFree under names of their own (the CUDA
+// names stay hidden, so that the driver never binds to a real libcudart's).
+extern "C" __attribute__((visibility("default"))) void* cuda_emulator_malloc(std::size_t size) {
+  void* p = nullptr;
+  return cudaMalloc(&p, size) == cudaSuccess ? p : nullptr;
+}
+extern "C" __attribute__((visibility("default"))) void cuda_emulator_free(void* ptr) {
+  (void)cudaFree(ptr);
+}
+
 // For the emulated NVML (nvml.cpp, another library): the device memory in use on `device`.
 extern "C" __attribute__((visibility("default"))) std::size_t cuda_emulator_memory_used(
     int device) {
