@@ -246,8 +246,15 @@ def test_a_fresh_process_loads_packages_and_graphs_from_inductors_cache(package,
     # The package in a process that compiled nothing; and a graph compiled here, taken from the
     # FX-graph cache there: that process generates no wrapper code, the cached module itself
     # prepares (accel's headers, libtorch_accel's symbols).
+    # Torch 2.11's AOTInductor writes the package's device facts into the process-wide
+    # config.aot_inductor.metadata (AotCodeCompiler.compile updates that dict in place), and
+    # the config is part of the FX-graph cache key: every graph compiled after a package in this
+    # process is keyed apart from a fresh process's. Compiled with the config as a fresh process
+    # has it, the graph is what the fresh process looks up. (Fails once torch stops doing so.)
+    assert torch._inductor.config.aot_inductor.metadata.get("AOTI_DEVICE_KEY") == "accel"
     x = torch.arange(12.0, device=ACCEL).reshape(3, 4)
-    torch.compile(lambda t: (t @ t.T).relu() + t.sum(), options=CPP_WRAPPER)(x)
+    with torch._inductor.config.patch({"aot_inductor.metadata": {}}):
+        torch.compile(lambda t: (t @ t.T).relu() + t.sum(), options=CPP_WRAPPER)(x)
     result = run_python(_FRESH_PROCESS.format(package=package))
     assert result.returncode == 0, result.stderr
     with torch.no_grad():
