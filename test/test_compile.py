@@ -158,6 +158,48 @@ def test_a_second_process_compiles_from_the_cache(tmp_path: Path) -> None:
     assert "hits 1" in runs[1].stdout
 
 
+@pytest.mark.config_independent  # its processes run without the ACCEL_* settings
+def test_scalar_kernels_of_a_failed_isa_probe_are_not_served_to_other_processes(
+    tmp_path: Path,
+) -> None:
+    # Inductor probes the vector ISA by importing torch in a subprocess, on the caller's sys.path;
+    # when that import fails (here: a directory with another "torch" comes first on sys.path
+    # after torch was imported), the process generates scalar C++ kernels. A later process whose
+    # probe succeeds must not be served them from the FX-graph cache (accel's pass keys its
+    # entries by the ISA: passes.py; 2.11's key alone would serve them).
+    code = textwrap.dedent(
+        """
+        import sys, torch, torch_accel
+        from torch._dynamo.utils import counters
+        from torch._inductor.utils import run_and_get_code
+        sys.path[:0] = sys.argv[1:]  # the probe's subprocess imports the other torch
+        f = torch.compile(lambda x: (x.tanh() * 2 + 1).sum(0))
+        x = torch.arange(64.0, device="accel").view(4, 16)
+        out, (code,) = run_and_get_code(f, x)
+        torch.testing.assert_close(out.cpu(), (x.cpu().tanh() * 2 + 1).sum(0))
+        print("hits", counters["inductor"]["fxgraph_cache_hit"], "vectorized", "Vectorized" in code)
+        """
+    )
+    broken = tmp_path / "broken"
+    (broken / "torch").mkdir(parents=True)
+    (broken / "torch" / "__init__.py").write_text("raise ImportError('not this torch')\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ACCEL_")}
+    env.pop("TORCHINDUCTOR_VEC_ISA_OK", None)  # conftest's shortcut past the probe
+    env["TORCHINDUCTOR_CACHE_DIR"] = str(tmp_path / "cache")
+    outputs = []
+    for extra in ([str(broken)], []):
+        r = subprocess.run(
+            [sys.executable, "-c", code, *extra],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert r.returncode == 0, r.stderr[-2000:]
+        outputs.append(r.stdout.strip().splitlines()[-1])
+    assert outputs == ["hits 0 vectorized False", "hits 0 vectorized True"]
+
+
 def test_kernels_stay_within_the_device_limits(run_python) -> None:
     # ACCEL_MAX_KERNEL_BUFFERS is read when the runtime starts: a fresh process.
     code = (

@@ -93,10 +93,22 @@ class AccelPostGradPass(CustomGraphModulePass):
         from torch_accel._inductor import fusion_patterns, kernels
         from torch_accel._inductor.decompositions import KEEP_WHOLE
 
+        language = kernels()
         return (
             torch_accel.__version__,
             get_hash_for_files(_SOURCES),
             KEEP_WHOLE,
             fusion_patterns.cache_key(),
-            kernels(),  # C++ and Triton code for the same graph are different entries
+            _vector_isa() if language == "cpp" else "",
+            language,  # C++ and Triton code for the same graph are different entries
         )
+
+
+def _vector_isa() -> str:
+    """The vector instructions Inductor's C++ code is generated for. 2.11's FX-graph cache key
+    lacks them: a process whose ISA probe failed (the probe imports torch in a subprocess, which
+    a module shadowing the standard library's on sys.path breaks) caches scalar kernels, about 16
+    times slower, that every later process is then served. Accel's entries carry the ISA."""
+    from torch._inductor import cpu_vec_isa
+
+    return str(cpu_vec_isa.pick_vec_isa())
