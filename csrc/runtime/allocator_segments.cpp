@@ -95,12 +95,21 @@ void CachingAllocator::user_free(const PendingUserFree& f) {
   f.allocator.free(f.ptr, f.size, device_, rt_.driver->stream_native_handle(f.stream->ds));
 }
 
-void CachingAllocator::set_allocator(SegmentAllocator allocator) {
-  std::lock_guard<std::mutex> lock(mutex_);
+void CachingAllocator::check_allocator_unused() const {
   ACCEL_RT_CHECK(stats_.num_device_alloc == 0, InvalidValueError, "the allocator of device ",
                  device_, " cannot change: it already allocated ", stats_.num_device_alloc,
                  " segment(s) of device memory (change it before the first allocation, at the "
                  "start of the process)");
+}
+
+void CachingAllocator::check_allocator_can_change() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  check_allocator_unused();
+}
+
+void CachingAllocator::set_allocator(SegmentAllocator allocator) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  check_allocator_unused();
   allocator_ = allocator;
   small_->allocator = large_->allocator = allocator;
 }

@@ -99,6 +99,7 @@ class CachingAllocator {
   // the default pools' are no longer cached (set_device_allocator). Only while the device has
   // never had a segment (InvalidValueError otherwise).
   void set_allocator(SegmentAllocator allocator);
+  void check_allocator_can_change();  // set_allocator's refusal, without changing anything
   SegmentAllocator allocator();
   // PyTorch's allocator settings (allocator_settings.cpp); validated by the caller.
   void set_settings(const AllocatorSettings& settings);
@@ -125,6 +126,7 @@ class CachingAllocator {
   // A new segment's memory from the pool's allocator (nullptr: none). Refuses memory that
   // overlaps a segment the allocator already has.
   void* segment_memory(BlockPool& pool, StreamObj& stream, std::size_t size);
+  void check_allocator_unused() const;  // under mutex_
   // CUDA's capture rule for a call that gets new device memory for `stream` (throws).
   void check_new_memory(std::size_t size, StreamObj& stream);
   std::size_t device_total();  // the device's memory, asked of the driver once

@@ -280,13 +280,8 @@ void set_device_allocator(SegmentAllocator allocator) {
                  "set_device_allocator: give both an alloc and a free function, or neither (the "
                  "driver's)");
   Runtime& rt = Runtime::get();
-  for (int d = 0; d < rt.num_devices; ++d) {  // refuse before changing any device
-    const int64_t segments = rt.devices[d]->allocator->stats().num_device_alloc;
-    ACCEL_RT_CHECK(segments == 0, InvalidValueError, "the allocator of device ", d,
-                   " cannot change: it already allocated ", segments,
-                   " segment(s) of device memory (change it before the first allocation, at the "
-                   "start of the process)");
-  }
+  // Refused before any device changes.
+  for (int d = 0; d < rt.num_devices; ++d) rt.devices[d]->allocator->check_allocator_can_change();
   for (int d = 0; d < rt.num_devices; ++d) rt.devices[d]->allocator->set_allocator(allocator);
 }
 
