@@ -309,8 +309,8 @@ std::shared_ptr<CachedResult> meta_results(const c10::OperatorHandle& op,
       const at::Tensor& t = m.toTensor();
       if (t.defined() && t.is_meta() && t.numel() > 0 && !t.is_conj() && !t.is_neg()) {
         kept[k] = TensorMeta::of(t);
-        m = at::detail::empty_meta({0}, t.scalar_type(), std::nullopt, std::nullopt,
-                                   std::nullopt, std::nullopt);
+        m = at::detail::empty_meta({0}, t.scalar_type(), std::nullopt, std::nullopt, std::nullopt,
+                                   std::nullopt);
       }
     }
     args.push_back(std::move(m));
