@@ -436,7 +436,14 @@ extern "C" __attribute__((visibility("default"))) void cuda_emulator_free(void* 
   (void)cudaFree(ptr);
 }
 
-// For the emulated NVML (nvml.cpp, another library): the device memory in use on `device`.
+// For the emulated NVML (nvml.cpp, another library): the devices, each one's memory, and the
+// device memory in use on `device`.
+extern "C" __attribute__((visibility("default"))) int cuda_emulator_device_count() {
+  return cuda_emulator::device_count();
+}
+extern "C" __attribute__((visibility("default"))) std::size_t cuda_emulator_device_memory() {
+  return cuda_emulator::device_memory();
+}
 extern "C" __attribute__((visibility("default"))) std::size_t cuda_emulator_memory_used(
     int device) {
   if (device < 0 || device >= cuda_emulator::device_count()) return 0;

@@ -2,12 +2,12 @@
 // emulated driver's directory, which the driver finds through its run path (the entries
 // csrc/runtime/drivers/cuda/nvml.cpp opens, with NVML's C ABI as nvml.h declares it).
 //
-// Devices are the emulator's (CUDA_EMULATOR_DEVICES), found by the PCI bus ids its
-// cudaDeviceGetPCIBusId gives. Readings differ per device so that a test sees which device was
-// read: utilization 10 and 5 percent per device number plus one (GPU, memory), temperature 40 C
-// plus the number, power 100 W plus 1 W per number, SM clock 1755 MHz plus the number. Memory
-// used is the emulator's own count of the device's memory in use, and the process list holds
-// this process with that memory. Settings:
+// Devices are the emulator's (its count and memory asked of the emulated driver, which exports
+// them), found by the PCI bus ids its cudaDeviceGetPCIBusId gives. Readings differ per device so
+// that a test sees which device was read: utilization 10 and 5 percent per device number plus one
+// (GPU, memory), temperature 40 C plus the number, power 100 W plus 1 W per number, SM clock 1755
+// MHz plus the number. Memory used is the emulator's own count of the device's memory in use, and
+// the process list holds this process with that memory. Settings:
 //   CUDA_EMULATOR_NVML=0                   nvmlInit fails (no NVIDIA driver loaded)
 //   CUDA_EMULATOR_NVML_UNSUPPORTED=a,b     sensors (utilization, temperature, power, clock,
 //                                          memory, processes) that report NOT_SUPPORTED
@@ -40,12 +40,6 @@ constexpr int kMaxDevices = 64;
 std::atomic<int> g_initialized{0};
 int g_devices[kMaxDevices];  // a device handle points at its number
 
-int device_count() {
-  const char* n = std::getenv("CUDA_EMULATOR_DEVICES");
-  const int count = n != nullptr ? std::atoi(n) : 2;
-  return count < 0 ? 0 : (count > kMaxDevices ? kMaxDevices : count);
-}
-
 unsigned long long env_number(const char* name, unsigned long long fallback) {
   const char* v = std::getenv(name);
   return v != nullptr ? std::strtoull(v, nullptr, 10) : fallback;
@@ -64,20 +58,40 @@ int number(NvmlApi::Device d) {
   return p >= g_devices && p < g_devices + kMaxDevices ? *p : -1;
 }
 
-// The emulator's count of the device's memory in use, from the emulated cuda driver beside this
-// library (loaded already: it is what opened this library).
-std::size_t memory_used(int device) {
-  using Fn = std::size_t (*)(int);
-  static const Fn fn = [] {
+// The emulated CUDA runtime's devices, as the emulated cuda driver beside this library exports
+// them (loaded already: it is what opened this library); nothing where it cannot be found.
+struct Emulator {
+  int (*device_count)() = nullptr;
+  std::size_t (*device_memory)() = nullptr;
+  std::size_t (*memory_used)(int device) = nullptr;
+};
+
+const Emulator& emulator() {
+  static const Emulator e = [] {
+    Emulator found;
     Dl_info self{};
-    if (::dladdr(reinterpret_cast<void*>(&device_count), &self) == 0) return Fn{nullptr};
+    if (::dladdr(reinterpret_cast<void*>(&emulator), &self) == 0) return found;
     std::string path = self.dli_fname;
     path = path.substr(0, path.rfind('/') + 1) + "libaccel_driver_cuda.so";
     void* driver = ::dlopen(path.c_str(), RTLD_NOW | RTLD_NOLOAD);
-    return driver != nullptr ? reinterpret_cast<Fn>(::dlsym(driver, "cuda_emulator_memory_used"))
-                             : Fn{nullptr};
+    if (driver == nullptr) return found;
+    found.device_count = reinterpret_cast<int (*)()>(::dlsym(driver, "cuda_emulator_device_count"));
+    found.device_memory =
+        reinterpret_cast<std::size_t (*)()>(::dlsym(driver, "cuda_emulator_device_memory"));
+    found.memory_used =
+        reinterpret_cast<std::size_t (*)(int)>(::dlsym(driver, "cuda_emulator_memory_used"));
+    return found;
   }();
-  return fn != nullptr ? fn(device) : 0;
+  return e;
+}
+
+std::size_t memory_used(int device) {
+  return emulator().memory_used != nullptr ? emulator().memory_used(device) : 0;
+}
+
+int device_count() {
+  const int count = emulator().device_count != nullptr ? emulator().device_count() : 0;
+  return count < 0 ? 0 : (count > kMaxDevices ? kMaxDevices : count);
 }
 
 // The checks every device query starts with: 0 and the device's number in *n, or the error.
@@ -177,7 +191,7 @@ int nvmlDeviceGetClockInfo(NvmlApi::Device d, int type, unsigned int* mhz) {
 int nvmlDeviceGetMemoryInfo(NvmlApi::Device d, NvmlApi::Memory* memory) {
   int n = 0;
   if (const int e = query(d, memory, "memory", &n); e != kSuccess) return e;
-  memory->total = env_number("CUDA_EMULATOR_MEMORY_MB", 4096) << 20;
+  memory->total = emulator().device_memory != nullptr ? emulator().device_memory() : 0;
   memory->used = memory_used(n);
   memory->free = memory->total - memory->used;
   return kSuccess;
