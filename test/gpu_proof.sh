@@ -73,7 +73,7 @@ assert t.driver() == 'cuda', t.init_error()"
         echo "== runtime_tests: not built (no GoogleTest: see the header of this script)"
       fi
       step test_cuda_driver 240 "$py" -m pytest -q -p no:cacheprovider -rs test/test_cuda_driver.py \
-        test/test_pluggable_allocator.py
+        test/test_pluggable_allocator.py test/test_multiprocessing.py
       step test_distributed_cuda 180 "$py" -m pytest -q -p no:cacheprovider -rs \
         test/test_distributed_cuda.py
       step test_compile_triton 240 "$py" -m pytest -q -p no:cacheprovider -rs \

@@ -38,6 +38,7 @@ def test_import_reports_version_and_devices():
         "host_accessible_memory",
         "native_handles",
         "virtual_memory",
+        "ipc_memory",
     }
     if driver == "host":  # the host driver's defaults
         assert all(caps.values())

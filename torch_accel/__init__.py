@@ -55,7 +55,7 @@ def _register() -> None:
     from torch_accel import accel
 
     torch._register_device_module("accel", accel)
-    accel.storage.register_reductions()  # torch.multiprocessing refuses accel tensors clearly
+    accel.storage.register_reductions()  # torch.multiprocessing shares accel memory (accel/ipc.py)
     torch.utils.generate_methods_for_privateuse1_backend(
         for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=True
     )
@@ -136,7 +136,8 @@ def driver() -> str:
 
 def driver_capabilities() -> dict[str, bool]:
     """What the driver can do: ``graphs``, ``host_functions``, ``timing_events``,
-    ``host_accessible_memory``, ``native_handles``, ``virtual_memory`` (expandable segments).
+    ``host_accessible_memory``, ``native_handles``, ``virtual_memory`` (expandable segments),
+    ``ipc_memory`` (tensors shared with other processes through torch.multiprocessing).
     The runtime refuses what it cannot with an error naming the driver."""
     return _C.driver_capabilities()
 

@@ -94,7 +94,9 @@ class AccelDeviceAllocator final : public c10::DeviceAllocator {
   }
 
   void recordStream(const c10::DataPtr& ptr, c10::Stream stream) override {
-    if (ptr.get() == nullptr) return;
+    // Memory this allocator did not hand out (imported from another process: its mapping is
+    // closed only after the streams passed the work queued on it) has nothing to record.
+    if (ptr.get() == nullptr || ptr.get_deleter() != &free_device) return;
     call([&] { rt::record_stream(ptr.get(), to_rt(stream)); });
   }
 
@@ -187,6 +189,22 @@ REGISTER_ALLOCATOR(c10::DeviceType::PrivateUse1, &g_device_allocator);
 REGISTER_HOST_ALLOCATOR(at::kPrivateUse1, &g_host_allocator);
 
 }  // namespace
+
+namespace {
+void release_import(void* ptr) noexcept {
+  try {
+    rt::ipc_release(ptr);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "accel: releasing memory shared by another process failed: %s\n",
+                 e.what());
+  }
+}
+}  // namespace
+
+c10::DataPtr import_data_ptr(void* ptr, int device) {
+  return c10::DataPtr(ptr, ptr, &release_import,
+                      c10::Device(kAccel, static_cast<c10::DeviceIndex>(device)));
+}
 
 c10::Allocator* device_allocator() {
   return &g_device_allocator;

@@ -15,5 +15,8 @@ c10::Allocator* host_allocator();
 // expandable_segments. Done before the first allocation, and again when
 // torch.accel.memory._set_allocator_settings changes them.
 void apply_allocator_config();
+// Device memory another process shared (rt::ipc_import's pointer): released with
+// rt::ipc_release when the storage dies.
+c10::DataPtr import_data_ptr(void* ptr, int device);
 
 }  // namespace accel::device

@@ -327,6 +327,7 @@ PYBIND11_MODULE(_C, m) {
     d["host_accessible_memory"] = c.host_accessible_memory;
     d["native_handles"] = c.native_handles;
     d["virtual_memory"] = c.virtual_memory;
+    d["ipc_memory"] = c.ipc_memory;
     return d;
   });
   m.def("launch_blocking", &rt::launch_blocking);

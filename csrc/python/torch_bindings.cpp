@@ -5,11 +5,14 @@
 #include <torch/csrc/utils/device_lazy_init.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include <cstring>
+
 #include "aten/executor.h"
 #include "aten/fallback.h"
 #include "aten/fused_linear.h"
 #include "aten/host_task.h"
 #include "aten/underlying.h"
+#include "device/allocator.h"
 #include "device/common.h"
 #include "device/generator.h"
 #include "python/bindings.h"
@@ -172,6 +175,61 @@ void init_torch_bindings(py::module_& m, PyObject* capture_error) {
   m.def("_set_force_fallback", &aten::set_force_fallback, py::arg("force"),
         "Sends underlying-tier operators through the CPU fallback (for comparisons).");
   m.def("_get_force_fallback", &aten::force_fallback);
+  // torch.multiprocessing of accel tensors (torch_accel/accel/ipc.py): what an exporting
+  // process pickles, and the storage an importing process makes of it.
+  m.def(
+      "_ipc_export",
+      [](uintptr_t ptr) {
+        const rt::IpcExport e =
+            device::call([&] { return rt::ipc_export(reinterpret_cast<void*>(ptr)); });
+        return py::make_tuple(
+            e.device,
+            py::bytes(reinterpret_cast<const char*>(e.handle.bytes), sizeof(e.handle.bytes)),
+            e.segment_size, e.offset, e.ref_pid, e.ref_fd, e.ref_inode, e.ref_slot);
+      },
+      py::arg("ptr"));
+  m.def(
+      "_ipc_import",
+      [](int device, const py::bytes& handle, std::size_t segment_size, std::size_t offset,
+         int64_t ref_pid, int ref_fd, uint64_t ref_inode, uint32_t ref_slot, std::size_t nbytes) {
+        rt::IpcExport e;
+        const std::string h = handle;
+        if (h.size() != sizeof(e.handle.bytes)) {
+          throw py::value_error("an accel memory handle has " +
+                                std::to_string(sizeof(e.handle.bytes)) + " bytes, not " +
+                                std::to_string(h.size()));
+        }
+        std::memcpy(e.handle.bytes, h.data(), h.size());
+        e.device = device;
+        e.segment_size = segment_size;
+        e.offset = offset;
+        e.ref_pid = ref_pid;
+        e.ref_fd = ref_fd;
+        e.ref_inode = ref_inode;
+        e.ref_slot = ref_slot;
+        void* ptr = device::call([&] { return rt::ipc_import(e); });
+        c10::Storage storage(c10::Storage::use_byte_size_t(), nbytes,
+                             device::import_data_ptr(ptr, device), /*allocator=*/nullptr,
+                             /*resizable=*/false);
+        auto impl = c10::make_intrusive<c10::TensorImpl>(
+            std::move(storage), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+            caffe2::TypeMeta::Make<uint8_t>());
+        impl->set_sizes_contiguous({static_cast<int64_t>(nbytes)});
+        return at::Tensor(std::move(impl));
+      },
+      py::arg("device"), py::arg("handle"), py::arg("segment_size"), py::arg("offset"),
+      py::arg("ref_pid"), py::arg("ref_fd"), py::arg("ref_inode"), py::arg("ref_slot"),
+      py::arg("nbytes"),
+      "A uint8 tensor over the device memory another process exported (its storage releases "
+      "the import when it dies).");
+  m.def(
+      "_ipc_collect",
+      [](int device) { return device::call([&] { return rt::ipc_collect(device); }); },
+      py::arg("device") = -2);
+  m.def(
+      "_ipc_pending",
+      [](int device) { return device::call([&] { return rt::ipc_pending(device); }); },
+      py::arg("device") = -1);
   // accel::linear_act's implementation (torch_accel.ops.linear_kernel, ACCEL_LINEAR_KERNEL).
   static constexpr const char* kLinearKernels[] = {"auto", "fused", "aten"};
   m.def("_get_linear_kernel",

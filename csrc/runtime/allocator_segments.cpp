@@ -8,6 +8,32 @@
 
 namespace accel::rt::detail {
 
+bool CachingAllocator::segment_view(const void* ptr, SegmentView* out) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  Block* head = segment_of(ptr);
+  if (head == nullptr) return false;
+  const uintptr_t p = reinterpret_cast<uintptr_t>(ptr);
+  for (Block* b = head; b != nullptr; b = b->next) {
+    if (p < b->addr() || p >= b->addr() + b->size) continue;
+    if (!b->allocated) return false;
+    out->alloc = b->ptr;
+    break;
+  }
+  if (out->alloc == nullptr) return false;
+  out->base = head->ptr;
+  out->size = head->segment_size;
+  if (head->expandable != nullptr) {
+    out->why_not =
+        "it lies in an expandable segment (expandable_segments:True), whose memory "
+        "the driver maps page by page";
+  } else if (!head->pool->allocator.is_driver()) {
+    out->why_not =
+        "it comes from a pluggable allocator (MemPool(allocator=...) or "
+        "change_current_allocator), whose memory belongs to that allocator";
+  }
+  return true;
+}
+
 Block* CachingAllocator::alloc_segment(BlockPool& pool, StreamObj& stream, std::size_t size) {
   if (reserve_limit_ != 0 &&
       static_cast<std::size_t>(stats_.reserved_bytes[kAggregate].current) + size > reserve_limit_) {

@@ -70,6 +70,17 @@ class CachingAllocator {
   // lies in device memory that is not currently allocated.
   std::pair<void*, std::size_t> allocation_containing(const void* ptr, bool* freed);
 
+  // The live allocation containing ptr and the segment holding it, for sharing with another
+  // process (allocator_segments.cpp): false if ptr is in no live allocation of this device;
+  // `why_not` is set when the segment cannot be shared (not the driver's raw memory).
+  struct SegmentView {
+    void* alloc = nullptr;  // the allocation's start
+    void* base = nullptr;   // the segment's
+    std::size_t size = 0;   // the segment's
+    const char* why_not = nullptr;
+  };
+  bool segment_view(const void* ptr, SegmentView* out);
+
   // Releases cached segments; synchronizes the device first unless a capture is underway.
   void empty_cache();
   DeviceStats stats();

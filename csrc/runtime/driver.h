@@ -188,6 +188,23 @@ class ACCEL_RT_API Driver {
   // Host: madvise(MADV_DONTNEED) and PROT_NONE, deferred until the device's streams pass.
   virtual void va_unmap(int device, void* ptr, std::size_t size);
 
+  // --- interprocess memory (capabilities().ipc_memory) -----------------------------------
+  // A handle of the allocation raw_alloc returned at `base` that another process opens to map
+  // the same memory (torch.multiprocessing of device tensors). The default throws
+  // NotSupportedError.
+  // CUDA: cudaIpcGetMemHandle.  L0: zeMemGetIpcHandle.  Host: the device's memory file (memfd),
+  // the allocation's offset in it, and the process that holds it.
+  virtual IpcMemHandle ipc_get_mem_handle(int device, void* base);
+  // Maps memory of another process from its handle; `*size` is the allocation's size, or 0
+  // where the driver cannot tell (the runtime then knows it from the exporter). InvalidValueError
+  // for a handle that is not this driver's or whose process or memory is gone. CUDA:
+  // cudaIpcOpenMemHandle(cudaIpcMemLazyEnablePeerAccess) (size 0). L0: zeMemOpenIpcHandle.  Host:
+  // mmap of the other process's memory file.
+  virtual void* ipc_open_mem_handle(int device, const IpcMemHandle& handle, std::size_t* size);
+  // Unmaps what ipc_open_mem_handle returned (the memory stays with its owner).
+  // CUDA: cudaIpcCloseMemHandle.  L0: zeMemCloseIpcHandle.  Host: munmap.
+  virtual void ipc_close_mem_handle(int device, void* ptr);
+
   // --- sensors ------------------------------------------------------------------------
   // What a sensor of the device reads now (units and periods: Sensor). The default throws
   // NotSupportedError, as should a driver for a sensor its device lacks.
@@ -223,8 +240,10 @@ struct HostDriverOptions {
   int max_kernel_buffers = 64;
   // What the driver reports it can do (and then refuses, through the runtime, what it leaves
   // out: tests use this to stand in for drivers without graphs or timing).
-  DriverCapabilities capabilities{
-      .host_accessible_memory = true, .native_handles = true, .virtual_memory = true};
+  DriverCapabilities capabilities{.host_accessible_memory = true,
+                                  .native_handles = true,
+                                  .virtual_memory = true,
+                                  .ipc_memory = true};
 
   // ACCEL_HOST_DEVICES, ACCEL_HOST_MEMORY, ACCEL_LAUNCH_BLOCKING, ACCEL_PROTECT_DEVICE_MEMORY,
   // ACCEL_MAX_KERNEL_ARGS and ACCEL_MAX_KERNEL_BUFFERS (InitError naming a malformed one).

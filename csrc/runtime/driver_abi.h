@@ -117,6 +117,11 @@ typedef struct accel_drv_process {
   uint64_t memory; /* device memory it holds, bytes */
 } accel_drv_process;
 
+/* Opaque bytes that name device memory for another process (cudaIpcMemHandle_t's size). */
+typedef struct accel_drv_ipc_handle {
+  unsigned char bytes[64];
+} accel_drv_ipc_handle;
+
 typedef struct accel_driver accel_driver; /* the driver's own state */
 typedef struct accel_drv_stream_s* accel_drv_stream;
 typedef struct accel_drv_event_s* accel_drv_event;
@@ -220,6 +225,12 @@ typedef struct accel_driver_table {
   int (*va_release)(accel_driver* self, int device, void* ptr, size_t size);
   int (*va_map)(accel_driver* self, int device, void* ptr, size_t size, int* mapped);
   int (*va_unmap)(accel_driver* self, int device, void* ptr, size_t size);
+  /* Interprocess memory (accel::rt::Driver::ipc_*), for device memory shared with other
+   * processes: all three, or none (absent: device memory cannot be shared). */
+  int (*ipc_get_mem_handle)(accel_driver* self, int device, void* base, accel_drv_ipc_handle* out);
+  int (*ipc_open_mem_handle)(accel_driver* self, int device, const accel_drv_ipc_handle* handle,
+                             void** out, size_t* size);
+  int (*ipc_close_mem_handle)(accel_driver* self, int device, void* ptr);
 } accel_driver_table;
 
 /* The symbol a driver library exports (and one optional one, below):

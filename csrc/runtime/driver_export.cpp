@@ -275,6 +275,23 @@ void fill_entries(accel_driver_table& t) {
   t.va_unmap = [](accel_driver* s, int device, void* ptr, size_t size) {
     return guarded([&] { drv(s).va_unmap(device, ptr, size); });
   };
+  t.ipc_get_mem_handle = [](accel_driver* s, int device, void* base, accel_drv_ipc_handle* out) {
+    return guarded([&] {
+      const IpcMemHandle h = drv(s).ipc_get_mem_handle(device, base);
+      std::memcpy(out->bytes, h.bytes, sizeof(out->bytes));
+    });
+  };
+  t.ipc_open_mem_handle = [](accel_driver* s, int device, const accel_drv_ipc_handle* handle,
+                             void** out, size_t* size) {
+    return guarded([&] {
+      IpcMemHandle h;
+      std::memcpy(h.bytes, handle->bytes, sizeof(h.bytes));
+      *out = drv(s).ipc_open_mem_handle(device, h, size);
+    });
+  };
+  t.ipc_close_mem_handle = [](accel_driver* s, int device, void* ptr) {
+    return guarded([&] { drv(s).ipc_close_mem_handle(device, ptr); });
+  };
   t.pointer_attributes = [](accel_driver* s, const void* ptr, accel_drv_pointer_attributes* out) {
     return guarded([&] {
       const PointerAttributes a = drv(s).pointer_attributes(ptr);
@@ -314,6 +331,11 @@ int export_driver(std::unique_ptr<Driver> driver, accel_driver_table* table, std
     t.va_release = nullptr;
     t.va_map = nullptr;
     t.va_unmap = nullptr;
+  }
+  if (!c.ipc_memory) {  // absent entries say "no interprocess memory"
+    t.ipc_get_mem_handle = nullptr;
+    t.ipc_open_mem_handle = nullptr;
+    t.ipc_close_mem_handle = nullptr;
   }
   t.struct_size = static_cast<uint32_t>(std::min(table_size, sizeof(t)));
   std::memcpy(static_cast<void*>(table), &t, t.struct_size);

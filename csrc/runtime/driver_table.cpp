@@ -64,7 +64,9 @@ class TableDriver final : public Driver {
             .native_handles = c.native_handles != 0 && t_.stream_native_handle != nullptr,
             .virtual_memory = t_.va_granularity != nullptr && t_.va_reserve != nullptr &&
                               t_.va_release != nullptr && t_.va_map != nullptr &&
-                              t_.va_unmap != nullptr};
+                              t_.va_unmap != nullptr,
+            .ipc_memory = t_.ipc_get_mem_handle != nullptr && t_.ipc_open_mem_handle != nullptr &&
+                          t_.ipc_close_mem_handle != nullptr};
   }
 
   int device_count() override {
@@ -286,6 +288,30 @@ class TableDriver final : public Driver {
   void va_unmap(int device, void* ptr, std::size_t size) override {
     if (!capabilities().virtual_memory) return Driver::va_unmap(device, ptr, size);
     if (!lost()) run("va_unmap", [&] { return t_.va_unmap(t_.self, device, ptr, size); });
+  }
+  IpcMemHandle ipc_get_mem_handle(int device, void* base) override {
+    if (!capabilities().ipc_memory) return Driver::ipc_get_mem_handle(device, base);
+    accel_drv_ipc_handle h{};
+    run("ipc_get_mem_handle", [&] { return t_.ipc_get_mem_handle(t_.self, device, base, &h); });
+    IpcMemHandle out;
+    static_assert(sizeof(out.bytes) == sizeof(h.bytes));
+    std::memcpy(out.bytes, h.bytes, sizeof(out.bytes));
+    return out;
+  }
+  void* ipc_open_mem_handle(int device, const IpcMemHandle& handle, std::size_t* size) override {
+    if (!capabilities().ipc_memory) return Driver::ipc_open_mem_handle(device, handle, size);
+    accel_drv_ipc_handle h{};
+    std::memcpy(h.bytes, handle.bytes, sizeof(h.bytes));
+    void* p = nullptr;
+    run("ipc_open_mem_handle",
+        [&] { return t_.ipc_open_mem_handle(t_.self, device, &h, &p, size); });
+    return p;
+  }
+  void ipc_close_mem_handle(int device, void* ptr) override {
+    if (!capabilities().ipc_memory) return Driver::ipc_close_mem_handle(device, ptr);
+    if (!lost()) {
+      run("ipc_close_mem_handle", [&] { return t_.ipc_close_mem_handle(t_.self, device, ptr); });
+    }
   }
   int64_t device_sensor(int device, Sensor sensor) override {
     if (t_.device_sensor == nullptr) return Driver::device_sensor(device, sensor);

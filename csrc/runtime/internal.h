@@ -305,6 +305,11 @@ std::unique_ptr<Driver> open_driver_table(void* open_symbol, const std::string& 
 // Runs the memory pressure hooks for a failed allocation on `device` (memory.cpp); true if one
 // freed memory.
 bool relieve_memory_pressure(int device, std::size_t requested);
+// Interprocess memory (ipc.cpp): true when free(ptr) must keep the allocation because another
+// process still holds it (it is freed by ipc_collect); the device of memory imported from
+// another process (-1: none).
+bool ipc_keeps(const void* ptr);
+int ipc_device_of(const void* ptr);
 
 // The calling thread's current device (0 until set), validated lazily.
 int tls_device();

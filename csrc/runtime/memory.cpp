@@ -152,7 +152,7 @@ void* malloc(std::size_t size) {
 
 namespace detail {
 bool relieve_memory_pressure(int device, std::size_t requested) {
-  bool freed = false;
+  bool freed = ipc_collect(device) > 0;  // allocations other processes released
   for (const MemoryPressureHook& h : pressure_hooks().snapshot()) {
     freed = h(device, requested) || freed;
   }
@@ -227,6 +227,7 @@ double get_memory_fraction(int device) {
 void free(void* ptr) {
   if (ptr == nullptr) return;
   Runtime& rt = Runtime::get();
+  if (detail::ipc_keeps(ptr)) return;
   const int first = detail::tls_device();
   if (rt.devices[first]->allocator->free(ptr)) return;
   for (int d = 0; d < rt.num_devices; ++d) {
@@ -258,7 +259,7 @@ int pointer_device(const void* ptr) noexcept {
   for (int d = 0; d < rt->num_devices; ++d) {
     if (rt->devices[d]->allocator->owns(ptr)) return d;
   }
-  return -1;
+  return detail::ipc_device_of(ptr);  // memory of another process mapped here
 }
 
 std::pair<void*, std::size_t> allocation_range(const void* ptr) {
@@ -368,8 +369,10 @@ void host_record_stream(void* ptr, Stream stream) {
 PointerAttributes pointer_attributes(const void* ptr) {
   Runtime& rt = Runtime::get();
   ACCEL_RT_CHECK(ptr != nullptr, InvalidPointerError, "pointer_attributes: the pointer is null");
-  if (const int d = pointer_device(ptr); d >= 0) {
-    return {.type = MemoryType::Device, .device = d, .runtime_allocated = true};
+  for (int d = 0; d < rt.num_devices; ++d) {
+    if (rt.devices[d]->allocator->owns(ptr)) {
+      return {.type = MemoryType::Device, .device = d, .runtime_allocated = true};
+    }
   }
   if (is_pinned(ptr)) return {.type = MemoryType::Host, .runtime_allocated = true};
   PointerAttributes a = rt.driver->pointer_attributes(ptr);

@@ -181,6 +181,45 @@ ACCEL_RT_API void mem_pool_end_allocate(int device, PoolId pool);
 ACCEL_RT_API void set_device_allocator(SegmentAllocator allocator);
 ACCEL_RT_API SegmentAllocator device_allocator();
 
+// --- interprocess memory (runtime/ipc.cpp) ------------------------------------------------
+// Device memory shared with other processes (torch.multiprocessing of device tensors, as CUDA
+// IPC shares GPU memory). What the exporting process sends: the driver's handle of the segment
+// that holds the allocation, where the address lies in it, and the allocation's reference
+// counter in the exporter's counter file (shared host memory the importer maps).
+struct IpcExport {
+  int device = -1;
+  IpcMemHandle handle;
+  std::size_t segment_size = 0;
+  std::size_t offset = 0;  // of the exported address in the segment
+  int64_t ref_pid = 0;     // the exporter's process and its counter file there
+  int ref_fd = -1;
+  uint64_t ref_inode = 0;
+  uint32_t ref_slot = 0;  // the allocation's counter in it
+};
+// Makes the live device allocation containing `ptr` shareable; the work queued on the device's
+// current stream completes first, so the importer sees what it wrote. Each export is one
+// reference the importer releases (ipc_release): until every reference is released, freeing
+// the allocation here keeps it out of reuse (ipc_collect returns it once they are). Throws
+// NotSupportedError where the driver cannot share memory or the allocation's segment cannot be
+// shared (expandable segments, pluggable allocators), InvalidPointerError for a pointer outside
+// live device memory.
+ACCEL_RT_API IpcExport ipc_export(const void* ptr);
+// Maps what another process exported; returns the exported address's counterpart here, on
+// device `from.device` (this process's own export: the exported address itself, as CUDA does not
+// open a process's own handles). Opening the same segment again reuses its mapping. Throws
+// InvalidDeviceError for a device this process lacks, InvalidValueError when the exporter is
+// gone or the handle is not this driver's.
+ACCEL_RT_API void* ipc_import(const IpcExport& from);
+// Releases one import of `ptr` (its reference in the exporter's counter; the mapping is closed
+// with the segment's last import, once the streams passed work queued on it).
+ACCEL_RT_API void ipc_release(void* ptr);
+// Frees the allocations freed here while other processes still held them, and whose references
+// are all released now; returns how many (also done when an allocation runs out of memory).
+// Every device when -2.
+ACCEL_RT_API std::size_t ipc_collect(int device = -2);
+// Allocations freed here but held by other processes (the `ipc_collect` backlog), per device.
+ACCEL_RT_API std::size_t ipc_pending(int device = -1);
+
 // --- pinned host memory -------------------------------------------------------------------
 ACCEL_RT_API void* host_malloc(std::size_t size);
 ACCEL_RT_API void host_free(void* ptr);

@@ -112,6 +112,12 @@ struct DeviceProperties {
   int max_kernel_buffers = 0;
 };
 
+// A driver's handle of device memory that another process can open (cudaIpcMemHandle_t's
+// size): opaque bytes, meaningful to the same driver in a process on the same machine.
+struct IpcMemHandle {
+  unsigned char bytes[64] = {};
+};
+
 struct MemoryInfo {
   uint64_t free = 0;
   uint64_t total = 0;
@@ -249,6 +255,9 @@ struct DriverCapabilities {
   bool native_handles = false;          // stream_native_handle
   bool virtual_memory = false;          // va_reserve/va_map/va_unmap/va_release (expandable
                                         // segments)
+  bool ipc_memory = false;              // ipc_get_mem_handle/ipc_open_mem_handle/
+                                        // ipc_close_mem_handle (memory shared with other
+                                        // processes)
 };
 
 // What a pointer is (cudaPointerGetAttributes): memory of the runtime's allocators, or what the

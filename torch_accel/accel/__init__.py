@@ -27,6 +27,7 @@ from torch_accel.accel.graphs import (
     is_current_stream_capturing,
     make_graphed_callables,
 )
+from torch_accel.accel.ipc import ipc_collect
 from torch_accel.accel.memory import *  # noqa: F403 (its __all__ is part of ours)
 from torch_accel.accel.random import (
     get_rng_state,
@@ -91,6 +92,7 @@ __all__ = [
     "get_rng_state_all",
     "init",
     "initial_seed",
+    "ipc_collect",
     "is_available",
     "is_bf16_supported",
     "is_tf32_supported",

@@ -69,15 +69,12 @@ _AccelLegacyStorage.__module__ = "torch.accel"
 
 
 def _reduce_storage(storage: torch.UntypedStorage) -> object:
-    """torch.multiprocessing's pickling of a storage (a tensor's too), with a clear refusal for
-    accel memory instead of torch's "_share_fd_: only available on CPU"."""
+    """torch.multiprocessing's pickling of a storage (a tensor's too): accel memory is shared
+    through the runtime (accel/ipc.py), other devices' as torch does."""
     if storage.device.type == "accel":
-        raise RuntimeError(
-            "accel tensors cannot be sent to another process: torch.multiprocessing shares CPU "
-            "memory through shared memory and CUDA memory through CUDA IPC, and accel memory "
-            "has neither; send tensor.cpu() (or a CPU tensor) and move it to accel in the "
-            "receiving process"
-        )
+        from torch_accel.accel import ipc
+
+        return ipc.reduce_storage(storage)
     from torch.multiprocessing import reductions
 
     return reductions.reduce_storage(storage)

@@ -392,6 +392,48 @@ cudaError_t cudaFreeHost(void* ptr) {
   return cudaSuccess;
 }
 
+// IPC handles name a cudaMalloc allocation (its process, device and offset). The emulator's
+// device memory is private to its process: opening a handle is refused (as CUDA refuses a
+// process's own handles; the runtime does not open those).
+namespace {
+struct IpcHandleData {
+  char magic[8];
+  int64_t pid;
+  int32_t device;
+  uint64_t offset;
+};
+}  // namespace
+
+cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t* handle, void* ptr) {
+  EMU_ENTER();
+  if (handle == nullptr) return fail(cudaErrorInvalidValue);
+  std::lock_guard<std::mutex> lock(global_mutex());
+  int device = -1;
+  Region* r = region_of(ptr, &device);
+  if (r == nullptr) return fail(cudaErrorInvalidValue);
+  const auto off = static_cast<std::size_t>(static_cast<char*>(ptr) - r->base);
+  auto it = r->used.upper_bound(off);
+  if (it == r->used.begin()) return fail(cudaErrorInvalidValue);
+  --it;
+  if (off >= it->first + it->second) return fail(cudaErrorInvalidValue);
+  IpcHandleData h{{'e', 'm', 'u', 'l', 'i', 'p', 'c', '1'}, ::getpid(), device, it->first};
+  static_assert(sizeof(h) <= sizeof(*handle));
+  std::memset(handle, 0, sizeof(*handle));
+  std::memcpy(handle, &h, sizeof(h));
+  return cudaSuccess;
+}
+
+cudaError_t cudaIpcOpenMemHandle(void** ptr, cudaIpcMemHandle_t, unsigned int) {
+  EMU_ENTER();
+  if (ptr == nullptr) return fail(cudaErrorInvalidValue);
+  return fail(cudaErrorNotSupported);
+}
+
+cudaError_t cudaIpcCloseMemHandle(void*) {
+  EMU_ENTER();
+  return fail(cudaErrorInvalidValue);
+}
+
 cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* a, const void* ptr) {
   EMU_ENTER();
   std::memset(a, 0, sizeof(*a));

@@ -209,6 +209,7 @@ class CudaDriver final : public Driver {
     c.host_accessible_memory = false;
     c.native_handles = true;
     c.virtual_memory = vmm_ok_;
+    c.ipc_memory = true;
     return c;
   }
 
@@ -226,6 +227,29 @@ class CudaDriver final : public Driver {
   void raw_free(int device, void* ptr, std::size_t) override {
     check(cudaSetDevice(device), "cudaSetDevice");
     check(cudaFree(ptr), "cudaFree");
+  }
+  // Interprocess memory: CUDA IPC handles of cudaMalloc'd segments.
+  IpcMemHandle ipc_get_mem_handle(int device, void* base) override {
+    check(cudaSetDevice(device), "cudaSetDevice");
+    cudaIpcMemHandle_t h{};
+    check(cudaIpcGetMemHandle(&h, base), "cudaIpcGetMemHandle");
+    IpcMemHandle out;
+    static_assert(sizeof(h) == sizeof(out.bytes));
+    std::memcpy(out.bytes, &h, sizeof(h));
+    return out;
+  }
+  void* ipc_open_mem_handle(int device, const IpcMemHandle& handle, std::size_t* size) override {
+    check(cudaSetDevice(device), "cudaSetDevice");
+    cudaIpcMemHandle_t h{};
+    std::memcpy(&h, handle.bytes, sizeof(h));
+    void* p = nullptr;
+    check(cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess), "cudaIpcOpenMemHandle");
+    *size = 0;  // the exporter's runtime knows it
+    return p;
+  }
+  void ipc_close_mem_handle(int device, void* ptr) override {
+    check(cudaSetDevice(device), "cudaSetDevice");
+    check(cudaIpcCloseMemHandle(ptr), "cudaIpcCloseMemHandle");
   }
   void* host_alloc(std::size_t size) override {
     void* p = nullptr;

@@ -40,7 +40,8 @@ struct HostDevice {
   std::vector<std::shared_ptr<HostStream>> streams;
   // Memory given back once every stream passed the point where it was given back.
   struct Deferred {
-    enum class Kind { Unmap, Decommit, Release };  // raw_free, va_unmap, va_release
+    // raw_free, va_unmap, va_release, ipc_close_mem_handle
+    enum class Kind { Unmap, Decommit, Release, Close };
     void* ptr;
     std::size_t size;
     Kind kind;
@@ -48,7 +49,7 @@ struct HostDevice {
   };
   std::vector<Deferred> deferred;
 
-  HostDevice(uint64_t cap, bool protect) : capacity(cap), memory(protect) {}
+  HostDevice(uint64_t cap, bool protect, int index) : capacity(cap), memory(protect, index) {}
 
   Marker marker_locked() {
     Marker mk;
@@ -118,6 +119,7 @@ struct HostDevice {
         used.fetch_sub(d.size);
         break;
       case Deferred::Kind::Release: memory.release_reservation(d.ptr, d.size); break;
+      case Deferred::Kind::Close: memory.close_shared(d.ptr); break;
     }
   }
 };

@@ -59,7 +59,7 @@ class HostDriver final : public Driver {
                    "host driver: memory per device must be at least ", kPageSize, " bytes");
     for (int i = 0; i < o.devices; ++i) {
       devices_.push_back(
-          std::make_unique<HostDevice>(o.memory_per_device, o.protect_device_memory));
+          std::make_unique<HostDevice>(o.memory_per_device, o.protect_device_memory, i));
     }
   }
 
@@ -176,6 +176,23 @@ class HostDriver final : public Driver {
   void va_unmap(int device, void* ptr, std::size_t size) override {
     check_capture_safe("va_unmap");
     devices_[device]->give_back(ptr, size, HostDevice::Deferred::Kind::Decommit);
+  }
+
+  // Interprocess memory: mappings of the device's memory file (shared_memory.cpp).
+  IpcMemHandle ipc_get_mem_handle(int device, void* base) override {
+    return devices_[device]->memory.ipc_handle(base);
+  }
+  void* ipc_open_mem_handle(int device, const IpcMemHandle& h, std::size_t* size) override {
+    return devices_[device]->memory.open_shared(h, size);
+  }
+  void ipc_close_mem_handle(int device, void* ptr) override {
+    devices_[device]->give_back(ptr, 0, HostDevice::Deferred::Kind::Close);
+  }
+  PointerAttributes pointer_attributes(const void* ptr) override {
+    for (int d = 0; d < static_cast<int>(devices_.size()); ++d) {
+      if (devices_[d]->memory.in_opened(ptr)) return {.type = MemoryType::Device, .device = d};
+    }
+    return {};
   }
 
   // Pinned memory is made and freed by calls CUDA counts as unsafe during a capture.

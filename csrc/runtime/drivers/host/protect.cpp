@@ -12,16 +12,24 @@ namespace accel::rt::host {
 void* DeviceMemory::map(std::size_t size) {
   std::lock_guard<std::mutex> lock(mutex_);
   const int prot = (protect_ && all_count_ == 0) ? PROT_NONE : (PROT_READ | PROT_WRITE);
-  void* p = ::mmap(nullptr, size, prot, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  if (p == MAP_FAILED) return nullptr;
-  if (protect_) regions_[reinterpret_cast<uintptr_t>(p)] = Region{size, 0};
+  void* p = map_pages(size, prot);
+  if (p != nullptr) track(reinterpret_cast<uintptr_t>(p), size);
   return p;
+}
+
+void DeviceMemory::track(uintptr_t base, std::size_t size) {
+  if (protect_) regions_[base] = Region{size, 0};
 }
 
 void DeviceMemory::unmap(void* ptr, std::size_t size) {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (protect_) regions_.erase(reinterpret_cast<uintptr_t>(ptr));
+  const auto base = reinterpret_cast<uintptr_t>(ptr);
+  if (protect_) regions_.erase(base);
   ::munmap(ptr, size);
+  if (auto it = file_maps_.find(base); it != file_maps_.end()) {
+    give_file_range(it->second.first, it->second.second);
+    file_maps_.erase(it);
+  }
 }
 
 void* DeviceMemory::reserve(std::size_t size) {

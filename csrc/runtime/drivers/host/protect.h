@@ -1,10 +1,12 @@
 // Device memory of the host driver, and the ACCEL_PROTECT_DEVICE_MEMORY debug mode.
 //
-// Device memory is mapped with mmap. When protection is on, it is mapped PROT_NONE and made
-// readable and writable only while the runtime accesses it (a copy, a task on a stream, a
-// HostAccessGuard). Access is reference counted per mapping, plus a device-wide count for tasks
-// whose footprint is unknown, so nested and concurrent accesses are safe: a mapping becomes
-// inaccessible again when the last accessor leaves. A host dereference of a device pointer
+// Device memory is mapped with mmap from the device's memory file (a memfd; shared_memory.cpp),
+// so that another process can map the same pages (torch.multiprocessing of accel tensors, as
+// CUDA IPC shares GPU memory); freed pages are punched out of the file. When protection is on, it
+// is mapped PROT_NONE and made readable and writable only while the runtime accesses it (a copy, a
+// task on a stream, a HostAccessGuard). Access is reference counted per mapping, plus a device-wide
+// count for tasks whose footprint is unknown, so nested and concurrent accesses are safe: a mapping
+// becomes inaccessible again when the last accessor leaves. A host dereference of a device pointer
 // outside runtime control then faults at once instead of silently working, as it would on a
 // real GPU.
 #pragma once
@@ -14,11 +16,14 @@
 #include <map>
 #include <mutex>
 
+#include "runtime/types.h"
+
 namespace accel::rt::host {
 
 class DeviceMemory {
  public:
-  explicit DeviceMemory(bool protect) : protect_(protect) {}
+  DeviceMemory(bool protect, int device) : protect_(protect), device_(device) {}
+  ~DeviceMemory();
   DeviceMemory(const DeviceMemory&) = delete;
   DeviceMemory& operator=(const DeviceMemory&) = delete;
 
@@ -47,6 +52,14 @@ class DeviceMemory {
   // True if ptr lies in one of this device's mappings (only tracked when protecting).
   bool owns(const void* ptr);
 
+  // Interprocess memory (shared_memory.cpp): the handle of a mapping map() made (its start);
+  // another process's (or this one's) mapping opened from its handle, and closed; whether ptr
+  // lies in such an opened mapping.
+  IpcMemHandle ipc_handle(const void* base);
+  void* open_shared(const IpcMemHandle& handle, std::size_t* size);
+  void close_shared(void* ptr);
+  bool in_opened(const void* ptr);
+
  private:
   struct Region {
     std::size_t size = 0;
@@ -56,7 +69,23 @@ class DeviceMemory {
   void for_each_overlap(const void* ptr, std::size_t size, F&& f);
   void set_access(uintptr_t base, std::size_t size, bool accessible);
 
+  // The memory file's pages for a new mapping of `size` bytes (its offset), and their return.
+  // -1: no memory file here (memfd_create refused): map() falls back to private memory.
+  int64_t take_file_range(std::size_t size);
+  void give_file_range(uint64_t offset, std::size_t size);
+  void* map_pages(std::size_t size, int prot);   // under mutex_
+  void track(uintptr_t base, std::size_t size);  // a new mapping, for protection
+
   const bool protect_;
+  const int device_;
+  // The memory file: its descriptor (-1 before the first mapping or if refused), inode, length.
+  int fd_ = -1;
+  bool fd_refused_ = false;
+  uint64_t inode_ = 0;
+  uint64_t file_size_ = 0;
+  std::map<uint64_t, uint64_t> free_ranges_;                         // offset -> length, coalesced
+  std::map<uintptr_t, std::pair<uint64_t, std::size_t>> file_maps_;  // address -> (offset, size)
+  std::map<uintptr_t, std::size_t> opened_;                          // open_shared's mappings
   std::mutex mutex_;
   std::map<uintptr_t, Region> regions_;  // only tracked when protecting
   int all_count_ = 0;

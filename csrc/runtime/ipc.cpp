@@ -1,0 +1,344 @@
+// Interprocess memory: device allocations shared with other processes.
+//
+// The exporter asks the driver for a handle of the allocation's segment (CUDA: cudaIpcMemHandle;
+// host: its memory file's range) and gives the allocation a counter in its counter file, a memfd
+// of 64-bit counters that importers map: each export adds one reference, each import's release
+// takes it back. An allocation freed here while its counter is above zero is kept out of reuse
+// (the "limbo" of PyTorch's CUDA IPC) until ipc_collect finds its counter at zero. Importers map
+// a segment once per process, however many allocations in it they import, and close it with
+// the last.
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <tuple>
+#include <vector>
+
+#include "runtime/caching_allocator.h"
+#include "runtime/internal.h"
+#include "runtime/runtime.h"
+
+namespace accel::rt {
+
+using detail::Runtime;
+
+namespace {
+
+constexpr uint32_t kSlots = uint32_t{1} << 16;  // counters per process (512 KiB, sparse)
+constexpr std::size_t kCounterBytes = std::size_t{kSlots} * sizeof(uint64_t);
+
+uint64_t load(const uint64_t* c) {
+  return __atomic_load_n(c, __ATOMIC_ACQUIRE);
+}
+
+struct Exported {
+  int device;
+  uint32_t slot;
+  bool freed;  // freed here while held elsewhere: waits for ipc_collect
+};
+
+struct Segment {  // an imported segment's mapping here
+  void* base;
+  std::size_t size;
+  int users;
+  bool own;  // this process's own segment: no mapping was opened (CUDA refuses to open it)
+};
+
+struct Imported {
+  int device;
+  std::vector<char> segment_key;
+  uint64_t* counter;  // in the exporter's counter file
+  int count;
+};
+
+struct State {
+  std::mutex m;
+  // This process's counter file.
+  int fd = -1;
+  uint64_t inode = 0;
+  uint64_t* counters = nullptr;
+  std::vector<uint32_t> free_slots;
+  uint32_t next_slot = 0;
+  std::map<const void*, Exported> exported;                                 // by allocation start
+  std::map<std::vector<char>, std::pair<void*, std::size_t>> own_segments;  // key -> base, size
+  std::atomic<std::size_t> exported_count{0};
+  // Importer side: counter files of other processes, segments and imports.
+  std::map<std::pair<int64_t, uint64_t>, uint64_t*> counter_files;  // (pid, inode)
+  std::map<std::vector<char>, Segment> segments;                    // (device, handle bytes)
+  std::map<const void*, Imported> imported;
+  std::atomic<std::size_t> imported_count{0};
+};
+
+State& state() {
+  static State* s = new State();  // outlives stream workers at exit
+  return *s;
+}
+
+uint64_t* map_counters(int fd) {
+  void* p = ::mmap(nullptr, kCounterBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  return p == MAP_FAILED ? nullptr : static_cast<uint64_t*>(p);
+}
+
+// This process's counter file, made on first export (under st.m).
+void ensure_counter_file(State& st) {
+  if (st.counters != nullptr) return;
+  const int fd = ::memfd_create("accel-ipc-refcounts", MFD_CLOEXEC);
+  ACCEL_RT_CHECK(fd >= 0, DriverError, "ipc_export: memfd_create failed: ", std::strerror(errno));
+  struct stat sb {};
+  uint64_t* c = nullptr;
+  if (::ftruncate(fd, static_cast<off_t>(kCounterBytes)) == 0 && ::fstat(fd, &sb) == 0) {
+    c = map_counters(fd);
+  }
+  if (c == nullptr) {
+    const int e = errno;
+    ::close(fd);
+    ACCEL_RT_THROW(DriverError,
+                   "ipc_export: cannot make the reference counter file: ", std::strerror(e));
+  }
+  st.fd = fd;
+  st.inode = sb.st_ino;
+  st.counters = c;
+}
+
+uint32_t take_slot(State& st) {
+  if (!st.free_slots.empty()) {
+    const uint32_t s = st.free_slots.back();
+    st.free_slots.pop_back();
+    return s;
+  }
+  ACCEL_RT_CHECK(st.next_slot < kSlots, OutOfMemoryError, "ipc_export: ", kSlots,
+                 " allocations are shared with other processes already; free some of them "
+                 "(and call ipc_collect) first");
+  return st.next_slot++;
+}
+
+// Another process's counter file (or this one's), mapped once (under st.m).
+uint64_t* counters_of(State& st, const IpcExport& from) {
+  if (from.ref_pid == ::getpid() && from.ref_inode == st.inode && st.counters != nullptr) {
+    return st.counters;
+  }
+  const auto key = std::make_pair(from.ref_pid, from.ref_inode);
+  if (auto it = st.counter_files.find(key); it != st.counter_files.end()) return it->second;
+  char path[64];
+  std::snprintf(path, sizeof(path), "/proc/%lld/fd/%d", static_cast<long long>(from.ref_pid),
+                from.ref_fd);
+  const int fd = ::open(path, O_RDWR | O_CLOEXEC);
+  ACCEL_RT_CHECK(fd >= 0, InvalidValueError,
+                 "ipc_import: cannot open the reference counters of "
+                 "process ",
+                 from.ref_pid, " (", path, ": ", std::strerror(errno),
+                 "): the process that shared the memory has exited, or this one may not read "
+                 "its files");
+  struct stat sb {};
+  const bool same = ::fstat(fd, &sb) == 0 && sb.st_ino == from.ref_inode &&
+                    static_cast<std::size_t>(sb.st_size) >= kCounterBytes;
+  uint64_t* c = same ? map_counters(fd) : nullptr;
+  ::close(fd);
+  ACCEL_RT_CHECK(same, InvalidValueError, "ipc_import: process ", from.ref_pid,
+                 " no longer holds the reference counters the export names");
+  ACCEL_RT_CHECK(c != nullptr, DriverError,
+                 "ipc_import: cannot map the reference counters of "
+                 "process ",
+                 from.ref_pid);
+  st.counter_files[key] = c;
+  return c;
+}
+
+std::vector<char> segment_key(const IpcExport& from) {
+  std::vector<char> key(sizeof(int) + sizeof(from.handle.bytes));
+  std::memcpy(key.data(), &from.device, sizeof(int));
+  std::memcpy(key.data() + sizeof(int), from.handle.bytes, sizeof(from.handle.bytes));
+  return key;
+}
+
+}  // namespace
+
+IpcExport ipc_export(const void* ptr) {
+  Runtime& rt = Runtime::get();
+  ACCEL_RT_CHECK(ptr != nullptr, InvalidPointerError, "ipc_export: the pointer is null");
+  ACCEL_RT_CHECK(rt.capabilities.ipc_memory, NotSupportedError, "ipc_export: the ",
+                 rt.driver->name(), " driver cannot share device memory with other processes");
+  int device = -1;
+  detail::CachingAllocator::SegmentView view;
+  for (int d = 0; d < rt.num_devices && device < 0; ++d) {
+    if (rt.devices[d]->allocator->segment_view(ptr, &view)) device = d;
+  }
+  ACCEL_RT_CHECK(device >= 0, InvalidPointerError, "ipc_export: ", format_ptr(ptr),
+                 " is not in a live device allocation");
+  ACCEL_RT_CHECK(view.why_not == nullptr, NotSupportedError, "ipc_export: the allocation at ",
+                 format_ptr(view.alloc), " cannot be shared with another process: ", view.why_not);
+  stream_synchronize(rt.current_stream_obj(device).handle());
+  IpcExport out;
+  out.device = device;
+  out.handle = rt.driver->ipc_get_mem_handle(device, view.base);
+  out.segment_size = view.size;
+  out.offset =
+      static_cast<std::size_t>(static_cast<const char*>(ptr) - static_cast<const char*>(view.base));
+  State& st = state();
+  std::lock_guard<std::mutex> lock(st.m);
+  ensure_counter_file(st);
+  st.own_segments[segment_key(out)] = {view.base, view.size};
+  auto it = st.exported.find(view.alloc);
+  if (it == st.exported.end()) {
+    it = st.exported.emplace(view.alloc, Exported{device, take_slot(st), false}).first;
+    __atomic_store_n(&st.counters[it->second.slot], uint64_t{0}, __ATOMIC_RELEASE);
+    st.exported_count.fetch_add(1);
+  }
+  __atomic_fetch_add(&st.counters[it->second.slot], uint64_t{1}, __ATOMIC_ACQ_REL);
+  out.ref_pid = ::getpid();
+  out.ref_fd = st.fd;
+  out.ref_inode = st.inode;
+  out.ref_slot = it->second.slot;
+  return out;
+}
+
+void* ipc_import(const IpcExport& from) {
+  Runtime& rt = Runtime::get();
+  ACCEL_RT_CHECK(rt.capabilities.ipc_memory, NotSupportedError, "ipc_import: the ",
+                 rt.driver->name(), " driver cannot map device memory of other processes");
+  ACCEL_RT_CHECK(from.device >= 0 && from.device < rt.num_devices, InvalidDeviceError,
+                 "ipc_import: the memory is on device ", from.device, ", and ",
+                 rt.device_range_text());
+  ACCEL_RT_CHECK(from.ref_slot < kSlots, InvalidValueError, "ipc_import: reference counter ",
+                 from.ref_slot, " is out of range");
+  State& st = state();
+  std::lock_guard<std::mutex> lock(st.m);
+  uint64_t* counters = counters_of(st, from);
+  std::vector<char> key = segment_key(from);
+  auto seg = st.segments.find(key);
+  if (seg == st.segments.end()) {
+    // This process's own export: its memory is here already (as torch's storage cache returns
+    // the sender's own storage).
+    const bool own = counters == st.counters;
+    std::pair<void*, std::size_t> mapped{nullptr, 0};
+    if (own) {
+      auto it = st.own_segments.find(key);
+      ACCEL_RT_CHECK(it != st.own_segments.end(), InvalidValueError,
+                     "ipc_import: this process exported no such segment");
+      mapped = it->second;
+    } else {
+      mapped.first = rt.driver->ipc_open_mem_handle(from.device, from.handle, &mapped.second);
+      if (mapped.second == 0) mapped.second = from.segment_size;  // the driver cannot tell
+    }
+    seg = st.segments.emplace(key, Segment{mapped.first, mapped.second, 0, own}).first;
+  }
+  if (from.offset >= seg->second.size) {
+    if (seg->second.users == 0 && !seg->second.own) {
+      rt.driver->ipc_close_mem_handle(from.device, seg->second.base);
+      st.segments.erase(seg);
+    }
+    ACCEL_RT_THROW(InvalidValueError, "ipc_import: offset ", from.offset,
+                   " lies past the end of the shared segment");
+  }
+  ++seg->second.users;
+  void* ptr = static_cast<char*>(seg->second.base) + from.offset;
+  auto [imp, added] =
+      st.imported.emplace(ptr, Imported{from.device, key, &counters[from.ref_slot], 0});
+  if (added) st.imported_count.fetch_add(1);
+  ++imp->second.count;
+  return ptr;
+}
+
+void ipc_release(void* ptr) {
+  Runtime& rt = Runtime::get();
+  State& st = state();
+  std::lock_guard<std::mutex> lock(st.m);
+  auto it = st.imported.find(ptr);
+  ACCEL_RT_CHECK(it != st.imported.end(), InvalidPointerError, "ipc_release: ", format_ptr(ptr),
+                 " was not returned by ipc_import (or all its imports were released)");
+  Imported& imp = it->second;
+  __atomic_fetch_sub(imp.counter, uint64_t{1}, __ATOMIC_ACQ_REL);
+  auto seg = st.segments.find(imp.segment_key);
+  const int device = imp.device;
+  if (--imp.count == 0) {
+    st.imported.erase(it);
+    st.imported_count.fetch_sub(1);
+  }
+  if (seg != st.segments.end() && --seg->second.users == 0) {
+    void* base = seg->second.base;
+    const bool own = seg->second.own;
+    st.segments.erase(seg);
+    if (!own) rt.driver->ipc_close_mem_handle(device, base);
+  }
+}
+
+std::size_t ipc_collect(int device) {
+  Runtime& rt = Runtime::get();
+  if (device != -2) device = rt.resolve_device(device, "ipc_collect");
+  State& st = state();
+  std::vector<std::pair<int, const void*>> ready;
+  {
+    std::lock_guard<std::mutex> lock(st.m);
+    for (auto it = st.exported.begin(); it != st.exported.end();) {
+      const Exported& e = it->second;
+      if (e.freed && (device == -2 || e.device == device) && load(&st.counters[e.slot]) == 0) {
+        ready.emplace_back(e.device, it->first);
+        st.free_slots.push_back(e.slot);
+        it = st.exported.erase(it);
+        st.exported_count.fetch_sub(1);
+      } else {
+        ++it;
+      }
+    }
+  }
+  for (const auto& [d, p] : ready) rt.devices[d]->allocator->free(const_cast<void*>(p));
+  return ready.size();
+}
+
+std::size_t ipc_pending(int device) {
+  Runtime& rt = Runtime::get();
+  const int d = rt.resolve_device(device, "ipc_pending");
+  State& st = state();
+  std::lock_guard<std::mutex> lock(st.m);
+  std::size_t n = 0;
+  for (const auto& [p, e] : st.exported) n += (e.freed && e.device == d) ? 1 : 0;
+  return n;
+}
+
+namespace detail {
+
+bool ipc_keeps(const void* ptr) {
+  State& st = state();
+  if (st.exported_count.load(std::memory_order_acquire) == 0) return false;
+  std::lock_guard<std::mutex> lock(st.m);
+  auto it = st.exported.find(ptr);
+  if (it == st.exported.end()) return false;
+  ACCEL_RT_CHECK(!it->second.freed, InvalidPointerError, "free(", format_ptr(ptr),
+                 "): the allocation was already freed (double free); it waits for other "
+                 "processes to release it");
+  if (load(&st.counters[it->second.slot]) > 0) {
+    it->second.freed = true;
+    return true;
+  }
+  st.free_slots.push_back(it->second.slot);
+  st.exported.erase(it);
+  st.exported_count.fetch_sub(1);
+  return false;
+}
+
+int ipc_device_of(const void* ptr) {
+  State& st = state();
+  if (st.imported_count.load(std::memory_order_acquire) == 0) return -1;
+  std::lock_guard<std::mutex> lock(st.m);
+  const auto* p = static_cast<const char*>(ptr);
+  for (const auto& [key, seg] : st.segments) {
+    if (seg.own) continue;  // the allocator's
+    const auto* b = static_cast<const char*>(seg.base);
+    if (p >= b && p < b + seg.size) {
+      int d = -1;
+      std::memcpy(&d, key.data(), sizeof(int));
+      return d;
+    }
+  }
+  return -1;
+}
+
+}  // namespace detail
+}  // namespace accel::rt

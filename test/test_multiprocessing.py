@@ -1,0 +1,196 @@
+"""torch.multiprocessing of accel tensors: queues and Process arguments share device memory.
+
+One spawned child serves every request of a test module (spawning costs an interpreter start):
+the parent sends it accel tensors, the child answers with CPU copies of what it sees, changes
+them in place, holds them, or sends accel tensors of its own back. Values are compared with the
+parent's CPU results; the sharing (no copy) shows in writes seen on the other side.
+"""
+
+from __future__ import annotations
+
+import gc
+import pickle
+import textwrap
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from torch_accel import _C
+
+TIMEOUT = 120
+
+
+def _answer(kind, payload, held, model):
+    if kind == "values":
+        return [(t.cpu(), t.stride(), t.storage_offset(), str(t.device)) for t in payload]
+    if kind == "add_one":
+        payload.add_(1)
+        torch.accel.synchronize()
+        return "done"
+    if kind == "same_storage":
+        a, b = payload
+        return (a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr(), b.cpu())
+    if kind == "hold":
+        held.append(payload)
+        return "held"
+    if kind == "held_values":
+        return [t.cpu() for t in held]
+    if kind == "release":
+        held.clear()
+        return "released"
+    if kind == "make":
+        return torch.arange(6.0, device="accel").reshape(2, 3) * payload
+    if kind == "sgd_step":  # Hogwild: one step on the model the parent passed at spawn
+        x, y = payload
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        with torch.no_grad():
+            for p in model.parameters():
+                p -= 0.1 * p.grad
+        torch.accel.synchronize()
+        return loss.item()
+    raise ValueError(kind)
+
+
+def _serve(inbox, outbox, model) -> None:
+    held = []
+    while (msg := inbox.get()) is not None:
+        reply = _answer(*msg, held, model)
+        # What the parent sent is released (unless held) before the parent hears back.
+        del msg
+        gc.collect()
+        torch.accel.synchronize()
+        outbox.put(reply)
+
+
+@pytest.fixture(scope="module")
+def child():
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 3).to("accel")
+    ctx = mp.get_context("spawn")
+    inbox, outbox = ctx.Queue(), ctx.Queue()
+    proc = ctx.Process(target=_serve, args=(inbox, outbox, model), daemon=True)
+    proc.start()
+
+    def ask(kind, payload=None):
+        inbox.put((kind, payload))
+        return outbox.get(timeout=TIMEOUT)
+
+    ask.model = model
+    yield ask
+    inbox.put(None)
+    proc.join(timeout=TIMEOUT)
+    assert proc.exitcode == 0
+
+
+def test_tensors_reach_the_child_with_their_values_and_layout(child) -> None:
+    base = torch.arange(24.0).reshape(4, 6)
+    x = base.to("accel")
+    sent = [
+        x,
+        x[1:3, 2:5],  # a view with a storage offset
+        x.t(),  # non-contiguous
+        base.to(torch.bfloat16).to("accel"),
+        (x > 10),
+        torch.tensor([], device="accel"),
+        torch.arange(5, device="accel:1") * 7,
+    ]
+    got = child("values", sent)
+    for s, (g, stride, offset, device) in zip(sent, got, strict=True):
+        assert (stride, offset, device) == (s.stride(), s.storage_offset(), str(s.device))
+        assert g.dtype == s.dtype and torch.equal(g, s.cpu())
+
+
+def test_the_child_writes_the_parents_memory(child) -> None:
+    x = torch.arange(8.0, device="accel")
+    assert child("add_one", x) == "done"
+    assert x.cpu().tolist() == [float(i + 1) for i in range(8)]
+    # A view's writes land inside the parent's tensor.
+    assert child("add_one", x[2:4]) == "done"
+    assert x.cpu().tolist() == [1.0, 2.0, 4.0, 5.0, 5.0, 6.0, 7.0, 8.0]
+
+
+def test_tensors_of_one_storage_share_it_in_the_child(child) -> None:
+    w = torch.randn(3, 4, device="accel")
+    same, view = child("same_storage", (w, w[1]))
+    assert same
+    assert torch.equal(view, w[1].cpu())
+
+
+def test_memory_freed_while_the_child_holds_it_is_not_reused(child) -> None:
+    torch.accel.ipc_collect()
+    assert _C._ipc_pending(0) == 0  # the child released everything earlier tests sent
+    y = torch.full((1024,), 3.0, device="accel")
+    assert child("hold", y) == "held"
+    del y
+    gc.collect()
+    assert _C._ipc_pending(0) == 1  # kept out of reuse
+    others = [torch.full((1024,), -1.0, device="accel") for _ in range(16)]
+    (held,) = child("held_values")
+    assert torch.equal(held, torch.full((1024,), 3.0))
+    assert child("release") == "released"
+    torch.accel.ipc_collect()
+    assert _C._ipc_pending(0) == 0
+    assert all(o.sum().item() == -1024.0 for o in others)
+
+
+def test_tensors_the_child_makes_reach_the_parent(child) -> None:
+    got = child("make", 2.0)
+    assert got.device == torch.device("accel", 0)
+    assert torch.equal(got.cpu(), torch.arange(6.0).reshape(2, 3) * 2)
+    assert (got + 1).sum().item() == 36.0
+
+
+def test_a_model_passed_to_the_child_trains_in_place(child) -> None:
+    model = child.model
+    reference = torch.nn.Linear(4, 3)
+    reference.load_state_dict({k: v.cpu() for k, v in model.state_dict().items()})
+    x, y = torch.randn(8, 4), torch.randn(8, 3)
+    loss = child("sgd_step", (x.to("accel"), y.to("accel")))
+    expected = torch.nn.functional.mse_loss(reference(x), y)
+    expected.backward()
+    with torch.no_grad():
+        for p in reference.parameters():
+            p -= 0.1 * p.grad
+    assert loss == pytest.approx(expected.item(), rel=1e-5)
+    for p, r in zip(model.parameters(), reference.parameters(), strict=True):
+        torch.testing.assert_close(p.detach().cpu(), r.detach())
+
+
+def test_what_cannot_be_shared_says_why(run_python) -> None:
+    result = run_python(
+        textwrap.dedent(
+            """
+            import torch
+            from multiprocessing.reduction import ForkingPickler
+            x = torch.ones(4, device="accel")
+            try:
+                ForkingPickler.dumps(x)
+            except RuntimeError as e:
+                print("refused:", e)
+            print((x + 1).sum().item())
+            """
+        ),
+        PYTORCH_ALLOC_CONF="expandable_segments:True",
+    )
+    assert result.returncode == 0, result.stderr
+    assert "expandable segment" in result.stdout and "cannot be shared" in result.stdout
+    assert result.stdout.strip().endswith("8.0")
+
+
+def test_a_sender_that_exited_before_the_receiver_opened_is_named(run_python) -> None:
+    # The pickle of a process that exits at once: its memory is gone before anyone mapped it.
+    result = run_python(
+        textwrap.dedent(
+            """
+            import sys, torch
+            from multiprocessing.reduction import ForkingPickler
+            sys.stdout.write(bytes(ForkingPickler.dumps(torch.ones(3, device="accel"))).hex())
+            """
+        )
+    )
+    assert result.returncode == 0, result.stderr
+    with pytest.raises(RuntimeError, match="has exited"):
+        pickle.loads(bytes.fromhex(result.stdout.strip()))
+    assert (torch.ones(2, device="accel") * 2).sum().item() == 4.0
