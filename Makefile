@@ -157,7 +157,8 @@ test-lane-default: test-python-default
 EMULATED_CUDA := $(BUILD_DIR)/test/cpp/emulated_cuda
 EMULATED_CUDA_TESTS := $(addprefix test/,test_streams.py test_events.py test_memory.py \
   test_copies.py test_serialization.py test_rng.py test_amp.py test_autograd.py test_modules.py \
-  test_device.py test_fork.py test_dynamo_accel_api.py test_pluggable_allocator.py)
+  test_device.py test_fork.py test_dynamo_accel_api.py test_pluggable_allocator.py \
+  test_multiprocessing.py)
 test-emulated-cuda: install
 	@if [ ! -f $(EMULATED_CUDA)/libaccel_driver_cuda.so ]; then \
 	  echo "make test-emulated-cuda: skipped: no $(EMULATED_CUDA) (no CUDA toolkit; make test-cpp builds it)"; \

@@ -3,9 +3,11 @@
 // cudaGetDriverEntryPointByVersion as the cuda driver reaches it).
 //
 // Each device's addresses are a range mapped without access (PROT_NONE); the bytes live in a
-// second mapping of the same size (the shadow), where the emulator's copies reach them. Virtual
-// memory maps a physical allocation (a memfd) into the shadow at the reserved addresses.
+// second mapping of the same size (the shadow, a memfd), where the emulator's copies reach them.
+// Virtual memory maps a physical allocation (a memfd) into the shadow at the reserved addresses;
+// IPC maps a range of another process's shadow file into this one's at addresses carved here.
 #include <cuda.h>
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -33,6 +35,8 @@ struct Region {
   std::map<std::size_t, std::size_t> used;      // cudaMalloc'd: offset -> size
   std::map<std::size_t, std::size_t> reserved;  // cuMemAddressReserve'd
   std::map<std::size_t, std::size_t> mapped;    // cuMemMap'd
+  std::map<std::size_t, std::size_t> opened;    // cudaIpcOpenMemHandle'd
+  int shadow_fd = -1;                           // the shadow's file (-1: private memory)
   std::size_t used_bytes = 0;                   // cudaMalloc'd and cuMemCreate'd
 };
 
@@ -53,8 +57,15 @@ Region& region(int device) {
     r.size = 8 * r.capacity;
     void* base =
         ::mmap(nullptr, r.size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    void* shadow = ::mmap(nullptr, r.size, PROT_READ | PROT_WRITE,
-                          MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    r.shadow_fd = ::memfd_create("cuda_emulator_device", MFD_CLOEXEC);
+    if (r.shadow_fd >= 0 && ::ftruncate(r.shadow_fd, static_cast<off_t>(r.size)) != 0) {
+      ::close(r.shadow_fd);
+      r.shadow_fd = -1;
+    }
+    void* shadow = r.shadow_fd >= 0 ? ::mmap(nullptr, r.size, PROT_READ | PROT_WRITE,
+                                             MAP_SHARED | MAP_NORESERVE, r.shadow_fd, 0)
+                                    : ::mmap(nullptr, r.size, PROT_READ | PROT_WRITE,
+                                             MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (base == MAP_FAILED || shadow == MAP_FAILED) {
       std::fprintf(stderr, "cuda emulator: cannot map %zu bytes of device memory\n", r.size);
       std::abort();
@@ -111,6 +122,29 @@ void give_back(Region& r, std::size_t start, std::size_t size) {
     }
   }
   r.free[start] = size;
+}
+
+// Gives the shadow's pages of [off, off + size) back (page-aligned) and, when `remap`, maps the
+// shadow's own memory there again (after a cuMemMap or an IPC mapping replaced it).
+void drop_pages(Region& r, std::size_t off, std::size_t size, bool remap) {
+  if (remap) {
+    if (r.shadow_fd >= 0) {
+      ::mmap(r.shadow + off, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, r.shadow_fd,
+             static_cast<off_t>(off));
+    } else {
+      ::mmap(r.shadow + off, size, PROT_READ | PROT_WRITE,
+             MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
+    }
+  }
+  const std::size_t first = (off + kPage - 1) / kPage * kPage;
+  const std::size_t last = (off + size) / kPage * kPage;
+  if (last <= first) return;
+  if (r.shadow_fd >= 0) {
+    ::fallocate(r.shadow_fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(first),
+                static_cast<off_t>(last - first));
+  } else {
+    ::madvise(r.shadow + first, last - first, MADV_DONTNEED);
+  }
 }
 
 // Whether [off, off + n) lies in one allocation of `m` (mapped ranges: in contiguous ones).
@@ -244,8 +278,7 @@ CUresult emu_unmap(CUdeviceptr ptr, std::size_t size) {
   auto it = r->mapped.find(off);
   if (it == r->mapped.end() || it->second != size) return CUDA_ERROR_INVALID_VALUE;
   r->mapped.erase(it);
-  ::mmap(r->shadow + off, size, PROT_READ | PROT_WRITE,
-         MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
+  drop_pages(*r, off, size, /*remap=*/true);
   return CUDA_SUCCESS;
 }
 CUresult emu_set_access(CUdeviceptr ptr, std::size_t size, const CUmemAccessDesc*, std::size_t) {
@@ -287,7 +320,8 @@ Access classify(const void* p, std::size_t n) {
   int device = -1;
   if (Region* r = region_of(p, &device)) {
     const std::size_t off = static_cast<std::size_t>(static_cast<const char*>(p) - r->base);
-    if (covered(r->used, off, n, false) || covered(r->mapped, off, n, true)) {
+    if (covered(r->used, off, n, false) || covered(r->mapped, off, n, true) ||
+        covered(r->opened, off, n, false)) {
       return {Kind::Device, r->shadow + off, device};
     }
     return {Kind::Bad, nullptr, device};
@@ -358,13 +392,9 @@ cudaError_t cudaFree(void* ptr) {
   const std::size_t size = it->second;
   r.used.erase(it);
   r.used_bytes -= size;
-  // Large frees give their whole pages back (only those inside the block: madvise rounds its
-  // length up, which would zero a neighbour's bytes).
-  const std::size_t first = (off + kPage - 1) / kPage * kPage;
-  const std::size_t last = (off + size) / kPage * kPage;
-  if (size >= (std::size_t{1} << 20) && last > first) {
-    ::madvise(r.shadow + first, last - first, MADV_DONTNEED);
-  }
+  // Large frees give their whole pages back (only those inside the block: a neighbour's bytes
+  // stay).
+  if (size >= (std::size_t{1} << 20)) drop_pages(r, off, size, /*remap=*/false);
   give_back(r, off, size);
   return cudaSuccess;
 }
@@ -392,16 +422,19 @@ cudaError_t cudaFreeHost(void* ptr) {
   return cudaSuccess;
 }
 
-// IPC handles name a cudaMalloc allocation (its process, device and offset). The emulator's
-// device memory is private to its process: opening a handle is refused (as CUDA refuses a
-// process's own handles; the runtime does not open those).
+// IPC handles name a cudaMalloc allocation: its process, device, the shadow file there, and the
+// allocation's range in it. Opening maps that range of the other process's shadow file into this
+// process's, at addresses carved on the current device (as CUDA maps the peer's memory).
 namespace {
 struct IpcHandleData {
   char magic[8];
   int64_t pid;
   int32_t device;
+  int32_t fd;
   uint64_t offset;
+  uint64_t size;
 };
+constexpr char kIpcMagic[8] = {'e', 'm', 'u', 'l', 'i', 'p', 'c', '1'};
 }  // namespace
 
 cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t* handle, void* ptr) {
@@ -411,27 +444,68 @@ cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t* handle, void* ptr) {
   int device = -1;
   Region* r = region_of(ptr, &device);
   if (r == nullptr) return fail(cudaErrorInvalidValue);
+  if (r->shadow_fd < 0) return fail(cudaErrorNotSupported);
   const auto off = static_cast<std::size_t>(static_cast<char*>(ptr) - r->base);
   auto it = r->used.upper_bound(off);
   if (it == r->used.begin()) return fail(cudaErrorInvalidValue);
   --it;
   if (off >= it->first + it->second) return fail(cudaErrorInvalidValue);
-  IpcHandleData h{{'e', 'm', 'u', 'l', 'i', 'p', 'c', '1'}, ::getpid(), device, it->first};
+  IpcHandleData h{};
+  std::memcpy(h.magic, kIpcMagic, sizeof(kIpcMagic));
+  h.pid = ::getpid();
+  h.device = device;
+  h.fd = r->shadow_fd;
+  h.offset = it->first;
+  h.size = it->second;
   static_assert(sizeof(h) <= sizeof(*handle));
   std::memset(handle, 0, sizeof(*handle));
   std::memcpy(handle, &h, sizeof(h));
   return cudaSuccess;
 }
 
-cudaError_t cudaIpcOpenMemHandle(void** ptr, cudaIpcMemHandle_t, unsigned int) {
+cudaError_t cudaIpcOpenMemHandle(void** ptr, cudaIpcMemHandle_t handle, unsigned int) {
   EMU_ENTER();
   if (ptr == nullptr) return fail(cudaErrorInvalidValue);
-  return fail(cudaErrorNotSupported);
+  IpcHandleData h{};
+  std::memcpy(&h, &handle, sizeof(h));
+  // CUDA refuses handles of the calling process itself.
+  if (std::memcmp(h.magic, kIpcMagic, sizeof(kIpcMagic)) != 0 || h.pid == ::getpid()) {
+    return fail(cudaErrorInvalidValue);
+  }
+  char path[64];
+  std::snprintf(path, sizeof(path), "/proc/%lld/fd/%d", static_cast<long long>(h.pid), h.fd);
+  const int fd = ::open(path, O_RDWR | O_CLOEXEC);
+  if (fd < 0) return fail(cudaErrorInvalidResourceHandle);
+  std::lock_guard<std::mutex> lock(global_mutex());
+  Region& r = region(current_device());
+  const std::size_t n = (h.size + kPage - 1) / kPage * kPage;
+  const std::size_t off = carve(r, n, kPage);
+  void* mapped = off == kNone ? MAP_FAILED
+                              : ::mmap(r.shadow + off, h.size, PROT_READ | PROT_WRITE,
+                                       MAP_SHARED | MAP_FIXED, fd, static_cast<off_t>(h.offset));
+  ::close(fd);
+  if (mapped == MAP_FAILED) {
+    if (off != kNone) give_back(r, off, n);
+    return fail(cudaErrorMemoryAllocation);
+  }
+  r.opened[off] = n;
+  *ptr = r.base + off;
+  return cudaSuccess;
 }
 
-cudaError_t cudaIpcCloseMemHandle(void*) {
+cudaError_t cudaIpcCloseMemHandle(void* ptr) {
   EMU_ENTER();
-  return fail(cudaErrorInvalidValue);
+  std::lock_guard<std::mutex> lock(global_mutex());
+  Region* r = region_of(ptr, nullptr);
+  if (r == nullptr) return fail(cudaErrorInvalidValue);
+  const auto off = static_cast<std::size_t>(static_cast<char*>(ptr) - r->base);
+  auto it = r->opened.find(off);
+  if (it == r->opened.end()) return fail(cudaErrorInvalidValue);
+  const std::size_t n = it->second;
+  r->opened.erase(it);
+  drop_pages(*r, off, n, /*remap=*/true);
+  give_back(*r, off, n);
+  return cudaSuccess;
 }
 
 cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* a, const void* ptr) {
