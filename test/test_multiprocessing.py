@@ -194,3 +194,25 @@ def test_a_sender_that_exited_before_the_receiver_opened_is_named(run_python) ->
     with pytest.raises(RuntimeError, match="has exited"):
         pickle.loads(bytes.fromhex(result.stdout.strip()))
     assert (torch.ones(2, device="accel") * 2).sum().item() == 4.0
+
+
+class _Squares(torch.utils.data.Dataset):
+    def __len__(self) -> int:
+        return 6
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return torch.arange(3.0, device="accel") + i * i
+
+
+def test_dataloader_workers_make_accel_batches_that_outlive_them() -> None:
+    # Spawned workers build accel tensors; the batches they send stay valid after they exit
+    # (a CUDA tensor would not outlive the process that made it).
+    loader = torch.utils.data.DataLoader(
+        _Squares(), batch_size=2, num_workers=2, multiprocessing_context="spawn"
+    )
+    batches = list(loader)  # the workers have exited once the iterator is exhausted
+    gc.collect()
+    expected = torch.stack([torch.arange(3.0) + i * i for i in range(6)])
+    assert all(b.device == torch.device("accel", 0) for b in batches)
+    assert torch.equal(torch.cat(batches).cpu(), expected)
+    assert torch.equal(torch.cat(batches).sum(0).cpu(), expected.sum(0))
