@@ -86,7 +86,11 @@ class Event(torch.Event):
         cls, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False
     ) -> Event:
         if interprocess:
-            raise NotImplementedError("accel events cannot be shared between processes")
+            raise NotImplementedError(
+                "accel events cannot be shared between processes (interprocess=True); tensors "
+                "sent through torch.multiprocessing need none: the sender's current stream is "
+                "synchronized before they are sent"
+            )
         device = torch.device("accel", _lazy_device_index(None))
         return super().__new__(cls, device=device, enable_timing=enable_timing)
 
