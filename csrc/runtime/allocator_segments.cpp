@@ -22,11 +22,7 @@ bool CachingAllocator::segment_view(const void* ptr, SegmentView* out) {
   if (out->alloc == nullptr) return false;
   out->base = head->ptr;
   out->size = head->segment_size;
-  if (head->expandable != nullptr) {
-    out->why_not =
-        "it lies in an expandable segment (expandable_segments:True), whose memory "
-        "the driver maps page by page";
-  } else if (!head->pool->allocator.is_driver()) {
+  if (!head->pool->allocator.is_driver()) {
     out->why_not =
         "it comes from a pluggable allocator (MemPool(allocator=...) or "
         "change_current_allocator), whose memory belongs to that allocator";

@@ -72,7 +72,7 @@ class CachingAllocator {
 
   // The live allocation containing ptr and the segment holding it, for sharing with another
   // process (allocator_segments.cpp): false if ptr is in no live allocation of this device;
-  // `why_not` is set when the segment cannot be shared (not the driver's raw memory).
+  // `why_not` is set when the segment cannot be shared (not the driver's memory).
   struct SegmentView {
     void* alloc = nullptr;  // the allocation's start
     void* base = nullptr;   // the segment's

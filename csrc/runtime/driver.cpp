@@ -39,17 +39,17 @@ void Driver::va_unmap(int device, void*, std::size_t) {
   va_granularity(device);
 }
 
-IpcMemHandle Driver::ipc_get_mem_handle(int, void*) {
+IpcMemHandle Driver::ipc_get_mem_handle(int, void*, std::size_t) {
   ACCEL_RT_THROW(NotSupportedError, "the ", name(),
                  " driver cannot share device memory with other processes");
 }
 // Without interprocess memory every ipc_* call refuses as ipc_get_mem_handle does.
 void* Driver::ipc_open_mem_handle(int device, const IpcMemHandle&, std::size_t*) {
-  ipc_get_mem_handle(device, nullptr);
+  ipc_get_mem_handle(device, nullptr, 0);
   return nullptr;
 }
 void Driver::ipc_close_mem_handle(int device, void*) {
-  ipc_get_mem_handle(device, nullptr);
+  ipc_get_mem_handle(device, nullptr, 0);
 }
 
 int64_t Driver::device_sensor(int, Sensor sensor) {

@@ -173,7 +173,8 @@ class ACCEL_RT_API Driver {
   // CUDA: cuMemGetAllocationGranularity.  L0: zeVirtualMemQueryPageSize.  Host: 2 MiB.
   virtual std::size_t va_granularity(int device);
   // Reserves `size` bytes of device addresses with no memory behind them; nullptr if refused.
-  // CUDA: cuMemAddressReserve.  L0: zeVirtualMemReserve.  Host: mmap(PROT_NONE, MAP_NORESERVE).
+  // CUDA: cuMemAddressReserve.  L0: zeVirtualMemReserve.  Host: a memfd of that size mapped
+  // PROT_NONE, MAP_SHARED, MAP_NORESERVE.
   virtual void* va_reserve(int device, std::size_t size);
   // Releases a reservation whose memory is all unmapped.
   // CUDA: cuMemAddressFree.  L0: zeVirtualMemFree.  Host: munmap.
@@ -185,16 +186,17 @@ class ACCEL_RT_API Driver {
   virtual bool va_map(int device, void* ptr, std::size_t size);
   // Takes the memory away once the work submitted before the call has passed it (as raw_free).
   // CUDA: cuMemUnmap + cuMemRelease.  L0: zeVirtualMemUnmap + zePhysicalMemDestroy.
-  // Host: madvise(MADV_DONTNEED) and PROT_NONE, deferred until the device's streams pass.
+  // Host: the pages punched out of the file and PROT_NONE, deferred until the streams pass.
   virtual void va_unmap(int device, void* ptr, std::size_t size);
 
   // --- interprocess memory (capabilities().ipc_memory) -----------------------------------
-  // A handle of the allocation raw_alloc returned at `base` that another process opens to map
-  // the same memory (torch.multiprocessing of device tensors). The default throws
-  // NotSupportedError.
-  // CUDA: cudaIpcGetMemHandle.  L0: zeMemGetIpcHandle.  Host: the device's memory file (memfd),
-  // the allocation's offset in it, and the process that holds it.
-  virtual IpcMemHandle ipc_get_mem_handle(int device, void* base);
+  // A handle of device memory that another process opens to map the same memory
+  // (torch.multiprocessing of device tensors): [base, base + size) is an allocation raw_alloc
+  // returned, or memory mapped inside one reservation (va_map: an expandable segment).
+  // NotSupportedError for memory the driver cannot share (the default: any).
+  // CUDA: cudaIpcGetMemHandle (not for cuMem* memory).  L0: zeMemGetIpcHandle.  Host: the
+  // memory file (memfd) of the device or of the reservation, the range in it, and the process.
+  virtual IpcMemHandle ipc_get_mem_handle(int device, void* base, std::size_t size);
   // Maps memory of another process from its handle; `*size` is the allocation's size, or 0
   // where the driver cannot tell (the runtime then knows it from the exporter). InvalidValueError
   // for a handle that is not this driver's or whose process or memory is gone. CUDA:

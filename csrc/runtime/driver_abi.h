@@ -227,7 +227,8 @@ typedef struct accel_driver_table {
   int (*va_unmap)(accel_driver* self, int device, void* ptr, size_t size);
   /* Interprocess memory (accel::rt::Driver::ipc_*), for device memory shared with other
    * processes: all three, or none (absent: device memory cannot be shared). */
-  int (*ipc_get_mem_handle)(accel_driver* self, int device, void* base, accel_drv_ipc_handle* out);
+  int (*ipc_get_mem_handle)(accel_driver* self, int device, void* base, size_t size,
+                            accel_drv_ipc_handle* out);
   int (*ipc_open_mem_handle)(accel_driver* self, int device, const accel_drv_ipc_handle* handle,
                              void** out, size_t* size);
   int (*ipc_close_mem_handle)(accel_driver* self, int device, void* ptr);

@@ -275,9 +275,10 @@ void fill_entries(accel_driver_table& t) {
   t.va_unmap = [](accel_driver* s, int device, void* ptr, size_t size) {
     return guarded([&] { drv(s).va_unmap(device, ptr, size); });
   };
-  t.ipc_get_mem_handle = [](accel_driver* s, int device, void* base, accel_drv_ipc_handle* out) {
+  t.ipc_get_mem_handle = [](accel_driver* s, int device, void* base, size_t size,
+                            accel_drv_ipc_handle* out) {
     return guarded([&] {
-      const IpcMemHandle h = drv(s).ipc_get_mem_handle(device, base);
+      const IpcMemHandle h = drv(s).ipc_get_mem_handle(device, base, size);
       std::memcpy(out->bytes, h.bytes, sizeof(out->bytes));
     });
   };

@@ -289,10 +289,11 @@ class TableDriver final : public Driver {
     if (!capabilities().virtual_memory) return Driver::va_unmap(device, ptr, size);
     if (!lost()) run("va_unmap", [&] { return t_.va_unmap(t_.self, device, ptr, size); });
   }
-  IpcMemHandle ipc_get_mem_handle(int device, void* base) override {
-    if (!capabilities().ipc_memory) return Driver::ipc_get_mem_handle(device, base);
+  IpcMemHandle ipc_get_mem_handle(int device, void* base, std::size_t size) override {
+    if (!capabilities().ipc_memory) return Driver::ipc_get_mem_handle(device, base, size);
     accel_drv_ipc_handle h{};
-    run("ipc_get_mem_handle", [&] { return t_.ipc_get_mem_handle(t_.self, device, base, &h); });
+    run("ipc_get_mem_handle",
+        [&] { return t_.ipc_get_mem_handle(t_.self, device, base, size, &h); });
     IpcMemHandle out;
     static_assert(sizeof(out.bytes) == sizeof(h.bytes));
     std::memcpy(out.bytes, h.bytes, sizeof(out.bytes));

@@ -177,7 +177,7 @@ IpcExport ipc_export(const void* ptr) {
   stream_synchronize(rt.current_stream_obj(device).handle());
   IpcExport out;
   out.device = device;
-  out.handle = rt.driver->ipc_get_mem_handle(device, view.base);
+  out.handle = rt.driver->ipc_get_mem_handle(device, view.base, view.size);
   out.segment_size = view.size;
   out.offset =
       static_cast<std::size_t>(static_cast<const char*>(ptr) - static_cast<const char*>(view.base));

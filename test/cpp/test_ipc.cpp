@@ -3,6 +3,7 @@
 // CUDA does not open a process's own handles). test_multiprocessing.py crosses processes. Skips
 // on drivers that cannot share memory.
 #include <numeric>
+#include <string>
 #include <vector>
 
 #include "test_util.h"
@@ -102,6 +103,31 @@ TEST_F(Ipc, OtherDevicesShareTheirs) {
   EXPECT_EQ(download(y, 2), (std::vector<float>{5, 6}));
   ipc_release(y);
   free(x);
+}
+
+// An expandable segment's memory is shared where the driver can (the host driver: the
+// reservation's memory file), and refused with a reason where it cannot (cuda: cuMem* memory).
+TEST_F(Ipc, ExpandableSegmentsShareOrSayWhy) {
+  if (!driver_capabilities().virtual_memory) GTEST_SKIP() << "no virtual memory";
+  const AllocatorSettings saved = allocator_settings();
+  AllocatorSettings settings = saved;
+  settings.expandable_segments = true;
+  set_allocator_settings(settings);
+  const Stream s = stream_create(0);  // a stream of its own: a new expandable segment
+  auto* x = static_cast<float*>(malloc(std::size_t{3} << 20, s));
+  memcpy_async(x, iota(4, 7.0f).data(), 4 * sizeof(float), CopyKind::HostToDevice, s);
+  stream_synchronize(s);
+  if (std::string(driver_name()) == "cuda") {
+    EXPECT_RT_ERROR(ipc_export(x), NotSupportedError, "expandable segments");
+  } else {
+    const IpcExport e = ipc_export(x + 1);
+    EXPECT_EQ(ipc_import(e), x + 1);
+    EXPECT_GE(e.segment_size, e.offset + 3 * sizeof(float));
+    ipc_release(x + 1);
+  }
+  free(x);
+  stream_destroy(s);
+  set_allocator_settings(saved);
 }
 
 TEST_F(Ipc, BadInputIsRefused) {

@@ -172,6 +172,10 @@ TEST_F(SegmentAllocatorTest, APoolsSegmentsComeFromItsAllocatorAndGoBackToIt) {
     EXPECT_FALSE(inside(outside));
   }
   EXPECT_EQ(pointer_device(large + 100), 0);
+  // The user's memory is the user's: not shared with other processes by the runtime.
+  if (driver_capabilities().ipc_memory) {
+    EXPECT_RT_ERROR(ipc_export(large), NotSupportedError, "pluggable allocator");
+  }
   uint64_t in_pool = 0;
   for (const SegmentInfo& seg : memory_snapshot().segments) {
     if (seg.pool == pool) in_pool += seg.total_size;

@@ -229,10 +229,18 @@ class CudaDriver final : public Driver {
     check(cudaFree(ptr), "cudaFree");
   }
   // Interprocess memory: CUDA IPC handles of cudaMalloc'd segments.
-  IpcMemHandle ipc_get_mem_handle(int device, void* base) override {
+  IpcMemHandle ipc_get_mem_handle(int device, void* base, std::size_t) override {
     check(cudaSetDevice(device), "cudaSetDevice");
     cudaIpcMemHandle_t h{};
-    check(cudaIpcGetMemHandle(&h, base), "cudaIpcGetMemHandle");
+    const cudaError_t e = cudaIpcGetMemHandle(&h, base);
+    if (e == cudaErrorInvalidValue && vmm_ok_) {
+      (void)cudaGetLastError();
+      ACCEL_RT_THROW(NotSupportedError,
+                     "the cuda driver cannot share memory it maps page by "
+                     "page (expandable segments, cuMem*) with other processes yet (",
+                     cudaGetErrorName(e), " from cudaIpcGetMemHandle)");
+    }
+    check(e, "cudaIpcGetMemHandle");
     IpcMemHandle out;
     static_assert(sizeof(h) == sizeof(out.bytes));
     std::memcpy(out.bytes, &h, sizeof(h));

@@ -179,8 +179,8 @@ class HostDriver final : public Driver {
   }
 
   // Interprocess memory: mappings of the device's memory file (shared_memory.cpp).
-  IpcMemHandle ipc_get_mem_handle(int device, void* base) override {
-    return devices_[device]->memory.ipc_handle(base);
+  IpcMemHandle ipc_get_mem_handle(int device, void* base, std::size_t size) override {
+    return devices_[device]->memory.ipc_handle(base, size);
   }
   void* ipc_open_mem_handle(int device, const IpcMemHandle& h, std::size_t* size) override {
     return devices_[device]->memory.open_shared(h, size);

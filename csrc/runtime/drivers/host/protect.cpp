@@ -33,8 +33,8 @@ void DeviceMemory::unmap(void* ptr, std::size_t size) {
 }
 
 void* DeviceMemory::reserve(std::size_t size) {
-  void* p = ::mmap(nullptr, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  return p == MAP_FAILED ? nullptr : p;
+  std::lock_guard<std::mutex> lock(mutex_);
+  return reserve_pages(size);
 }
 
 void DeviceMemory::commit(void* ptr, std::size_t size) {
@@ -71,7 +71,7 @@ void DeviceMemory::decommit(void* ptr, std::size_t size) {
       }
     }
   }
-  ::madvise(ptr, size, MADV_DONTNEED);  // the pages go back to the system
+  drop_pages(ptr, size);  // the pages go back to the system
   ::mprotect(ptr, size, PROT_NONE);
 }
 
@@ -82,6 +82,7 @@ void DeviceMemory::release_reservation(void* ptr, std::size_t size) {
     regions_.erase(regions_.lower_bound(lo), regions_.lower_bound(lo + size));
   }
   ::munmap(ptr, size);
+  forget_reservation(ptr);
 }
 
 void DeviceMemory::set_access(uintptr_t base, std::size_t size, bool accessible) {

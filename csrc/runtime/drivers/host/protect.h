@@ -52,10 +52,10 @@ class DeviceMemory {
   // True if ptr lies in one of this device's mappings (only tracked when protecting).
   bool owns(const void* ptr);
 
-  // Interprocess memory (shared_memory.cpp): the handle of a mapping map() made (its start);
-  // another process's (or this one's) mapping opened from its handle, and closed; whether ptr
-  // lies in such an opened mapping.
-  IpcMemHandle ipc_handle(const void* base);
+  // Interprocess memory (shared_memory.cpp): the handle of [base, base + size), a mapping map()
+  // made or memory committed in a reservation; another process's (or this one's) mapping opened
+  // from its handle, and closed; whether ptr lies in such an opened mapping.
+  IpcMemHandle ipc_handle(const void* base, std::size_t size);
   void* open_shared(const IpcMemHandle& handle, std::size_t* size);
   void close_shared(void* ptr);
   bool in_opened(const void* ptr);
@@ -73,7 +73,12 @@ class DeviceMemory {
   // -1: no memory file here (memfd_create refused): map() falls back to private memory.
   int64_t take_file_range(std::size_t size);
   void give_file_range(uint64_t offset, std::size_t size);
-  void* map_pages(std::size_t size, int prot);   // under mutex_
+  void* map_pages(std::size_t size, int prot);  // under mutex_
+  // Reservations (under mutex_): addresses over a memory file of their own, where one exists;
+  // committed pages given back (punched out of the file); the file closed with the reservation.
+  void* reserve_pages(std::size_t size);
+  void drop_pages(void* ptr, std::size_t size);
+  void forget_reservation(void* ptr);
   void track(uintptr_t base, std::size_t size);  // a new mapping, for protection
 
   const bool protect_;
@@ -86,6 +91,12 @@ class DeviceMemory {
   std::map<uint64_t, uint64_t> free_ranges_;                         // offset -> length, coalesced
   std::map<uintptr_t, std::pair<uint64_t, std::size_t>> file_maps_;  // address -> (offset, size)
   std::map<uintptr_t, std::size_t> opened_;                          // open_shared's mappings
+  struct ReservationFile {
+    int fd;
+    uint64_t inode;
+    std::size_t size;
+  };
+  std::map<uintptr_t, ReservationFile> reservations_;  // by address
   std::mutex mutex_;
   std::map<uintptr_t, Region> regions_;  // only tracked when protecting
   int all_count_ = 0;

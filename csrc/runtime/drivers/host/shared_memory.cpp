@@ -7,7 +7,9 @@
 // /proc/<pid>/fd/<fd>, checked against the file's inode) and the range inside it: another
 // process maps the same pages, as CUDA IPC maps the same GPU memory. The file and its pages live
 // as long as some process maps them, so an opened mapping stays valid after its owner exits.
-// Virtual-memory reservations (expandable segments) stay private anonymous memory.
+// Each virtual-memory reservation (an expandable segment) is a memory file of its own, mapped
+// whole without access; committed pages become accessible and are allocated in the file when
+// touched, decommitted ones are punched out, so that committed memory can be shared alike.
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -42,6 +44,43 @@ static_assert(sizeof(HandleData) <= sizeof(IpcMemHandle::bytes));
 
 DeviceMemory::~DeviceMemory() {
   if (fd_ >= 0) ::close(fd_);
+  for (const auto& [base, r] : reservations_) ::close(r.fd);
+}
+
+void* DeviceMemory::reserve_pages(std::size_t size) {
+  const std::string name = "accel-host-va-" + std::to_string(device_);
+  const int fd = ::memfd_create(name.c_str(), MFD_CLOEXEC);
+  struct stat st {};
+  void* p = MAP_FAILED;
+  if (fd >= 0 && ::ftruncate(fd, static_cast<off_t>(size)) == 0 && ::fstat(fd, &st) == 0) {
+    p = ::mmap(nullptr, size, PROT_NONE, MAP_SHARED | MAP_NORESERVE, fd, 0);
+  }
+  if (p == MAP_FAILED) {  // no memory file: private memory, which cannot be shared
+    if (fd >= 0) ::close(fd);
+    p = ::mmap(nullptr, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    return p == MAP_FAILED ? nullptr : p;
+  }
+  reservations_[reinterpret_cast<uintptr_t>(p)] = {fd, static_cast<uint64_t>(st.st_ino), size};
+  return p;
+}
+
+void DeviceMemory::drop_pages(void* ptr, std::size_t size) {
+  const auto p = reinterpret_cast<uintptr_t>(ptr);
+  auto it = reservations_.upper_bound(p);
+  if (it != reservations_.begin() && p < std::prev(it)->first + std::prev(it)->second.size) {
+    --it;
+    ::fallocate(it->second.fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+                static_cast<off_t>(p - it->first), static_cast<off_t>(size));
+    return;
+  }
+  ::madvise(ptr, size, MADV_DONTNEED);
+}
+
+void DeviceMemory::forget_reservation(void* ptr) {
+  auto it = reservations_.find(reinterpret_cast<uintptr_t>(ptr));
+  if (it == reservations_.end()) return;
+  ::close(it->second.fd);
+  reservations_.erase(it);
 }
 
 int64_t DeviceMemory::take_file_range(std::size_t size) {
@@ -106,21 +145,32 @@ void* DeviceMemory::map_pages(std::size_t size, int prot) {
   return p;
 }
 
-IpcMemHandle DeviceMemory::ipc_handle(const void* base) {
+IpcMemHandle DeviceMemory::ipc_handle(const void* base, std::size_t size) {
   std::lock_guard<std::mutex> lock(mutex_);
-  auto it = file_maps_.find(reinterpret_cast<uintptr_t>(base));
-  ACCEL_RT_CHECK(it != file_maps_.end(), InvalidValueError, "host driver: ", format_ptr(base),
-                 " is not the start of device memory of device ", device_,
-                 " that can be shared with another process (only memory raw_alloc returned can: "
-                 "not expandable segments, nor memory this process opened from another)");
+  const auto p = reinterpret_cast<uintptr_t>(base);
   HandleData h{};
   std::memcpy(h.magic, kMagic, sizeof(kMagic));
   h.device = device_;
-  h.fd = fd_;
   h.pid = ::getpid();
-  h.inode = inode_;
-  h.offset = it->second.first;
-  h.size = it->second.second;
+  if (auto it = file_maps_.find(p); it != file_maps_.end()) {
+    h.fd = fd_;
+    h.inode = inode_;
+    h.offset = it->second.first;
+    h.size = it->second.second;
+  } else {
+    auto r = reservations_.upper_bound(p);
+    const bool inside =
+        r != reservations_.begin() && p + size <= std::prev(r)->first + std::prev(r)->second.size;
+    ACCEL_RT_CHECK(inside, NotSupportedError, "host driver: ", format_ptr(base), " (", size,
+                   " bytes) is not device memory of device ", device_,
+                   " that can be shared with another process (memory raw_alloc returned, or "
+                   "committed in a reservation, can)");
+    --r;
+    h.fd = r->second.fd;
+    h.inode = r->second.inode;
+    h.offset = p - r->first;
+    h.size = size;
+  }
   IpcMemHandle out;
   std::memcpy(out.bytes, &h, sizeof(h));
   return out;
