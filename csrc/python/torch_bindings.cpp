@@ -192,7 +192,13 @@ void init_torch_bindings(py::module_& m, PyObject* capture_error) {
       "_ipc_import",
       [](int device, const py::bytes& handle, std::size_t segment_size, std::size_t offset,
          int64_t ref_pid, int ref_fd, uint64_t ref_inode, uint32_t ref_slot, std::size_t nbytes) {
-        rt::IpcExport e;
+        rt::IpcExport e{.device = device,
+                        .segment_size = segment_size,
+                        .offset = offset,
+                        .ref_pid = ref_pid,
+                        .ref_fd = ref_fd,
+                        .ref_inode = ref_inode,
+                        .ref_slot = ref_slot};
         const std::string h = handle;
         if (h.size() != sizeof(e.handle.bytes)) {
           throw py::value_error("an accel memory handle has " +
@@ -200,13 +206,6 @@ void init_torch_bindings(py::module_& m, PyObject* capture_error) {
                                 std::to_string(h.size()));
         }
         std::memcpy(e.handle.bytes, h.data(), h.size());
-        e.device = device;
-        e.segment_size = segment_size;
-        e.offset = offset;
-        e.ref_pid = ref_pid;
-        e.ref_fd = ref_fd;
-        e.ref_inode = ref_inode;
-        e.ref_slot = ref_slot;
         void* ptr = device::call([&] { return rt::ipc_import(e); });
         c10::Storage storage(c10::Storage::use_byte_size_t(), nbytes,
                              device::import_data_ptr(ptr, device), /*allocator=*/nullptr,
