@@ -208,6 +208,7 @@ bench: build-cpp
 	$(PY) benchmarks/graphs.py --json benchmarks/results/graphs.json
 	$(PY) benchmarks/compile.py --json benchmarks/results/compile.json
 	$(PY) benchmarks/fused_ops.py --json benchmarks/results/fused_ops.json
+	$(PY) benchmarks/ipc.py --json benchmarks/results/ipc.json
 	$(PY) benchmarks/distributed.py --json benchmarks/results/distributed.json
 
 # The whole OpInfo database (about a minute here); the suites above run a fast subset of it.
