@@ -51,6 +51,15 @@ struct HostDevice {
 
   HostDevice(uint64_t cap, bool protect, int index) : capacity(cap), memory(protect, index) {}
 
+  // Counts `bytes` against the capacity; false (nothing counted) when they do not fit.
+  bool take(uint64_t bytes) {
+    uint64_t u = used.load();
+    do {
+      if (bytes > capacity || u > capacity - bytes) return false;
+    } while (!used.compare_exchange_weak(u, u + bytes));
+    return true;
+  }
+
   Marker marker_locked() {
     Marker mk;
     for (auto& s : streams) {

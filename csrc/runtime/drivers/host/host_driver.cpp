@@ -135,10 +135,7 @@ class HostDriver final : public Driver {
     HostDevice& d = *devices_[device];
     d.reclaim();
     const std::size_t bytes = round_up(size, kPageSize);
-    uint64_t used = d.used.load();
-    do {
-      if (bytes > d.capacity || used > d.capacity - bytes) return nullptr;
-    } while (!d.used.compare_exchange_weak(used, used + bytes));
+    if (!d.take(bytes)) return nullptr;
     void* p = d.memory.map(bytes);
     if (p == nullptr) d.used.fetch_sub(bytes);
     return p;
@@ -166,10 +163,7 @@ class HostDriver final : public Driver {
     check_capture_safe("va_map");
     HostDevice& d = *devices_[device];
     d.settle(ptr, size);  // an earlier va_unmap of these pages happens first
-    uint64_t used = d.used.load();
-    do {
-      if (size > d.capacity || used > d.capacity - size) return false;
-    } while (!d.used.compare_exchange_weak(used, used + size));
+    if (!d.take(size)) return false;
     d.memory.commit(ptr, size);
     return true;
   }
@@ -182,10 +176,13 @@ class HostDriver final : public Driver {
   IpcMemHandle ipc_get_mem_handle(int device, void* base, std::size_t size) override {
     return devices_[device]->memory.ipc_handle(base, size);
   }
+  // Closes wait for the streams (as frees do); earlier ones that may go are closed first.
   void* ipc_open_mem_handle(int device, const IpcMemHandle& h, std::size_t* size) override {
+    devices_[device]->reclaim();
     return devices_[device]->memory.open_shared(h, size);
   }
   void ipc_close_mem_handle(int device, void* ptr) override {
+    devices_[device]->reclaim();
     devices_[device]->give_back(ptr, 0, HostDevice::Deferred::Kind::Close);
   }
   PointerAttributes pointer_attributes(const void* ptr) override {
@@ -275,8 +272,8 @@ class HostDriver final : public Driver {
                                 ? memory_of(src)
                                 : nullptr;
     s->submit(Task([=] {
-                Access a(dst_mem, dst, size);
-                Access b(src_mem, src, size);
+                ScopedAccess a(dst_mem, dst, size);
+                ScopedAccess b(src_mem, src, size);
                 std::memcpy(dst, src, size);
               }),
               copy_label(kind));
@@ -286,7 +283,7 @@ class HostDriver final : public Driver {
     HostStream* s = as_stream(stream);
     DeviceMemory* mem = memory_of(dst);
     s->submit(Task([=] {
-                Access a(mem, dst, size);
+                ScopedAccess a(mem, dst, size);
                 std::memset(dst, value, size);
               }),
               "memset");
@@ -530,19 +527,6 @@ class HostDriver final : public Driver {
       default: return "memcpy host to host";
     }
   }
-
-  // Scoped runtime access to device memory for a copy (no-op unless protecting).
-  struct Access {
-    DeviceMemory* mem;
-    const void* p;
-    std::size_t n;
-    Access(DeviceMemory* m, const void* ptr, std::size_t size) : mem(m), p(ptr), n(size) {
-      if (mem) mem->acquire(p, n);
-    }
-    ~Access() {
-      if (mem) mem->release(p, n);
-    }
-  };
 
   // The device memory that maps ptr, when protection is on (nullptr otherwise: nothing to do).
   DeviceMemory* memory_of(const void* ptr) {

@@ -102,4 +102,20 @@ class DeviceMemory {
   int all_count_ = 0;
 };
 
+// Runtime access to [ptr, ptr + size) for the scope of a copy (nothing when `mem` is null: the
+// driver does not protect its memory).
+struct ScopedAccess {
+  DeviceMemory* mem;
+  const void* p;
+  std::size_t n;
+  ScopedAccess(DeviceMemory* m, const void* ptr, std::size_t size) : mem(m), p(ptr), n(size) {
+    if (mem) mem->acquire(p, n);
+  }
+  ~ScopedAccess() {
+    if (mem) mem->release(p, n);
+  }
+  ScopedAccess(const ScopedAccess&) = delete;
+  ScopedAccess& operator=(const ScopedAccess&) = delete;
+};
+
 }  // namespace accel::rt::host
