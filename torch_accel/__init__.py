@@ -55,7 +55,7 @@ def _register() -> None:
     from torch_accel import accel
 
     torch._register_device_module("accel", accel)
-    accel.storage.register_reductions()  # torch.multiprocessing shares accel memory (accel/ipc.py)
+    accel.ipc.register_reductions()  # torch.multiprocessing shares accel memory
     torch.utils.generate_methods_for_privateuse1_backend(
         for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=True
     )

@@ -7,23 +7,21 @@
 // (the "limbo" of PyTorch's CUDA IPC) until ipc_collect finds its counter at zero. Importers map
 // a segment once per process, however many allocations in it they import, and close it with
 // the last.
-#include <fcntl.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cerrno>
-#include <cstdio>
 #include <cstring>
 #include <map>
 #include <mutex>
-#include <tuple>
+#include <string>
 #include <vector>
 
 #include "runtime/caching_allocator.h"
 #include "runtime/internal.h"
 #include "runtime/runtime.h"
+#include "runtime/shared_file.h"
 
 namespace accel::rt {
 
@@ -45,6 +43,7 @@ struct Exported {
 };
 
 struct Segment {  // an imported segment's mapping here
+  int device;
   void* base;
   std::size_t size;
   int users;
@@ -52,7 +51,6 @@ struct Segment {  // an imported segment's mapping here
 };
 
 struct Imported {
-  int device;
   std::vector<char> segment_key;
   uint64_t* counter;  // in the exporter's counter file
   int count;
@@ -89,22 +87,26 @@ uint64_t* map_counters(int fd) {
 // This process's counter file, made on first export (under st.m).
 void ensure_counter_file(State& st) {
   if (st.counters != nullptr) return;
-  const int fd = ::memfd_create("accel-ipc-refcounts", MFD_CLOEXEC);
-  ACCEL_RT_CHECK(fd >= 0, DriverError, "ipc_export: memfd_create failed: ", std::strerror(errno));
-  struct stat sb {};
-  uint64_t* c = nullptr;
-  if (::ftruncate(fd, static_cast<off_t>(kCounterBytes)) == 0 && ::fstat(fd, &sb) == 0) {
-    c = map_counters(fd);
-  }
+  uint64_t inode = 0;
+  const int fd = detail::create_memory_file("accel-ipc-refcounts", kCounterBytes, &inode);
+  uint64_t* c = fd >= 0 ? map_counters(fd) : nullptr;
   if (c == nullptr) {
     const int e = errno;
-    ::close(fd);
+    if (fd >= 0) ::close(fd);
     ACCEL_RT_THROW(DriverError,
                    "ipc_export: cannot make the reference counter file: ", std::strerror(e));
   }
   st.fd = fd;
-  st.inode = sb.st_ino;
+  st.inode = inode;
   st.counters = c;
+}
+
+// Forgets an export that no other process holds (its counter back to the free slots).
+std::map<const void*, Exported>::iterator forget_export(
+    State& st, std::map<const void*, Exported>::iterator it) {
+  st.free_slots.push_back(it->second.slot);
+  st.exported_count.fetch_sub(1);
+  return st.exported.erase(it);
 }
 
 uint32_t take_slot(State& st) {
@@ -126,27 +128,15 @@ uint64_t* counters_of(State& st, const IpcExport& from) {
   }
   const auto key = std::make_pair(from.ref_pid, from.ref_inode);
   if (auto it = st.counter_files.find(key); it != st.counter_files.end()) return it->second;
-  char path[64];
-  std::snprintf(path, sizeof(path), "/proc/%lld/fd/%d", static_cast<long long>(from.ref_pid),
-                from.ref_fd);
-  const int fd = ::open(path, O_RDWR | O_CLOEXEC);
-  ACCEL_RT_CHECK(fd >= 0, InvalidValueError,
-                 "ipc_import: cannot open the reference counters of "
-                 "process ",
-                 from.ref_pid, " (", path, ": ", std::strerror(errno),
-                 "): the process that shared the memory has exited, or this one may not read "
-                 "its files");
-  struct stat sb {};
-  const bool same = ::fstat(fd, &sb) == 0 && sb.st_ino == from.ref_inode &&
-                    static_cast<std::size_t>(sb.st_size) >= kCounterBytes;
-  uint64_t* c = same ? map_counters(fd) : nullptr;
+  std::string why;
+  const int fd =
+      detail::open_peer_file(from.ref_pid, from.ref_fd, from.ref_inode, kCounterBytes, &why);
+  ACCEL_RT_CHECK(fd >= 0, InvalidValueError, "ipc_import: the reference counters of process ",
+                 from.ref_pid, ": ", why);
+  uint64_t* c = map_counters(fd);
   ::close(fd);
-  ACCEL_RT_CHECK(same, InvalidValueError, "ipc_import: process ", from.ref_pid,
-                 " no longer holds the reference counters the export names");
   ACCEL_RT_CHECK(c != nullptr, DriverError,
-                 "ipc_import: cannot map the reference counters of "
-                 "process ",
-                 from.ref_pid);
+                 "ipc_import: cannot map the reference counters of process ", from.ref_pid);
   st.counter_files[key] = c;
   return c;
 }
@@ -227,7 +217,7 @@ void* ipc_import(const IpcExport& from) {
       mapped.first = rt.driver->ipc_open_mem_handle(from.device, from.handle, &mapped.second);
       if (mapped.second == 0) mapped.second = from.segment_size;  // the driver cannot tell
     }
-    seg = st.segments.emplace(key, Segment{mapped.first, mapped.second, 0, own}).first;
+    seg = st.segments.emplace(key, Segment{from.device, mapped.first, mapped.second, 0, own}).first;
   }
   if (from.offset >= seg->second.size) {
     if (seg->second.users == 0 && !seg->second.own) {
@@ -239,8 +229,7 @@ void* ipc_import(const IpcExport& from) {
   }
   ++seg->second.users;
   void* ptr = static_cast<char*>(seg->second.base) + from.offset;
-  auto [imp, added] =
-      st.imported.emplace(ptr, Imported{from.device, key, &counters[from.ref_slot], 0});
+  auto [imp, added] = st.imported.emplace(ptr, Imported{key, &counters[from.ref_slot], 0});
   if (added) st.imported_count.fetch_add(1);
   ++imp->second.count;
   return ptr;
@@ -256,16 +245,14 @@ void ipc_release(void* ptr) {
   Imported& imp = it->second;
   __atomic_fetch_sub(imp.counter, uint64_t{1}, __ATOMIC_ACQ_REL);
   auto seg = st.segments.find(imp.segment_key);
-  const int device = imp.device;
   if (--imp.count == 0) {
     st.imported.erase(it);
     st.imported_count.fetch_sub(1);
   }
   if (seg != st.segments.end() && --seg->second.users == 0) {
-    void* base = seg->second.base;
-    const bool own = seg->second.own;
+    const Segment gone = seg->second;
     st.segments.erase(seg);
-    if (!own) rt.driver->ipc_close_mem_handle(device, base);
+    if (!gone.own) rt.driver->ipc_close_mem_handle(gone.device, gone.base);
   }
 }
 
@@ -280,9 +267,7 @@ std::size_t ipc_collect(int device) {
       const Exported& e = it->second;
       if (e.freed && (device == -2 || e.device == device) && load(&st.counters[e.slot]) == 0) {
         ready.emplace_back(e.device, it->first);
-        st.free_slots.push_back(e.slot);
-        it = st.exported.erase(it);
-        st.exported_count.fetch_sub(1);
+        it = forget_export(st, it);
       } else {
         ++it;
       }
@@ -317,9 +302,7 @@ bool ipc_keeps(const void* ptr) {
     it->second.freed = true;
     return true;
   }
-  st.free_slots.push_back(it->second.slot);
-  st.exported.erase(it);
-  st.exported_count.fetch_sub(1);
+  forget_export(st, it);
   return false;
 }
 
@@ -331,11 +314,7 @@ int ipc_device_of(const void* ptr) {
   for (const auto& [key, seg] : st.segments) {
     if (seg.own) continue;  // the allocator's
     const auto* b = static_cast<const char*>(seg.base);
-    if (p >= b && p < b + seg.size) {
-      int d = -1;
-      std::memcpy(&d, key.data(), sizeof(int));
-      return d;
-    }
+    if (p >= b && p < b + seg.size) return seg.device;
   }
   return -1;
 }

@@ -110,6 +110,14 @@ Side classify(Runtime& rt, const void* ptr, std::size_t size, const char* call, 
   return side;
 }
 
+// The device whose allocator owns ptr (anywhere inside a segment), or -1.
+int allocator_device(Runtime& rt, const void* ptr) {
+  for (int d = 0; d < rt.num_devices; ++d) {
+    if (rt.devices[d]->allocator->owns(ptr)) return d;
+  }
+  return -1;
+}
+
 const char* where(const Side& s) {
   return s.is_device() ? "device memory" : "host memory";
 }
@@ -256,9 +264,7 @@ void record_stream(void* ptr, Stream stream) {
 int pointer_device(const void* ptr) noexcept {
   Runtime* rt = Runtime::get_if_initialized();
   if (rt == nullptr || ptr == nullptr) return -1;
-  for (int d = 0; d < rt->num_devices; ++d) {
-    if (rt->devices[d]->allocator->owns(ptr)) return d;
-  }
+  if (const int d = allocator_device(*rt, ptr); d >= 0) return d;
   return detail::ipc_device_of(ptr);  // memory of another process mapped here
 }
 
@@ -369,10 +375,8 @@ void host_record_stream(void* ptr, Stream stream) {
 PointerAttributes pointer_attributes(const void* ptr) {
   Runtime& rt = Runtime::get();
   ACCEL_RT_CHECK(ptr != nullptr, InvalidPointerError, "pointer_attributes: the pointer is null");
-  for (int d = 0; d < rt.num_devices; ++d) {
-    if (rt.devices[d]->allocator->owns(ptr)) {
-      return {.type = MemoryType::Device, .device = d, .runtime_allocated = true};
-    }
+  if (const int d = allocator_device(rt, ptr); d >= 0) {
+    return {.type = MemoryType::Device, .device = d, .runtime_allocated = true};
   }
   if (is_pinned(ptr)) return {.type = MemoryType::Host, .runtime_allocated = true};
   PointerAttributes a = rt.driver->pointer_attributes(ptr);

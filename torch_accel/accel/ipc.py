@@ -52,9 +52,24 @@ def _rebuild_empty(device: int) -> torch.UntypedStorage:
     return torch.UntypedStorage(0, device=torch.device("accel", device))
 
 
-def reduce_storage(storage: torch.UntypedStorage) -> object:
-    """torch.multiprocessing's pickling of an accel storage (a tensor's too: torch pickles
-    tensors of devices other than cuda as their storage and metadata)."""
+def _reduce_storage(storage: torch.UntypedStorage) -> object:
+    """torch.multiprocessing's pickling of a storage (a tensor's too: torch pickles tensors of
+    devices other than cuda as their storage and metadata): accel memory is exported, other
+    devices' storages go as torch sends them."""
+    if storage.device.type != "accel":
+        from torch.multiprocessing import reductions
+
+        return reductions.reduce_storage(storage)
     if storage.nbytes() == 0:
         return (_rebuild_empty, (storage.device.index,))
     return (_rebuild_storage, (*_C._ipc_export(storage.data_ptr()), storage.nbytes()))
+
+
+def register_reductions() -> None:
+    """Registers _reduce_storage for torch.UntypedStorage with multiprocessing's pickler, where
+    torch.multiprocessing registered its own (at import torch)."""
+    from multiprocessing.reduction import ForkingPickler
+
+    import torch.multiprocessing  # noqa: F401  (its reductions first, so that ours replaces them)
+
+    ForkingPickler.register(torch.UntypedStorage, _reduce_storage)

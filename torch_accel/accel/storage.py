@@ -66,25 +66,3 @@ _STORAGE_DTYPES = {
 
 STORAGE_CLASSES = {name: _make(name, dtype) for name, dtype in _STORAGE_DTYPES.items()}
 _AccelLegacyStorage.__module__ = "torch.accel"
-
-
-def _reduce_storage(storage: torch.UntypedStorage) -> object:
-    """torch.multiprocessing's pickling of a storage (a tensor's too): accel memory is shared
-    through the runtime (accel/ipc.py), other devices' as torch does."""
-    if storage.device.type == "accel":
-        from torch_accel.accel import ipc
-
-        return ipc.reduce_storage(storage)
-    from torch.multiprocessing import reductions
-
-    return reductions.reduce_storage(storage)
-
-
-def register_reductions() -> None:
-    """Registers _reduce_storage for torch.UntypedStorage with multiprocessing's pickler, where
-    torch.multiprocessing registered its own (at import torch)."""
-    from multiprocessing.reduction import ForkingPickler
-
-    import torch.multiprocessing  # noqa: F401  (its reductions first, so that ours replaces them)
-
-    ForkingPickler.register(torch.UntypedStorage, _reduce_storage)

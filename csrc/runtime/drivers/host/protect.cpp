@@ -11,10 +11,13 @@ namespace accel::rt::host {
 
 void* DeviceMemory::map(std::size_t size) {
   std::lock_guard<std::mutex> lock(mutex_);
-  const int prot = (protect_ && all_count_ == 0) ? PROT_NONE : (PROT_READ | PROT_WRITE);
-  void* p = map_pages(size, prot);
+  void* p = map_pages(size, mapping_prot());
   if (p != nullptr) track(reinterpret_cast<uintptr_t>(p), size);
   return p;
+}
+
+int DeviceMemory::mapping_prot() const {
+  return (protect_ && all_count_ == 0) ? PROT_NONE : (PROT_READ | PROT_WRITE);
 }
 
 void DeviceMemory::track(uintptr_t base, std::size_t size) {

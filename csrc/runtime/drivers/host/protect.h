@@ -80,6 +80,8 @@ class DeviceMemory {
   void drop_pages(void* ptr, std::size_t size);
   void forget_reservation(void* ptr);
   void track(uintptr_t base, std::size_t size);  // a new mapping, for protection
+  // A new mapping's protection: none while protecting and nothing accesses every mapping.
+  int mapping_prot() const;  // under mutex_
 
   const bool protect_;
   const int device_;

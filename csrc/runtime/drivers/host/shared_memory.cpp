@@ -10,19 +10,17 @@
 // Each virtual-memory reservation (an expandable segment) is a memory file of its own, mapped
 // whole without access; committed pages become accessible and are allocated in the file when
 // touched, decommitted ones are punched out, so that committed memory can be shared alike.
-#include <fcntl.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
-#include <cstdio>
 #include <cstring>
 #include <iterator>
 #include <string>
 
 #include "runtime/drivers/host/protect.h"
 #include "runtime/error.h"
+#include "runtime/shared_file.h"
 
 namespace accel::rt::host {
 namespace {
@@ -49,18 +47,16 @@ DeviceMemory::~DeviceMemory() {
 
 void* DeviceMemory::reserve_pages(std::size_t size) {
   const std::string name = "accel-host-va-" + std::to_string(device_);
-  const int fd = ::memfd_create(name.c_str(), MFD_CLOEXEC);
-  struct stat st {};
-  void* p = MAP_FAILED;
-  if (fd >= 0 && ::ftruncate(fd, static_cast<off_t>(size)) == 0 && ::fstat(fd, &st) == 0) {
-    p = ::mmap(nullptr, size, PROT_NONE, MAP_SHARED | MAP_NORESERVE, fd, 0);
-  }
+  uint64_t inode = 0;
+  const int fd = detail::create_memory_file(name.c_str(), size, &inode);
+  void* p =
+      fd >= 0 ? ::mmap(nullptr, size, PROT_NONE, MAP_SHARED | MAP_NORESERVE, fd, 0) : MAP_FAILED;
   if (p == MAP_FAILED) {  // no memory file: private memory, which cannot be shared
     if (fd >= 0) ::close(fd);
     p = ::mmap(nullptr, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     return p == MAP_FAILED ? nullptr : p;
   }
-  reservations_[reinterpret_cast<uintptr_t>(p)] = {fd, static_cast<uint64_t>(st.st_ino), size};
+  reservations_[reinterpret_cast<uintptr_t>(p)] = {fd, inode, size};
   return p;
 }
 
@@ -87,13 +83,11 @@ int64_t DeviceMemory::take_file_range(std::size_t size) {
   if (fd_ < 0) {
     if (fd_refused_) return -1;
     const std::string name = "accel-host-device-" + std::to_string(device_);
-    fd_ = ::memfd_create(name.c_str(), MFD_CLOEXEC);
-    struct stat st {};
-    if (fd_ < 0 || ::fstat(fd_, &st) != 0) {
+    fd_ = detail::create_memory_file(name.c_str(), 0, &inode_);
+    if (fd_ < 0) {
       fd_refused_ = true;
       return -1;
     }
-    inode_ = st.st_ino;
   }
   for (auto it = free_ranges_.begin(); it != free_ranges_.end(); ++it) {
     if (it->second < size) continue;
@@ -185,33 +179,15 @@ void* DeviceMemory::open_shared(const IpcMemHandle& handle, std::size_t* size) {
                  "host driver: the handle names memory of "
                  "device ",
                  h.device, ", not of device ", device_);
+  std::string why;
+  const int fd = detail::open_peer_file(h.pid, h.fd, h.inode, h.offset + h.size, &why);
+  ACCEL_RT_CHECK(fd >= 0, InvalidValueError, "host driver: the device memory of process ", h.pid,
+                 ": ", why);
   std::lock_guard<std::mutex> lock(mutex_);
-  int fd = -1;
-  const bool own = h.pid == ::getpid() && h.fd == fd_;
-  if (own) {
-    fd = fd_;
-  } else {
-    char path[64];
-    std::snprintf(path, sizeof(path), "/proc/%lld/fd/%d", static_cast<long long>(h.pid), h.fd);
-    fd = ::open(path, O_RDWR | O_CLOEXEC);
-    ACCEL_RT_CHECK(fd >= 0, InvalidValueError,
-                   "host driver: cannot open the device memory of "
-                   "process ",
-                   h.pid, " (", path, ": ", std::strerror(errno),
-                   "): the process that shared it has exited, or this one may not read its files");
-  }
-  struct stat st {};
-  const bool same = ::fstat(fd, &st) == 0 && st.st_ino == h.inode &&
-                    static_cast<uint64_t>(st.st_size) >= h.offset + h.size;
-  void* p = MAP_FAILED;
-  if (same) {
-    const int prot = (protect_ && all_count_ == 0) ? PROT_NONE : (PROT_READ | PROT_WRITE);
-    p = ::mmap(nullptr, h.size, prot, MAP_SHARED | MAP_NORESERVE, fd, static_cast<off_t>(h.offset));
-  }
+  void* p = ::mmap(nullptr, h.size, mapping_prot(), MAP_SHARED | MAP_NORESERVE, fd,
+                   static_cast<off_t>(h.offset));
   const int map_errno = errno;
-  if (!own) ::close(fd);
-  ACCEL_RT_CHECK(same, InvalidValueError, "host driver: process ", h.pid,
-                 " no longer holds the device memory the handle names");
+  ::close(fd);
   ACCEL_RT_CHECK(p != MAP_FAILED, OutOfMemoryError, "host driver: cannot map ", h.size,
                  " bytes of shared device memory: ", std::strerror(map_errno));
   opened_[reinterpret_cast<uintptr_t>(p)] = h.size;
