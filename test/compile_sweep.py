@@ -16,7 +16,8 @@ on the CPU either are skipped, saying so.
                                                   any other model type with SMALL alone, and
                                                   hf_sweep's vision, audio, image-text and
                                                   diffusers entries such as image/vit,
-                                                  audio/whisper or diffusion/AutoencoderKL)
+                                                  audio/whisper or diffusion/AutoencoderKL,
+                                                  and timm's models: timm/resnet18)
 
 Each architecture runs in its own process; the exit status is 1 if any failed or crashed.
 """
@@ -106,7 +107,12 @@ def _measure(name: str) -> dict[str, Any]:
     import torch_accel  # noqa: F401
 
     torch.manual_seed(0)
-    if "/" in name:  # a vision, audio or image-text architecture: hf_tasks builds it
+    if name.startswith("timm/"):  # a timm model, as timm_sweep builds it (64x64 where it can)
+        import timm_sweep
+
+        model, x = timm_sweep.model_and_input(name[len("timm/") :])
+        inputs = {"x": x}
+    elif "/" in name:  # a vision, audio or image-text architecture: hf_tasks builds it
         built = hf_tasks.build(name, 30e6)
         if isinstance(built, str):
             return {"skip": built}
@@ -194,7 +200,11 @@ def main(argv: list[str]) -> int:
     from transformers import CONFIG_MAPPING  # any model type, with SMALL alone if not listed
 
     unknown = [n for n in names if n not in CONFIG_MAPPING and "/" not in n]
-    unknown += [n for n in names if "/" in n and n not in hf_tasks.architectures()]
+    unknown += [
+        n
+        for n in names
+        if "/" in n and n not in hf_tasks.architectures() and not n.startswith("timm/")
+    ]
     if unknown:
         print(f"unknown model types {unknown}; the sweep's own: {' '.join(ARCHITECTURES)}")
         return 2

@@ -104,33 +104,85 @@ def sweep_one(name: str, kind: str) -> tuple[bool, str]:
     # RAFT builds float32 coordinate grids whatever its weights: its reference is the float32
     # CPU on one thread (then the CPU's error is its run-to-run noise across thread counts).
     wide = torch.float32 if kind == "optical_flow" else torch.float64
+    return judge(model, inputs(name, kind), wide)
+
+
+def judge(model: nn.Module, x: list[Any], wide: torch.dtype = torch.float64) -> tuple[bool, str]:
+    """One forward and backward of model (on the CPU, float32) on accel, on the CPU and in wide
+    on the CPU (the reference): whether accel's errors against the reference are within ten
+    times the CPU's and no operator fell back, and what was measured.
+
+    The CPU's error depends on its reduction order, so on its thread count: a gradient that is a
+    long sum (a BatchNorm's bias over a batch, a scalar scale) can be exact by luck on two
+    threads and as far off as accel on one. So a model that fails on the CPU's error with its
+    threads is judged again against the worse of that and the CPU's error on one thread."""
     acc, ref = copy.deepcopy(model).to(ACCEL), copy.deepcopy(model).to(wide)
-    x = inputs(name, kind)
     torch.accel.reset_fallback_stats()
-    got = run(acc, tree_map(lambda t: t.to(ACCEL) if isinstance(t, torch.Tensor) else t, x))
+    got = run_of(acc, x, ACCEL)
     fallback = torch.accel.fallback_stats()
-    cpu = run(model, x)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1 if wide == torch.float32 else threads)
-    try:
-        exact = run(ref, tree_map(lambda t: t.to(wide) if isinstance(t, torch.Tensor) else t, x))
-    finally:
-        torch.set_num_threads(threads)
-    floor = 1e-5 * abs(exact.item()) + 1e-12
-    loss_ratio = abs(got.item() - exact.item()) / (abs(cpu.item() - exact.item()) + floor)
-    worst, worst_name = 0.0, ""
-    pairs = zip(model.named_parameters(), acc.parameters(), ref.parameters(), strict=True)
-    for (n, p), q, r in pairs:
-        if p.grad is None or r.grad is None:
-            continue
-        e_accel = (q.grad.cpu().double() - r.grad).abs().max().item()
-        e_cpu = (p.grad.double() - r.grad).abs().max().item()
-        ratio = e_accel / (e_cpu + 1e-6 * r.grad.abs().max().item() + 1e-12)
-        if ratio > worst:
-            worst, worst_name = ratio, n
-    ok = not fallback and loss_ratio <= 10 and worst <= 10
-    what = f"loss error {loss_ratio:.2f}x the CPU's, worst gradient {worst:.2f}x ({worst_name})"
+    exact = run_of(ref, x, "cpu", threads=1 if wide == torch.float32 else None)
+    cpu = errors(run_of(copy.deepcopy(model), x, "cpu"), exact)
+    verdict = compare(errors(got, exact), cpu, exact)
+    if verdict[0] > 10 and wide == torch.float64:
+        one = errors(run_of(copy.deepcopy(model), x, "cpu", threads=1), exact)
+        verdict = compare(errors(got, exact), {n: max(e, one[n]) for n, e in cpu.items()}, exact)
+    worst, worst_name, loss_ratio = verdict
+    ok = not fallback and worst <= 10
+    what = f"loss error {loss_ratio:.2f}x the CPU's, worst {worst:.2f}x ({worst_name})"
     return ok, what + (f", fell back: {fallback}" if fallback else "")
+
+
+# run_of(): {"": the loss, parameter name: its gradient} of one forward and backward
+Run = dict[str, torch.Tensor]
+
+
+def run_of(model: nn.Module, x: list[Any], device: Any, threads: int | None = None) -> Run:
+    """The loss and the gradients of one forward and backward of model on device, in the
+    model's dtype (threads: the CPU's thread count during the run)."""
+    dtype = next(model.parameters()).dtype
+    moved = tree_map(
+        lambda t: (
+            t.to(device, dtype if t.is_floating_point() else t.dtype)
+            if isinstance(t, torch.Tensor)
+            else t
+        ),
+        x,
+    )
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads or before)
+    try:
+        loss = run(model.to(device), moved)
+    finally:
+        torch.set_num_threads(before)
+    out = {"": loss.double()}
+    for n, p in model.named_parameters():
+        if p.grad is not None:
+            out[n] = p.grad.detach().cpu().double()
+    return out
+
+
+def errors(got: Run, exact: Run) -> dict[str, float]:
+    """The largest absolute error of each of got's values against exact."""
+    return {n: (t - exact[n]).abs().max().item() for n, t in got.items() if n in exact}
+
+
+def compare(got: dict[str, float], cpu: dict[str, float], exact: Run) -> tuple[float, str, float]:
+    """(the worst ratio of accel's error to the CPU's over the loss and the gradients, where,
+    the loss's ratio)."""
+    worst, worst_name, loss_ratio = 0.0, "", 0.0
+    # Floors: 1e-5 of the loss; 1e-6 of the gradient's largest element plus float32's resolution
+    # of the model's largest gradient element (a gradient that cancels to zero, as a softmax's
+    # input bias, is rounding noise of that scale on the CPU and on accel alike).
+    largest = max((t.abs().max().item() for n, t in exact.items() if n), default=0.0)
+    for n, e in got.items():
+        big = exact[n].abs().max().item()
+        floor = (1e-5 * big if n == "" else 1e-6 * big + 1e-7 * largest) + 1e-12
+        ratio = e / (cpu.get(n, 0.0) + floor)
+        if n == "":
+            loss_ratio = ratio
+        if ratio > worst:
+            worst, worst_name = ratio, n or "loss"
+    return worst, worst_name, loss_ratio
 
 
 def main(argv: list[str]) -> int:
