@@ -236,3 +236,47 @@ def test_sparse_tensors_on_another_device_stay_there() -> None:
     assert csr.device == dev and csr.col_indices().device == dev
     _same(csr @ torch.ones(7, 2, device=dev), s.to_dense() @ torch.ones(7, 2))
     assert torch.accel.current_device() == 0
+
+
+@pytest.mark.parametrize(
+    "indices",
+    [
+        [[0, 1, 2], [1, 2, 3]],  # sorted and unique: coalesced
+        [[0, 1, 1], [3, 2, 2]],  # a duplicate
+        [[2, 1, 0], [0, 0, 0]],  # unsorted
+        [[0, 1, 3], [4, 0, 0], [1, 1, 0]],  # three sparse dimensions, coalesced
+        [[1, 1, 3], [0, 0, 0], [1, 0, 0]],  # unsorted in the last dimension
+    ],
+)
+def test_is_coalesced_checked_like_the_cpu(indices: list[list[int]]) -> None:
+    """sparse_coo_tensor(..., is_coalesced=True, check_invariants=True) checks the claim through
+    a dispatch stub PyTorch fills for the CPU and CUDA only (at::sparse::flatten_indices): accel
+    accepts and refuses exactly what the CPU does."""
+    idx = torch.tensor(indices)
+    size = (4, 5, 2)[: idx.shape[0]]
+    values = torch.arange(1.0, idx.shape[1] + 1)
+
+    def build(device: torch.device | str) -> torch.Tensor | str:
+        try:
+            return torch.sparse_coo_tensor(
+                idx.to(device), values.to(device), size, is_coalesced=True, check_invariants=True
+            )
+        except RuntimeError as e:
+            return str(e)
+
+    expected, got = build("cpu"), build(ACCEL)
+    if isinstance(expected, str):
+        assert got == expected and "uncoalesced" in got
+    else:
+        assert not isinstance(got, str) and got.is_coalesced()
+        _same(got, expected)
+
+
+def test_gradcheck_of_sparse_inputs() -> None:
+    """gradcheck of sparse inputs (masked and not) validates the perturbed inputs it builds with
+    check_invariants=True (the same stub)."""
+    x = _coo(shape=(4, 6), nnz=6).coalesce().double().to(ACCEL).requires_grad_()
+    for masked in (True, False):
+        assert torch.autograd.gradcheck(
+            lambda t: torch.sparse.sum(t * t, dim=1).to_dense(), (x,), masked=masked
+        )

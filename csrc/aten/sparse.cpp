@@ -3,6 +3,7 @@
 #include <ATen/SparseCsrTensorImpl.h>
 #include <ATen/SparseTensorImpl.h>
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/native/DispatchStub.h>
 #include <ATen/ops/_coalesced_native.h>
 #include <ATen/ops/_dimI_native.h>
 #include <ATen/ops/_dimV_native.h>
@@ -257,6 +258,26 @@ const bool g_registered = (register_sparse_kernels(), true);
 
 }  // namespace
 
+// sparse_coo_tensor(..., is_coalesced=True, check_invariants=True) and gradcheck of sparse
+// inputs check that the indices are sorted and unique through at::sparse::flatten_indices, which
+// calls a dispatch stub PyTorch fills for the CPU, CUDA and MPS only: for accel it is each
+// nonzero's row-major position among the sparse sizes, sum_d indices[d] * stride_d, with accel's
+// own operators.
+namespace {
+at::Tensor flatten_indices(const at::Tensor& indices, c10::IntArrayRef size) {
+  const int64_t sparse_dim = indices.size(0);
+  TORCH_CHECK(static_cast<int64_t>(size.size()) >= sparse_dim, "flatten_indices: ", sparse_dim,
+              " sparse dimensions, but only ", size.size(), " sizes");
+  at::Tensor flat = indices.select(0, sparse_dim - 1).clone();
+  int64_t stride = 1;
+  for (int64_t d = sparse_dim - 2; d >= 0; --d) {
+    stride *= size[d + 1];
+    flat.add_(indices.select(0, d), stride);
+  }
+  return flat;
+}
+}  // namespace
+
 TORCH_LIBRARY_IMPL(_, SparsePrivateUse1, m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&sparse_call>());
 }
@@ -265,3 +286,11 @@ TORCH_LIBRARY_IMPL(_, SparseCsrPrivateUse1, m) {
 }
 
 }  // namespace accel::aten
+
+// The stub's declaration (ATen/native/sparse/SparseStubs.h, not among torch's installed
+// headers), as ATen declares it.
+namespace at::native {
+using flatten_indices_fn = Tensor (*)(const Tensor& indices, IntArrayRef size);
+DECLARE_DISPATCH(flatten_indices_fn, flatten_indices_stub)
+REGISTER_PRIVATEUSE1_DISPATCH(flatten_indices_stub, &accel::aten::flatten_indices)
+}  // namespace at::native
