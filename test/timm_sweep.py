@@ -23,14 +23,13 @@ from __future__ import annotations
 
 import re
 import sys
-import time
 import warnings
 from typing import Any
 
 import timm
 import torch
 from torch import nn
-from vision_sweep import MAX_PARAMETERS, judge
+from vision_sweep import MAX_PARAMETERS, judge, sweep
 
 import torch_accel
 
@@ -98,22 +97,7 @@ def main(argv: list[str]) -> int:
     warnings.filterwarnings("ignore")
     torch_accel._C._set_fallback_mode("silent")  # counted, then reported
     names = families() if not argv else {name: name for name in argv}
-    failed = []
-    for family, name in names.items():
-        start = time.perf_counter()
-        try:
-            ok, what = sweep_one(name)
-        except Exception as e:  # noqa: BLE001  (a model that raises is a failure)
-            ok, what = False, f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
-        seconds = time.perf_counter() - start
-        print(f"{'ok  ' if ok else 'FAIL'} {family:36s} {name:34s} {what} ({seconds:.1f} s)")
-        sys.stdout.flush()
-        if not ok:
-            failed.append(name)
-    print(f"{len(names) - len(failed)} of {len(names)} ok, {len(failed)} failed")
-    if failed:
-        print("failed: " + " ".join(failed))
-    return 1 if failed else 0
+    return sweep(list(names.items()), lambda family, name: sweep_one(name))
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ import copy
 import sys
 import time
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -185,26 +186,37 @@ def compare(got: dict[str, float], cpu: dict[str, float], exact: Run) -> tuple[f
     return worst, worst_name, loss_ratio
 
 
+def sweep(entries: list[tuple[str, str]], check: Callable[[str, str], tuple[bool, str]]) -> int:
+    """Checks each (group, model name) entry with check, printing a line each and a summary;
+    the exit status: 1 if any model failed or raised."""
+    failed = []
+    for group, name in entries:
+        start = time.perf_counter()
+        try:
+            ok, what = check(group, name)
+        except Exception as e:  # noqa: BLE001  (a model that raises is a failure)
+            ok, what = False, f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+        seconds = time.perf_counter() - start
+        print(f"{'ok  ' if ok else 'FAIL'} {group:36s} {name:34s} {what} ({seconds:.1f} s)")
+        sys.stdout.flush()
+        if not ok:
+            failed.append(name)
+    print(f"{len(entries) - len(failed)} of {len(entries)} ok, {len(failed)} failed")
+    if failed:
+        print("failed: " + " ".join(failed))
+    return 1 if failed else 0
+
+
 def main(argv: list[str]) -> int:
     warnings.filterwarnings("ignore")
     torch_accel._C._set_fallback_mode("silent")  # counted, then reported
-    failed = []
-    for kind, module in KINDS.items():
-        for name in torchvision.models.list_models(module=module):
-            if argv and name not in argv:
-                continue
-            start = time.perf_counter()
-            try:
-                ok, what = sweep_one(name, kind)
-            except Exception as e:  # noqa: BLE001  (a model that raises is a failure)
-                ok, what = False, f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
-            seconds = time.perf_counter() - start
-            print(f"{'ok  ' if ok else 'FAIL'} {kind:14s} {name:34s} {what} ({seconds:.1f} s)")
-            sys.stdout.flush()
-            if not ok:
-                failed.append(name)
-    print(f"{len(failed)} failed" + (f": {', '.join(failed)}" if failed else ""))
-    return 1 if failed else 0
+    entries = [
+        (kind, name)
+        for kind, module in KINDS.items()
+        for name in torchvision.models.list_models(module=module)
+        if not argv or name in argv
+    ]
+    return sweep(entries, lambda kind, name: sweep_one(name, kind))
 
 
 if __name__ == "__main__":
