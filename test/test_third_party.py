@@ -502,3 +502,32 @@ def test_transformers_vision_audio_and_multimodal_models_train_like_cpu(entry: s
 
     verdict, detail = hf_sweep._verdict(hf_sweep._measure(entry))
     assert verdict == "ok", f"{entry}: {detail}"
+
+
+# Some of timm's families with layers the other models lack (make timm-sweep runs one model of
+# every family): built, run and judged by test/timm_sweep.py against a float64 CPU run.
+@pytest.mark.parametrize(
+    "name",
+    [
+        "test_byobnet",  # timm's own test model: a bring-your-own-blocks net
+        "test_nfnet",  # normalization-free: scaled weight-standardized convolutions
+        "test_mambaout",  # gated depthwise-convolution token mixers
+        "test_coatnet",  # convolution stages then relative-position transformer stages
+        "lambda_resnet26t",  # lambda layers (content and position lambdas)
+        "botnet26t_256",  # bottleneck self-attention with relative position logits
+        "gcresnext26ts",  # global context attention
+        "resnest14d",  # split attention
+        "skresnet18",  # selective kernels
+        "levit_128s",  # attention with attention biases, hard-swish, BatchNorm'd linears
+        "poolformer_s12",  # pooling as the token mixer, GroupNorm
+        "gmlp_ti16_224",  # spatial gating units
+        "sequencer2d_s",  # bidirectional LSTMs over rows and columns
+        "volo_d1_224",  # outlook attention (unfold/fold), class attention
+        "hiera_tiny_224",  # masked-unit attention over unrolled tokens
+    ],
+)
+def test_timm_models_train_like_the_cpu(name: str) -> None:
+    import timm_sweep
+
+    ok, detail = timm_sweep.sweep_one(name)
+    assert ok, f"{name}: {detail}"
