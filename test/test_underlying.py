@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import copy
 import warnings
 from collections.abc import Callable
 
 import pytest
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 import torch_accel
 from helpers import assert_same
@@ -267,6 +269,50 @@ def test_small_strided_1x1_weight_gradients_do_not_corrupt_memory(run_python) ->
     r = run_python(_SMALL_STRIDED_1X1, MALLOC_CHECK_="3", GLIBC_TUNABLES="glibc.malloc.check=3")
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.strip().endswith("ok")
+
+
+@pytest.mark.parametrize(
+    ("kernel", "dtype", "channels_last"),
+    [
+        (7, torch.float32, False),  # ConvNeXt's depthwise convolution
+        (7, torch.float32, True),  # ... after its LayerNorm2d (a permute: channels-last strides)
+        (5, torch.bfloat16, False),  # EfficientNet's, in bfloat16
+        (3, torch.float32, True),  # 3x3: keeps its layout
+    ],
+)
+def test_depthwise_convolutions_match_the_cpu_with_contiguous_results(
+    kernel: int, dtype: torch.dtype, channels_last: bool, no_fallback: None
+) -> None:
+    """Depthwise convolutions with 5x5 kernels and more run on channels-last copies of their
+    arguments (oneDNN's faster path for them, csrc/aten/convolution.cpp); the results, forward
+    and backward, are contiguous whatever the arguments' layout (as the fake kernels say; the
+    input's gradient then takes the input's layout, as autograd gives every leaf) and match the
+    CPU's, against a float64 reference as closely as the CPU's own."""
+    torch.manual_seed(0)
+    conv = nn.Conv2d(24, 24, kernel, padding=kernel // 2, groups=24)
+    x = torch.randn(4, 24, 12, 12)
+    g = torch.randn(4, 24, 12, 12)
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+
+    def run(device: str, dt: torch.dtype) -> tuple[torch.Tensor, ...]:
+        c = copy.deepcopy(conv).to(device, dt)
+        xi = x.to(device, dt, copy=True).contiguous(memory_format=fmt).requires_grad_()
+        y = c(xi)
+        y.backward(g.to(device, dt))
+        return y, xi.grad, c.weight.grad, c.bias.grad
+
+    got, cpu, exact = run("accel", dtype), run("cpu", dtype), run("cpu", torch.float64)
+    names = ("output", "input grad", "weight grad", "bias grad")
+    for name, a, b, e in zip(names, got, cpu, exact, strict=True):
+        assert a.device.type == "accel", name
+        if name == "input grad":  # autograd gives a leaf's gradient the leaf's layout
+            assert a.stride() == b.stride(), name
+        else:
+            assert a.is_contiguous(), name
+        error = (a.cpu().double() - e).abs().max().item()
+        cpu_error = (b.double() - e).abs().max().item()
+        scale = e.abs().max().item() * (1e-6 if dtype == torch.float32 else 1e-2)
+        assert error <= 4 * cpu_error + scale, f"{name}: {error} against the CPU's {cpu_error}"
 
 
 def test_inplace_and_out_variants_write_into_their_arguments(no_fallback: None) -> None:
