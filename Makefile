@@ -26,6 +26,9 @@
 #   make vision-sweep
 #                  set up, then every torchvision model forward and backward on accel against
 #                  the CPU, judged by the CPU's own error against float64 (test/vision_sweep.py)
+#   make timm-sweep
+#                  set up, then the smallest model of each of timm's 191 families forward and
+#                  backward on accel, judged as the vision sweep judges (test/timm_sweep.py)
 #   make hf-sweep
 #                  set up, then one eager training step of every transformers text, vision,
 #                  audio and image-text architecture (tiny configurations) on accel against
@@ -64,7 +67,7 @@ APT_PACKAGES := g++ ccache googletest libgtest-dev
 REQUIREMENTS := requirements-dev.txt
 DEPS_STAMP := $(VENV)/.deps-$(shell sha1sum $(REQUIREMENTS) | cut -c1-12)
 
-.PHONY: demo test install sanitize bench opinfo opinfo-sweep pytorch-suites compile-sweep vision-sweep hf-sweep inductor-sweep \
+.PHONY: demo test install sanitize bench opinfo opinfo-sweep pytorch-suites compile-sweep vision-sweep timm-sweep hf-sweep inductor-sweep \
         system-deps deps test-cpp \
         test-python test-python-default test-python-debug test-lane-default test-lane-debug \
         test-compile test-cuda test-emulated-cuda bench-cuda build-cpp clean
@@ -205,6 +208,7 @@ bench: build-cpp
 	mkdir -p benchmarks/results
 	$(BUILD_DIR)/runtime_bench benchmarks/results/runtime.json
 	$(PY) benchmarks/eager_ops.py --json benchmarks/results/eager_ops.json
+	$(PY) benchmarks/models.py --json benchmarks/results/models.json
 	$(PY) benchmarks/graphs.py --json benchmarks/results/graphs.json
 	$(PY) benchmarks/compile.py --json benchmarks/results/compile.json
 	$(PY) benchmarks/fused_ops.py --json benchmarks/results/fused_ops.json
@@ -224,6 +228,9 @@ compile-sweep: install
 
 vision-sweep: install
 	$(PY) test/vision_sweep.py $(MODELS)
+
+timm-sweep: install
+	$(PY) test/timm_sweep.py $(MODELS)
 
 # Every transformers architecture the sweep can feed (text, vision, audio, multimodal) and 31
 # diffusers models, tiny configurations, one eager training step on accel against the CPU, no
