@@ -72,25 +72,34 @@ def language(kind: str) -> Callable[[], tuple[float, float]]:
     return case
 
 
+def alternate(make: Callable[[str], Callable[[], None]]) -> tuple[float, float]:
+    """(CPU seconds, accel seconds) of the call make(device) returns for each device, called
+    once first (first calls, an optimizer's state), then the best of ROUNDS in alternation."""
+    calls = {device: make(device) for device in ("cpu", "accel")}
+    for call in calls.values():
+        call()
+    return interleaved(calls["cpu"], calls["accel"], ROUNDS, device="accel")
+
+
 def both(model: nn.Module, inputs: dict[str, Any], loss_of: Callable, target: Any) -> tuple:
     """(CPU seconds, accel seconds) of one training step, the best of ROUNDS in alternation."""
-    steps = {}
-    for device in ("cpu", "accel"):
+
+    def make(device: str) -> Callable[[], None]:
         m = copy.deepcopy(model).to(device).train()
         opt = torch.optim.SGD(m.parameters(), lr=1e-3, momentum=0.9)
         kw = {k: v.to(device) for k, v in inputs.items()}
         t = target.to(device) if target is not None else None
 
-        def step(m: nn.Module = m, opt: Any = opt, kw: dict = kw, t: Any = t) -> None:
+        def step() -> None:
             out = m(**kw)
             loss = loss_of(out, t)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
 
-        step()  # warm up: first calls, the optimizer's state
-        steps[device] = step
-    return interleaved(steps["cpu"], steps["accel"], ROUNDS, device="accel")
+        return step
+
+    return alternate(make)
 
 
 def inference(build: Callable[[], nn.Module]) -> Callable[[], tuple[float, float]]:
@@ -98,17 +107,17 @@ def inference(build: Callable[[], nn.Module]) -> Callable[[], tuple[float, float
         torch.manual_seed(0)
         model = build().eval()
         x = torch.randn(*IMAGES)
-        runs = {}
-        for device in ("cpu", "accel"):
+
+        def make(device: str) -> Callable[[], None]:
             m, xd = copy.deepcopy(model).to(device), x.to(device)
 
-            def run(m: nn.Module = m, xd: torch.Tensor = xd) -> None:
+            def run() -> None:
                 with torch.inference_mode():
                     m(xd)
 
-            run()
-            runs[device] = run
-        return interleaved(runs["cpu"], runs["accel"], ROUNDS, device="accel")
+            return run
+
+        return alternate(make)
 
     return case
 

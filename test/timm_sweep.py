@@ -14,7 +14,7 @@ Random weights, never downloaded; dropout and drop path off; 10 classes; input 6
 model takes it (built with img_size=64 where it has the argument), else the model's own size.
 Models over 150M parameters are left out (the host driver's default device holds 4 GiB).
 
-    python test/timm_sweep.py [MODEL ...]      (make timm-sweep: every family, ~20 min)
+    python test/timm_sweep.py [MODEL ...]      (make timm-sweep: every family, ~6 min)
 
 The exit status is 1 if any model failed or raised.
 """

@@ -122,11 +122,11 @@ def judge(model: nn.Module, x: list[Any], wide: torch.dtype = torch.float64) -> 
     got = run_of(acc, x, ACCEL)
     fallback = torch.accel.fallback_stats()
     exact = run_of(ref, x, "cpu", threads=1 if wide == torch.float32 else None)
-    cpu = errors(run_of(copy.deepcopy(model), x, "cpu"), exact)
-    verdict = compare(errors(got, exact), cpu, exact)
+    accel, cpu = errors(got, exact), errors(run_of(copy.deepcopy(model), x, "cpu"), exact)
+    verdict = compare(accel, cpu, exact)
     if verdict[0] > 10 and wide == torch.float64:
         one = errors(run_of(copy.deepcopy(model), x, "cpu", threads=1), exact)
-        verdict = compare(errors(got, exact), {n: max(e, one[n]) for n, e in cpu.items()}, exact)
+        verdict = compare(accel, {n: max(e, one[n]) for n, e in cpu.items()}, exact)
     worst, worst_name, loss_ratio = verdict
     ok = not fallback and worst <= 10
     what = f"loss error {loss_ratio:.2f}x the CPU's, worst {worst:.2f}x ({worst_name})"
