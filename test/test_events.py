@@ -97,8 +97,3 @@ def test_streams_record_accel_events_as_cuda_streams_record_cuda_events():
     # A plain torch.Stream keeps torch's rule (the same as for torch.cuda.Event).
     with pytest.raises(RuntimeError, match="expected event to be a torch.Event object"):
         torch.accelerator.current_stream().record_event(torch.accel.Event())
-
-
-def test_interprocess_events_are_not_supported():
-    with pytest.raises(NotImplementedError, match="between processes"):
-        torch.accel.Event(interprocess=True)

@@ -41,6 +41,13 @@ def _answer(kind, payload, held, model):
     if kind == "release":
         held.clear()
         return "released"
+    if kind == "wait_then_read":  # the parent's interprocess event orders this read
+        payload.wait()  # on this process's current stream
+        return held[-1].cpu(), payload.query()
+    if kind == "record_on_my_stream":  # a record here, of the parent's event
+        payload.record()
+        payload.synchronize()
+        return payload.query()
     if kind == "make":
         return torch.arange(6.0, device="accel").reshape(2, 3) * payload
     if kind == "sgd_step":  # Hogwild: one step on the model the parent passed at spawn
@@ -135,6 +142,52 @@ def test_memory_freed_while_the_child_holds_it_is_not_reused(child) -> None:
     torch.accel.ipc_collect()
     assert _C._ipc_pending(0) == 0
     assert all(o.sum().item() == -1024.0 for o in others)
+
+
+def test_an_interprocess_event_orders_the_childs_read_after_the_parents_work(child) -> None:
+    x = torch.zeros(256, 256, device="accel")
+    assert child("hold", x) == "held"
+    ready = torch.accel.Event(interprocess=True)
+    a = torch.randn(1024, 1024, device="accel")
+    for _ in range(12):  # long queued work on the parent's stream, then the write
+        a = torch.tanh(a @ a)
+    x.copy_(a[:256, :256])
+    ready.record()  # still running here (unless launches block)
+    # The child's copy to the CPU waits on its stream for the record, not for the sharing.
+    seen, done = child("wait_then_read", ready)
+    assert done
+    assert torch.equal(seen, a[:256, :256].cpu())
+    assert child("release") == "released"
+    # A record in the child is the parent's event's latest record too.
+    assert child("record_on_my_stream", ready)
+    assert ready.query()
+    ready.synchronize()
+
+
+def test_interprocess_event_errors_name_the_problem() -> None:
+    with pytest.raises(ValueError, match="cannot time"):
+        torch.accel.Event(interprocess=True, enable_timing=True)
+    with pytest.raises(ValueError, match="not an interprocess event"):
+        torch.accel.Event().ipc_handle()
+    with pytest.raises(ValueError, match="not an interprocess event"):
+        pickle.dumps(torch.accel.Event())
+    ev = torch.accel.Event(interprocess=True)
+    handle = ev.ipc_handle()
+    assert isinstance(handle, bytes) and len(handle) == 64
+    with pytest.raises(RuntimeError, match="names an event of this process"):
+        torch.accel.Event.from_ipc_handle(0, handle)
+    with pytest.raises(ValueError, match="64 bytes"):
+        torch.accel.Event.from_ipc_handle(0, b"short")
+    with pytest.raises(RuntimeError, match="on device 9"):
+        torch.accel.Event.from_ipc_handle(9, handle)
+    # torch's generic paths reach it: torch.Stream.wait_event and torch.Event.wait.
+    torch.accelerator.current_stream().wait_event(ev)
+    ev.record()
+    ev.wait(torch.accel.Stream())
+    ev.synchronize()
+    assert ev.query()
+    with pytest.raises(RuntimeError, match="without timing"):
+        ev.elapsed_time(ev)
 
 
 def test_tensors_the_child_makes_reach_the_parent(child) -> None:

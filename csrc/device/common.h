@@ -1,6 +1,8 @@
 // Shared pieces of the PyTorch integration: error translation, stream ids, device indices.
 #pragma once
 
+#include <c10/core/Event.h>
+
 #include <c10/core/Device.h>
 #include <c10/core/Stream.h>
 #include <c10/util/Exception.h>
@@ -51,5 +53,12 @@ inline rt::Stream to_rt(const c10::Stream& s) {
 // The device index meant by `index` (-1: the current device).
 c10::DeviceIndex resolve_device(c10::DeviceIndex index);
 c10::DeviceIndex current_device();
+
+// Makes `event` (never recorded) hold the runtime event `e` of `stream`'s device, as if it had
+// been recorded there but without recording it: c10::Event has no constructor taking a backend
+// event, and its waits and queries act only on an event marked for recording. Interprocess
+// events (torch.accel.Event(interprocess=True), from_ipc_handle) are made this way, so that
+// every torch path (torch.Stream.wait_event, torch.Event.wait) reaches them.
+void adopt_event(c10::Event& event, rt::Event e, const c10::Stream& stream);
 
 }  // namespace accel::device

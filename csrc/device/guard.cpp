@@ -12,6 +12,9 @@ rt::Event as_event(void* e) {
   return rt::Event::from_bits(reinterpret_cast<uintptr_t>(e));
 }
 
+// adopt_event's runtime event for the record() it calls (0: none).
+thread_local uint64_t tls_adopted_event = 0;
+
 class AccelGuardImpl final : public c10::impl::DeviceGuardImplInterface {
  public:
   c10::DeviceType type() const override { return kAccel; }
@@ -88,6 +91,11 @@ class AccelGuardImpl final : public c10::impl::DeviceGuardImplInterface {
                 "accel: the event was recorded on device ", static_cast<int>(device_index),
                 " and cannot be recorded on a stream of device ",
                 static_cast<int>(stream.device_index()));
+    if (*event == nullptr && tls_adopted_event != 0) {  // adopt_event: no record
+      *event = reinterpret_cast<void*>(static_cast<uintptr_t>(tls_adopted_event));
+      tls_adopted_event = 0;
+      return;
+    }
     call([&] {
       if (*event == nullptr) {
         const rt::Event e =
@@ -156,4 +164,17 @@ class AccelGuardImpl final : public c10::impl::DeviceGuardImplInterface {
 C10_REGISTER_GUARD_IMPL(PrivateUse1, AccelGuardImpl);
 
 }  // namespace
+
+void adopt_event(c10::Event& event, rt::Event e, const c10::Stream& stream) {
+  TORCH_CHECK(event.eventId() == nullptr, "adopt_event: the event already holds one");
+  tls_adopted_event = e.bits();
+  try {
+    event.record(stream);
+  } catch (...) {
+    tls_adopted_event = 0;
+    throw;
+  }
+  TORCH_CHECK(tls_adopted_event == 0 && event.eventId() != nullptr,
+              "adopt_event: the event was not adopted");
+}
 }  // namespace accel::device

@@ -1,11 +1,14 @@
 // Bindings of the PyTorch integration (torch.accel builds on these).
 #include <ATen/Context.h>
+#include <torch/csrc/Event.h>
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/Generator.h>
 #include <torch/csrc/utils/device_lazy_init.h>
 #include <torch/csrc/utils/pybind.h>
 
 #include <cstring>
+#include <optional>
+#include <string>
 
 #include "aten/executor.h"
 #include "aten/fallback.h"
@@ -24,6 +27,15 @@ namespace accel::python {
 namespace {
 
 PyObject* g_capture_error = nullptr;
+
+THPEvent* checked_event(py::handle obj) {
+  if (!THPEvent_Check(obj.ptr())) throw py::type_error("expected a torch.Event");
+  auto* e = reinterpret_cast<THPEvent*>(obj.ptr());
+  if (e->event.device_type() != device::kAccel) {
+    throw py::value_error("expected an accel event, got one of another device");
+  }
+  return e;
+}
 
 // torch_accel.CaptureError raised from inside an operator: torch's own bindings translate
 // torch::PyTorchError to its python_type(), where a c10::Error would become a plain RuntimeError.
@@ -127,6 +139,48 @@ void init_torch_bindings(py::module_& m, PyObject* capture_error) {
         });
       },
       py::arg("start"), py::arg("end"));
+
+  // torch.accel.Event(interprocess=True) and Event.from_ipc_handle: the torch.Event `event` (just
+  // made, never recorded) takes an interprocess runtime event, new or opened from `handle`.
+  m.def(
+      "_event_adopt_interprocess",
+      [](py::handle event, int device, std::optional<py::bytes> handle) {
+        THPEvent* self = checked_event(event);
+        std::optional<rt::IpcEventHandle> h;
+        if (handle.has_value()) {
+          const std::string bytes = *handle;
+          if (bytes.size() != sizeof(rt::IpcEventHandle::bytes)) {
+            throw py::value_error("from_ipc_handle: an accel event handle has " +
+                                  std::to_string(sizeof(rt::IpcEventHandle::bytes)) +
+                                  " bytes, got " + std::to_string(bytes.size()));
+          }
+          h.emplace();
+          std::memcpy(h->bytes, bytes.data(), bytes.size());
+        }
+        const rt::Event e = device::call([&] {
+          return h ? rt::event_open_ipc_handle(device, *h) : rt::event_create_interprocess(device);
+        });
+        try {
+          device::adopt_event(self->event, e, device::to_c10(rt::current_stream(device)));
+        } catch (...) {
+          rt::event_destroy(e);
+          throw;
+        }
+      },
+      py::arg("event"), py::arg("device"), py::arg("handle") = py::none());
+  m.def("_event_ipc_handle", [](py::handle event) {
+    THPEvent* self = checked_event(event);
+    void* id = self->event.eventId();
+    if (id == nullptr) {
+      throw py::value_error(
+          "ipc_handle: the event is not an interprocess event; create it with "
+          "torch.accel.Event(interprocess=True)");
+    }
+    const rt::IpcEventHandle h = device::call([&] {
+      return rt::event_ipc_handle(rt::Event::from_bits(reinterpret_cast<uintptr_t>(id)));
+    });
+    return py::bytes(reinterpret_cast<const char*>(h.bytes), sizeof(h.bytes));
+  });
 
   m.def("fallback_stats", [] {
     py::dict d;

@@ -52,6 +52,18 @@ void Driver::ipc_close_mem_handle(int device, void*) {
   ipc_get_mem_handle(device, nullptr, 0);
 }
 
+DriverEvent Driver::event_create_ipc(int) {
+  ACCEL_RT_THROW(NotSupportedError, "the ", name(),
+                 " driver has no events that other processes can wait on");
+}
+IpcEventHandle Driver::ipc_get_event_handle(DriverEvent) {
+  event_create_ipc(0);
+  return {};
+}
+DriverEvent Driver::ipc_open_event_handle(int device, const IpcEventHandle&) {
+  return event_create_ipc(device);
+}
+
 int64_t Driver::device_sensor(int, Sensor sensor) {
   ACCEL_RT_THROW(NotSupportedError, "the ", name(), " driver does not report ",
                  sensor_name(sensor));

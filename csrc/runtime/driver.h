@@ -207,6 +207,22 @@ class ACCEL_RT_API Driver {
   // CUDA: cudaIpcCloseMemHandle.  L0: zeMemCloseIpcHandle.  Host: munmap.
   virtual void ipc_close_mem_handle(int device, void* ptr);
 
+  // --- interprocess events (capabilities().ipc_events) -----------------------------------
+  // An event that other processes can open, record and wait on (torch.cuda.Event(interprocess=
+  // True)), without timing; destroyed with event_destroy. The default throws NotSupportedError.
+  // CUDA: cudaEventCreateWithFlags(cudaEventInterprocess | cudaEventDisableTiming).  L0: an
+  // event of a pool created with ZE_EVENT_POOL_FLAG_IPC.  Host: the event's counters in a
+  // memory file (memfd) of the driver's, waited on with futexes.
+  virtual DriverEvent event_create_ipc(int device);
+  // The handle another process opens. CUDA: cudaIpcGetEventHandle.  L0: zeEventPoolGetIpcHandle
+  // and the index.  Host: the memory file, the slot in it, and the process.
+  virtual IpcEventHandle ipc_get_event_handle(DriverEvent event);
+  // An event of this process that is the other process's event: its records, waits and queries
+  // act on the same completion state. Destroyed with event_destroy (the event stays with its
+  // creator). InvalidValueError for a handle that is not this driver's or whose process is gone.
+  // CUDA: cudaIpcOpenEventHandle.  L0: zeEventPoolOpenIpcHandle.  Host: mmap of the file.
+  virtual DriverEvent ipc_open_event_handle(int device, const IpcEventHandle& handle);
+
   // --- sensors ------------------------------------------------------------------------
   // What a sensor of the device reads now (units and periods: Sensor). The default throws
   // NotSupportedError, as should a driver for a sensor its device lacks.
@@ -245,7 +261,8 @@ struct HostDriverOptions {
   DriverCapabilities capabilities{.host_accessible_memory = true,
                                   .native_handles = true,
                                   .virtual_memory = true,
-                                  .ipc_memory = true};
+                                  .ipc_memory = true,
+                                  .ipc_events = true};
 
   // ACCEL_HOST_DEVICES, ACCEL_HOST_MEMORY, ACCEL_LAUNCH_BLOCKING, ACCEL_PROTECT_DEVICE_MEMORY,
   // ACCEL_MAX_KERNEL_ARGS and ACCEL_MAX_KERNEL_BUFFERS (InitError naming a malformed one).

@@ -232,6 +232,14 @@ typedef struct accel_driver_table {
   int (*ipc_open_mem_handle)(accel_driver* self, int device, const accel_drv_ipc_handle* handle,
                              void** out, size_t* size);
   int (*ipc_close_mem_handle)(accel_driver* self, int device, void* ptr);
+  /* Interprocess events (accel::rt::Driver::event_create_ipc, ipc_get_event_handle,
+   * ipc_open_event_handle), events other processes wait on: all three, or none (absent: events
+   * stay in their process). Events made by either are destroyed with event_destroy. The handle
+   * has cudaIpcEventHandle_t's size, as accel_drv_ipc_handle. */
+  int (*event_create_ipc)(accel_driver* self, int device, accel_drv_event* out);
+  int (*ipc_get_event_handle)(accel_driver* self, accel_drv_event event, accel_drv_ipc_handle* out);
+  int (*ipc_open_event_handle)(accel_driver* self, int device, const accel_drv_ipc_handle* handle,
+                               accel_drv_event* out);
 } accel_driver_table;
 
 /* The symbol a driver library exports (and one optional one, below):

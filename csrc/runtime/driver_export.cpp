@@ -293,6 +293,24 @@ void fill_entries(accel_driver_table& t) {
   t.ipc_close_mem_handle = [](accel_driver* s, int device, void* ptr) {
     return guarded([&] { drv(s).ipc_close_mem_handle(device, ptr); });
   };
+  t.event_create_ipc = [](accel_driver* s, int device, accel_drv_event* out) {
+    return guarded(
+        [&] { *out = reinterpret_cast<accel_drv_event>(drv(s).event_create_ipc(device)); });
+  };
+  t.ipc_get_event_handle = [](accel_driver* s, accel_drv_event e, accel_drv_ipc_handle* out) {
+    return guarded([&] {
+      const IpcEventHandle h = drv(s).ipc_get_event_handle(event(e));
+      std::memcpy(out->bytes, h.bytes, sizeof(out->bytes));
+    });
+  };
+  t.ipc_open_event_handle = [](accel_driver* s, int device, const accel_drv_ipc_handle* handle,
+                               accel_drv_event* out) {
+    return guarded([&] {
+      IpcEventHandle h;
+      std::memcpy(h.bytes, handle->bytes, sizeof(h.bytes));
+      *out = reinterpret_cast<accel_drv_event>(drv(s).ipc_open_event_handle(device, h));
+    });
+  };
   t.pointer_attributes = [](accel_driver* s, const void* ptr, accel_drv_pointer_attributes* out) {
     return guarded([&] {
       const PointerAttributes a = drv(s).pointer_attributes(ptr);
@@ -337,6 +355,11 @@ int export_driver(std::unique_ptr<Driver> driver, accel_driver_table* table, std
     t.ipc_get_mem_handle = nullptr;
     t.ipc_open_mem_handle = nullptr;
     t.ipc_close_mem_handle = nullptr;
+  }
+  if (!c.ipc_events) {  // absent entries say "no interprocess events"
+    t.event_create_ipc = nullptr;
+    t.ipc_get_event_handle = nullptr;
+    t.ipc_open_event_handle = nullptr;
   }
   t.struct_size = static_cast<uint32_t>(std::min(table_size, sizeof(t)));
   std::memcpy(static_cast<void*>(table), &t, t.struct_size);

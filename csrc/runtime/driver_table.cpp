@@ -66,7 +66,9 @@ class TableDriver final : public Driver {
                               t_.va_release != nullptr && t_.va_map != nullptr &&
                               t_.va_unmap != nullptr,
             .ipc_memory = t_.ipc_get_mem_handle != nullptr && t_.ipc_open_mem_handle != nullptr &&
-                          t_.ipc_close_mem_handle != nullptr};
+                          t_.ipc_close_mem_handle != nullptr,
+            .ipc_events = t_.event_create_ipc != nullptr && t_.ipc_get_event_handle != nullptr &&
+                          t_.ipc_open_event_handle != nullptr};
   }
 
   int device_count() override {
@@ -313,6 +315,29 @@ class TableDriver final : public Driver {
     if (!lost()) {
       run("ipc_close_mem_handle", [&] { return t_.ipc_close_mem_handle(t_.self, device, ptr); });
     }
+  }
+  DriverEvent event_create_ipc(int device) override {
+    if (!capabilities().ipc_events) return Driver::event_create_ipc(device);
+    accel_drv_event e = nullptr;
+    run("event_create_ipc", [&] { return t_.event_create_ipc(t_.self, device, &e); });
+    return reinterpret_cast<DriverEvent>(e);
+  }
+  IpcEventHandle ipc_get_event_handle(DriverEvent event) override {
+    if (!capabilities().ipc_events) return Driver::ipc_get_event_handle(event);
+    accel_drv_ipc_handle h{};
+    run("ipc_get_event_handle", [&] { return t_.ipc_get_event_handle(t_.self, ce(event), &h); });
+    IpcEventHandle out;
+    static_assert(sizeof(out.bytes) == sizeof(h.bytes));
+    std::memcpy(out.bytes, h.bytes, sizeof(out.bytes));
+    return out;
+  }
+  DriverEvent ipc_open_event_handle(int device, const IpcEventHandle& handle) override {
+    if (!capabilities().ipc_events) return Driver::ipc_open_event_handle(device, handle);
+    accel_drv_ipc_handle h{};
+    std::memcpy(h.bytes, handle.bytes, sizeof(h.bytes));
+    accel_drv_event e = nullptr;
+    run("ipc_open_event_handle", [&] { return t_.ipc_open_event_handle(t_.self, device, &h, &e); });
+    return reinterpret_cast<DriverEvent>(e);
   }
   int64_t device_sensor(int device, Sensor sensor) override {
     if (t_.device_sensor == nullptr) return Driver::device_sensor(device, sensor);

@@ -146,6 +146,9 @@ struct StreamObj : Slotted {
 struct EventObj : Slotted {
   int device = 0;
   bool timing = false;
+  bool interprocess = false;  // made by event_create_interprocess or event_open_ipc_handle
+  bool ipc_own = false;       // made by event_create_interprocess: its handle is this
+  IpcEventHandle ipc_handle;  // process's, as listed by ipc.cpp
   DriverEvent de = nullptr;
   std::atomic<bool> recorded{false};
   // The capture this event was last recorded in (0: last recorded eagerly).
@@ -153,6 +156,10 @@ struct EventObj : Slotted {
 
   Event handle() const noexcept { return Event::from_bits(handle_bits()); }
 };
+
+// ipc.cpp: an interprocess event of this process is destroyed (its handle no longer names one
+// of this process's events).
+void forget_own_ipc_event(const IpcEventHandle& handle);
 
 struct CaptureState {
   uint64_t id = 0;

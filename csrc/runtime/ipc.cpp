@@ -1,4 +1,4 @@
-// Interprocess memory: device allocations shared with other processes.
+// Interprocess memory: device allocations shared with other processes; and interprocess events.
 //
 // The exporter asks the driver for a handle of the allocation's segment (CUDA: cudaIpcMemHandle;
 // host: its memory file's range) and gives the allocation a counter in its counter file, a memfd
@@ -13,6 +13,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <string>
@@ -287,7 +288,100 @@ std::size_t ipc_pending(int device) {
   return n;
 }
 
+// --- interprocess events --------------------------------------------------------------------
+
+namespace {
+
+// The handles of this process's own interprocess events (CUDA refuses to open them here).
+struct OwnEvents {
+  std::mutex m;
+  std::map<std::string, int> handles;
+};
+OwnEvents& own_events() {
+  static auto* o = new OwnEvents();  // outlives stream workers at exit
+  return *o;
+}
+std::string handle_key(const IpcEventHandle& h) {
+  return std::string(reinterpret_cast<const char*>(h.bytes), sizeof(h.bytes));
+}
+
+Event make_interprocess_event(int device, const char* call,
+                              const std::function<DriverEvent()>& make_driver_event) {
+  Runtime& rt = Runtime::get();
+  const int d = rt.resolve_device(device, call);
+  ACCEL_RT_CHECK(rt.capabilities.ipc_events, NotSupportedError, call, ": the ", rt.driver->name(),
+                 " driver has no events that other processes can wait on");
+  detail::EventObj* obj = rt.events.acquire(
+      [](detail::EventObj&) { return false; },  // never a recycled one: a fresh driver event
+      [&](uint32_t slot) {
+        auto e = std::make_unique<detail::EventObj>();
+        e->slot = slot;
+        e->device = d;
+        e->de = make_driver_event();
+        return e.release();
+      });
+  obj->interprocess = true;
+  // Another process may have recorded it: waits and queries ask the driver.
+  obj->recorded.store(true);
+  obj->capture_id.store(0);
+  obj->live.store(true, std::memory_order_release);
+  return obj->handle();
+}
+
+}  // namespace
+
+Event event_create_interprocess(int device) {
+  Runtime& rt = Runtime::get();
+  const int d = rt.resolve_device(device, "event_create_interprocess");
+  const Event event = make_interprocess_event(d, "event_create_interprocess",
+                                              [&] { return rt.driver->event_create_ipc(d); });
+  detail::EventObj& e = rt.event(event, "event_create_interprocess");
+  try {
+    e.ipc_handle = rt.driver->ipc_get_event_handle(e.de);
+  } catch (...) {
+    event_destroy(event);
+    throw;
+  }
+  e.ipc_own = true;
+  OwnEvents& own = own_events();
+  std::lock_guard<std::mutex> lock(own.m);
+  ++own.handles[handle_key(e.ipc_handle)];
+  return event;
+}
+
+IpcEventHandle event_ipc_handle(Event event) {
+  Runtime& rt = Runtime::get();
+  detail::EventObj& e = rt.event(event, "event_ipc_handle");
+  ACCEL_RT_CHECK(e.interprocess, InvalidValueError,
+                 "event_ipc_handle: the event is not an interprocess event; create it with "
+                 "interprocess=True (event_create_interprocess)");
+  return e.ipc_own ? e.ipc_handle : rt.driver->ipc_get_event_handle(e.de);
+}
+
+Event event_open_ipc_handle(int device, const IpcEventHandle& handle) {
+  Runtime& rt = Runtime::get();
+  ACCEL_RT_CHECK(device >= 0 && device < rt.num_devices, InvalidDeviceError,
+                 "event_open_ipc_handle: the event is on device ", device, ", and ",
+                 rt.device_range_text());
+  {
+    OwnEvents& own = own_events();
+    std::lock_guard<std::mutex> lock(own.m);
+    ACCEL_RT_CHECK(own.handles.count(handle_key(handle)) == 0, InvalidValueError,
+                   "event_open_ipc_handle: the handle names an event of this process (CUDA "
+                   "opens only other processes' handles); use that event itself");
+  }
+  return make_interprocess_event(device, "event_open_ipc_handle",
+                                 [&] { return rt.driver->ipc_open_event_handle(device, handle); });
+}
+
 namespace detail {
+
+void forget_own_ipc_event(const IpcEventHandle& handle) {
+  OwnEvents& own = own_events();
+  std::lock_guard<std::mutex> lock(own.m);
+  auto it = own.handles.find(handle_key(handle));
+  if (it != own.handles.end() && --it->second == 0) own.handles.erase(it);
+}
 
 bool ipc_keeps(const void* ptr) {
   State& st = state();

@@ -269,6 +269,17 @@ ACCEL_RT_API bool event_query(Event event);
 ACCEL_RT_API void event_synchronize(Event event);
 // Milliseconds from start to end. Both must have been created with timing and completed.
 ACCEL_RT_API float event_elapsed_time(Event start, Event end);
+// Interprocess events (runtime/ipc.cpp; torch.cuda.Event(interprocess=True)): an event, without
+// timing, that other processes open from its handle and then record, wait on, query and
+// synchronize as their own event; all of them act on one completion state. Recording one inside
+// a graph capture is refused (CaptureError). NotSupportedError where the driver has none.
+ACCEL_RT_API Event event_create_interprocess(int device = -1);
+// The handle another process passes to event_open_ipc_handle (InvalidValueError for an event
+// not created by event_create_interprocess).
+ACCEL_RT_API IpcEventHandle event_ipc_handle(Event event);
+// An event of this process on the event another process's handle names (on `device`, the
+// device that event belongs to). InvalidValueError when its process or the event is gone.
+ACCEL_RT_API Event event_open_ipc_handle(int device, const IpcEventHandle& handle);
 
 // --- graphs -------------------------------------------------------------------------------
 ACCEL_RT_API PoolId graph_pool_handle();

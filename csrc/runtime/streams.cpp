@@ -257,8 +257,8 @@ Event event_create(int device, bool enable_timing) {
         // Reuse only an event whose previous records have all completed: it then behaves
         // exactly like a fresh one.
         // No query while a capture is underway (CUDA forbids it): a fresh event then.
-        return e.device == d && e.timing == enable_timing && !rt.capturing_anywhere() &&
-               rt.driver->event_query(e.de);
+        return e.device == d && e.timing == enable_timing && !e.interprocess &&
+               !rt.capturing_anywhere() && rt.driver->event_query(e.de);
       },
       [&](uint32_t slot) {
         auto e = std::make_unique<detail::EventObj>();  // freed if the driver refuses
@@ -279,11 +279,15 @@ void event_destroy(Event event) {
   detail::EventObj& e = rt.event(event, "event_destroy");
   // An event last recorded in a capture is a graph node to CUDA, not a record: querying it
   // before an eager record fails (cudaErrorCapturedEvent), so event_create could not recycle it.
-  // A fresh driver event takes its place.
-  if (e.capture_id.load(std::memory_order_acquire) != 0) {
+  // A fresh driver event takes its place, as it does for an interprocess event (whose state
+  // other processes may still share).
+  if (e.ipc_own) detail::forget_own_ipc_event(e.ipc_handle);
+  e.ipc_own = false;
+  if (e.capture_id.load(std::memory_order_acquire) != 0 || e.interprocess) {
     DriverEvent fresh = rt.driver->event_create(e.device, e.timing);
     rt.driver->event_destroy(e.de);
     e.de = fresh;
+    e.interprocess = false;
   }
   e.retire();
   rt.events.release(e.slot);
@@ -302,6 +306,10 @@ void event_record(Event event, Stream stream) {
                  "device ",
                  e.device, " but ", detail::describe(stream), " is on device ", s.device,
                  "; create the event on the stream's device");
+  if (e.interprocess) {
+    rt.refuse_capture(s, "event_record of an interprocess event",
+                      "other processes cannot follow a record inside a graph");
+  }
   if (s.capturing.load(std::memory_order_acquire)) {
     std::lock_guard<std::mutex> lock(rt.capture_mutex);
     if (s.capture != nullptr) {

@@ -118,6 +118,12 @@ struct IpcMemHandle {
   unsigned char bytes[64] = {};
 };
 
+// A driver's handle of an interprocess event (cudaIpcEventHandle_t's size): opaque bytes, as
+// IpcMemHandle.
+struct IpcEventHandle {
+  unsigned char bytes[64] = {};
+};
+
 struct MemoryInfo {
   uint64_t free = 0;
   uint64_t total = 0;
@@ -258,6 +264,8 @@ struct DriverCapabilities {
   bool ipc_memory = false;              // ipc_get_mem_handle/ipc_open_mem_handle/
                                         // ipc_close_mem_handle (memory shared with other
                                         // processes)
+  bool ipc_events = false;              // event_create_ipc/ipc_get_event_handle/
+                                        // ipc_open_event_handle (events other processes wait on)
 };
 
 // What a pointer is (cudaPointerGetAttributes): memory of the runtime's allocators, or what the

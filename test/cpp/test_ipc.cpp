@@ -2,6 +2,8 @@
 // keeping of freed allocations, with the runtime importing its own exports (as its own memory;
 // CUDA does not open a process's own handles). test_multiprocessing.py crosses processes. Skips
 // on drivers that cannot share memory.
+#include <atomic>
+#include <cstring>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -156,6 +158,84 @@ TEST_F(Ipc, BadInputIsRefused) {
   memset(y, 1, 512);
   EXPECT_EQ(download(static_cast<unsigned char*>(y), 1)[0], 1);
   free(y);
+}
+
+// Interprocess events within one process (test_multiprocessing.py crosses processes): they
+// order streams as events do, their handles are refused here as CUDA refuses them, and they
+// cannot time or be recorded inside a capture.
+class IpcEvent : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!driver_capabilities().ipc_events) {
+      GTEST_SKIP() << "the " << driver_name() << " driver has no interprocess events";
+    }
+  }
+};
+
+TEST_F(IpcEvent, OrdersStreamsAsAnEvent) {
+  SKIP_IF_LAUNCH_BLOCKING();
+  Stream producer = stream_create(), consumer = stream_create();
+  Event ready = event_create_interprocess(0);
+  EXPECT_TRUE(event_query(ready));  // never recorded
+  testing::Gate gate;
+  std::atomic<int> value{0};
+  int seen = -1;
+  launch_host_func(producer, [&] {
+    gate.wait();
+    value = 7;
+  });
+  event_record(ready, producer);
+  stream_wait_event(consumer, ready);
+  launch_host_func(consumer, [&] { seen = value.load(); });
+  EXPECT_FALSE(event_query(ready));
+  EXPECT_FALSE(stream_query(consumer));  // behind the producer
+  gate.open();
+  event_synchronize(ready);
+  EXPECT_TRUE(event_query(ready));
+  stream_synchronize(consumer);
+  EXPECT_EQ(seen, 7);
+  event_destroy(ready);
+  stream_destroy(producer);
+  stream_destroy(consumer);
+}
+
+TEST_F(IpcEvent, HandlesAndTheirErrors) {
+  Event e = event_create_interprocess(1 % device_count());
+  const IpcEventHandle h = event_ipc_handle(e);
+  EXPECT_EQ(std::memcmp(h.bytes, event_ipc_handle(e).bytes, sizeof(h.bytes)), 0);
+  EXPECT_RT_ERROR(event_open_ipc_handle(event_device(e), h), InvalidValueError,
+                  "names an event of this process");
+  EXPECT_RT_ERROR(event_open_ipc_handle(99, h), InvalidDeviceError, "on device 99");
+  EXPECT_ANY_THROW(event_open_ipc_handle(0, IpcEventHandle{}));
+  Event plain = event_create();
+  EXPECT_RT_ERROR(event_ipc_handle(plain), InvalidValueError, "not an interprocess event");
+  event_record(e, default_stream(event_device(e)));
+  event_record(plain, default_stream(0));
+  event_synchronize(e);
+  event_synchronize(plain);
+  EXPECT_RT_ERROR(event_elapsed_time(e, e), InvalidValueError, "without timing");
+  event_destroy(e);
+  EXPECT_RT_ERROR(event_ipc_handle(e), InvalidHandleError, "was destroyed");
+  // A recycled runtime event is an ordinary one again.
+  Event again = event_create();
+  EXPECT_RT_ERROR(event_ipc_handle(again), InvalidValueError, "not an interprocess event");
+  event_destroy(again);
+  event_destroy(plain);
+}
+
+TEST_F(IpcEvent, ARecordInsideACaptureIsRefused) {
+  if (!driver_capabilities().graphs) GTEST_SKIP() << "no graphs";
+  Stream s = stream_create();
+  Event e = event_create_interprocess(0);
+  Graph g = graph_create();
+  graph_capture_begin(g, s);
+  EXPECT_RT_ERROR(event_record(e, s), CaptureError, "interprocess event");
+  EXPECT_RT_ERROR(graph_capture_end(g), CaptureError, "invalidated");
+  graph_destroy(g);
+  event_record(e, s);  // eagerly, afterwards
+  event_synchronize(e);
+  event_destroy(e);
+  stream_destroy(s);
 }
 
 }  // namespace

@@ -78,21 +78,51 @@ def get_stream_from_external(data_ptr: int, device: Any = None) -> Stream:
 class Event(torch.Event):
     """An accel event, created on the current accel device.
 
-    ``blocking`` and ``interprocess`` are accepted for torch.cuda compatibility; synchronizing an
-    accel event always blocks the calling thread, and interprocess events are not supported.
+    ``interprocess=True`` makes an event that other processes open, from ``ipc_handle()``
+    through ``Event.from_ipc_handle(device, handle)`` or by sending the event itself through
+    torch.multiprocessing, and then record, wait on, query and synchronize as their own: all of
+    them act on one completion state (``torch.cuda.Event(interprocess=True)``; without timing, as
+    CUDA requires). ``blocking`` is accepted for torch.cuda compatibility; synchronizing an accel
+    event always blocks the calling thread.
     """
 
     def __new__(
         cls, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False
     ) -> Event:
-        if interprocess:
-            raise NotImplementedError(
-                "accel events cannot be shared between processes (interprocess=True); tensors "
-                "sent through torch.multiprocessing need none: the sender's current stream is "
-                "synchronized before they are sent"
+        if interprocess and enable_timing:
+            raise ValueError(
+                "an interprocess accel event cannot time (as with CUDA): create it with "
+                "enable_timing=False"
             )
         device = torch.device("accel", _lazy_device_index(None))
-        return super().__new__(cls, device=device, enable_timing=enable_timing)
+        event = super().__new__(cls, device=device, enable_timing=enable_timing)
+        if interprocess:
+            from torch_accel import _C
+
+            _C._event_adopt_interprocess(event, device.index)
+        return event
+
+    @classmethod
+    def from_ipc_handle(cls, device: Any, handle: bytes) -> Event:
+        """The interprocess event of another process that ``handle`` (its ``ipc_handle()``)
+        names, on ``device`` (the device it belongs to)."""
+        from torch_accel import _C
+
+        index = _lazy_device_index(device)
+        event = super().__new__(cls, device=torch.device("accel", index), enable_timing=False)
+        _C._event_adopt_interprocess(event, index, bytes(handle))
+        return event
+
+    def ipc_handle(self) -> bytes:
+        """The handle another process opens this interprocess event with
+        (``Event.from_ipc_handle``)."""
+        from torch_accel import _C
+
+        return _C._event_ipc_handle(self)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Pickled for torch.multiprocessing as its handle, as torch does with CUDA events.
+        return (_rebuild_event, (self.device.index, self.ipc_handle()))
 
     def elapsed_time(self, end_event: torch.Event) -> float:
         """Milliseconds between this event and ``end_event``; both must have completed."""
@@ -162,3 +192,7 @@ def set_stream(stream: torch.Stream) -> None:
 
     _lazy_init()
     torch.accelerator.set_stream(stream)
+
+
+def _rebuild_event(device: int, handle: bytes) -> Event:
+    return Event.from_ipc_handle(device, handle)

@@ -144,8 +144,25 @@ struct CUstream_st {
   std::vector<std::size_t> deps;
 };
 
+namespace cuda_emulator {
+// An interprocess event's state, in a memory file other processes map (ipc_events.cpp).
+struct IpcEventState {
+  uint64_t recorded;  // records issued, by any process
+  uint64_t done;      // highest record completed
+};
+// The interprocess part of cudaEventRecord, cudaStreamWaitEvent, cudaEventQuery and
+// cudaEventSynchronize (ipc_events.cpp).
+cudaError_t ipc_event_record(CUevent_st* e, CUstream_st* s);
+cudaError_t ipc_event_wait(CUstream_st* s, CUevent_st* e);
+cudaError_t ipc_event_query_or_wait(CUevent_st* e, bool block);
+cudaError_t ipc_event_create(cudaEvent_t* event, unsigned flags);
+}  // namespace cuda_emulator
+
 struct CUevent_st {
   unsigned flags = 0;
+  // cudaEventInterprocess: the state all processes share, and the mapping holding it.
+  cuda_emulator::IpcEventState* ipc = nullptr;
+  std::shared_ptr<void> ipc_file;
   // Under the global lock: the latest record (eager: a place in a stream's queue; captured: the
   // capture's nodes before it).
   bool recorded = false;

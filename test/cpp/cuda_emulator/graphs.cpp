@@ -49,6 +49,7 @@ void end_capture(Capture* c) {  // under the lock
 // cudaEventQuery (block false) and cudaEventSynchronize (block true) on the event's latest
 // eager record; refused for a captured record or a potentially unsafe call during capture.
 cudaError_t query_or_wait(CUevent_st* e, bool block) {
+  if (e->ipc != nullptr) return ipc_event_query_or_wait(e, block);
   std::shared_ptr<Progress> progress;
   uint64_t seq = 0;
   {
@@ -147,6 +148,7 @@ extern "C" {
 
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int flags) {
   EMU_ENTER();
+  if ((flags & cudaEventInterprocess) != 0) return fail(ipc_event_create(event, flags));
   auto* e = new CUevent_st;
   e->flags = flags;
   *event = e;
@@ -164,6 +166,7 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
   EMU_ENTER();
   if (event == nullptr) return fail(cudaErrorInvalidResourceHandle);
   CUstream_st* s = resolve(stream);
+  if (event->ipc != nullptr) return fail(ipc_event_record(event, s));
   std::lock_guard<std::mutex> lock(global_mutex());
   ++event->generation;
   event->recorded = true;
@@ -195,6 +198,7 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned
   EMU_ENTER();
   if (event == nullptr) return fail(cudaErrorInvalidResourceHandle);
   CUstream_st* s = resolve(stream);
+  if (event->ipc != nullptr) return fail(ipc_event_wait(s, event));
   std::shared_ptr<Progress> progress;
   uint64_t seq = 0;
   {

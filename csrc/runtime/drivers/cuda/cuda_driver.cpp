@@ -210,6 +210,7 @@ class CudaDriver final : public Driver {
     c.native_handles = true;
     c.virtual_memory = vmm_ok_;
     c.ipc_memory = true;
+    c.ipc_events = true;
     return c;
   }
 
@@ -384,6 +385,32 @@ class CudaDriver final : public Driver {
   void event_destroy(DriverEvent event) override {
     std::unique_ptr<CudaEventObj> e(as_event(event));
     check(cudaEventDestroy(e->event), "cudaEventDestroy");
+  }
+  // Interprocess events: CUDA requires them without timing.
+  DriverEvent event_create_ipc(int device) override {
+    check(cudaSetDevice(device), "cudaSetDevice");
+    auto e = std::make_unique<CudaEventObj>();
+    e->device = device;
+    check(cudaEventCreateWithFlags(&e->event, cudaEventInterprocess | cudaEventDisableTiming),
+          "cudaEventCreateWithFlags");
+    return reinterpret_cast<DriverEvent>(e.release());
+  }
+  IpcEventHandle ipc_get_event_handle(DriverEvent event) override {
+    cudaIpcEventHandle_t h{};
+    check(cudaIpcGetEventHandle(&h, as_event(event)->event), "cudaIpcGetEventHandle");
+    IpcEventHandle out;
+    static_assert(sizeof(h) <= sizeof(out.bytes));
+    std::memcpy(out.bytes, &h, sizeof(h));
+    return out;
+  }
+  DriverEvent ipc_open_event_handle(int device, const IpcEventHandle& handle) override {
+    check(cudaSetDevice(device), "cudaSetDevice");
+    cudaIpcEventHandle_t h{};
+    std::memcpy(&h, handle.bytes, sizeof(h));
+    auto e = std::make_unique<CudaEventObj>();
+    e->device = device;
+    check(cudaIpcOpenEventHandle(&e->event, h), "cudaIpcOpenEventHandle");
+    return reinterpret_cast<DriverEvent>(e.release());
   }
   void event_record(DriverEvent event, DriverStream stream) override {
     check(cudaEventRecord(as_event(event)->event, as_stream(stream)->stream), "cudaEventRecord");

@@ -312,11 +312,24 @@ class HostDriver final : public Driver {
 
   void event_destroy(DriverEvent event) override { delete reinterpret_cast<EventRef*>(event); }
 
+  // Interprocess events: the counts in a shared memory file (ipc_events.cpp).
+  DriverEvent event_create_ipc(int device) override {
+    return reinterpret_cast<DriverEvent>(new EventRef{create_ipc_event(device)});
+  }
+  IpcEventHandle ipc_get_event_handle(DriverEvent event) override {
+    return ipc_event_handle(*as_event(event));
+  }
+  DriverEvent ipc_open_event_handle(int device, const IpcEventHandle& handle) override {
+    return reinterpret_cast<DriverEvent>(new EventRef{open_ipc_event(device, handle)});
+  }
+
   void event_record(DriverEvent event, DriverStream stream) override {
     std::shared_ptr<HostEvent> ev = reinterpret_cast<EventRef*>(event)->ev;
     HostStream* s = as_stream(stream);
     std::unique_lock<std::mutex> slock(s->m);
     if (s->capture) {
+      ACCEL_RT_CHECK(!ev->shared, CaptureError,
+                     "event_record: an interprocess event cannot be recorded in a graph capture");
       std::lock_guard<std::mutex> elock(ev->m);
       ev->capture = s->capture;
       ev->capture_frontier = s->frontier;
@@ -325,7 +338,7 @@ class HostDriver final : public Driver {
     uint64_t version;
     {
       std::lock_guard<std::mutex> elock(ev->m);
-      version = ++ev->recorded;
+      version = ev->issue_record();
       ev->capture.reset();
       ev->capture_frontier.clear();
     }
@@ -344,8 +357,8 @@ class HostDriver final : public Driver {
       std::lock_guard<std::mutex> elock(ev->m);
       cap = ev->capture.lock();
       cap_frontier = ev->capture_frontier;
-      version = ev->recorded;
-      done = ev->done >= ev->recorded;
+      version = ev->last_record();
+      done = ev->completed() >= version;
     }
     std::unique_lock<std::mutex> slock(s->m);
     if (cap) {
@@ -377,7 +390,7 @@ class HostDriver final : public Driver {
     check_capture_safe("event_query");
     HostEvent* ev = as_event(event);
     std::lock_guard<std::mutex> lock(ev->m);
-    return ev->done >= ev->recorded;
+    return ev->completed() >= ev->last_record();
   }
 
   void event_synchronize(DriverEvent event) override {
@@ -386,7 +399,7 @@ class HostDriver final : public Driver {
     uint64_t version;
     {
       std::lock_guard<std::mutex> lock(ev->m);
-      version = ev->recorded;
+      version = ev->last_record();
     }
     ev->wait_for(version);
   }

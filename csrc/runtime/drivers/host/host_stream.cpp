@@ -20,6 +20,7 @@ uint32_t Capture::add_node(Task task, std::vector<uint32_t> deps, const char* la
 }
 
 void HostEvent::complete(uint64_t version) {
+  if (shared) return shared->complete(version);
   const auto now = std::chrono::steady_clock::now();
   {
     std::lock_guard<std::mutex> lock(m);
@@ -32,6 +33,7 @@ void HostEvent::complete(uint64_t version) {
 }
 
 void HostEvent::wait_for(uint64_t version) {
+  if (shared) return shared->wait_for(version);
   std::unique_lock<std::mutex> lock(m);
   cv.wait(lock, [&] { return done >= version; });
 }

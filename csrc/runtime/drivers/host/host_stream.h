@@ -21,6 +21,7 @@
 
 #include "runtime/driver.h"
 #include "runtime/drivers/host/busy_clock.h"
+#include "runtime/drivers/host/ipc_events.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -85,13 +86,26 @@ struct HostEvent {
   // Set when last recorded on a capturing stream.
   std::weak_ptr<Capture> capture;
   std::vector<uint32_t> capture_frontier;
+  // An interprocess event: its counts live there instead (ipc_events.h).
+  std::shared_ptr<SharedEventSlot> shared;
+  IpcEventHandle ipc_handle;  // of the shared one
 
+  // Under m: a new record's version, the latest record's, the highest completed.
+  uint64_t issue_record() { return shared ? shared->issue_record() : ++recorded; }
+  uint64_t last_record() const { return shared ? shared->last_record() : recorded; }
+  uint64_t completed() const { return shared ? shared->completed() : done; }
   void complete(uint64_t version);
   void wait_for(uint64_t version);
 };
 struct EventRef {
   std::shared_ptr<HostEvent> ev;
 };
+
+// Interprocess events (ipc_events.cpp): a new one of `device`, its handle, and an event of this
+// process opened from another's handle.
+std::shared_ptr<HostEvent> create_ipc_event(int device);
+IpcEventHandle ipc_event_handle(const HostEvent& event);
+std::shared_ptr<HostEvent> open_ipc_event(int device, const IpcEventHandle& handle);
 
 // The stream whose worker (or graph branch helper) is running the current task, if any.
 extern thread_local HostStream* tls_worker_stream;
