@@ -144,24 +144,80 @@ def test_memory_freed_while_the_child_holds_it_is_not_reused(child) -> None:
     assert all(o.sum().item() == -1024.0 for o in others)
 
 
+BLOCKING = os.environ.get("ACCEL_LAUNCH_BLOCKING", "") not in ("", "0")
+
+
 def test_an_interprocess_event_orders_the_childs_read_after_the_parents_work(child) -> None:
     x = torch.zeros(256, 256, device="accel")
     assert child("hold", x) == "held"
     ready = torch.accel.Event(interprocess=True)
-    a = torch.randn(1024, 1024, device="accel")
-    for _ in range(12):  # long queued work on the parent's stream, then the write
-        a = torch.tanh(a @ a)
-    x.copy_(a[:256, :256])
-    ready.record()  # still running here (unless launches block)
+    a = torch.randn(256, 256, device="accel")
+    # Each operator's first call here runs synchronously (accel learns its output's layout),
+    # so the operators are called once before the stream is held busy.
+    expected = torch.tanh(a @ a)
+    torch.empty_like(x).copy_(expected)
+    torch.accel._sleep(300_000_000)  # the stream is busy for 0.3 s, then writes
+    x.copy_(torch.tanh(a @ a))
+    ready.record()
+    assert ready.query() == BLOCKING  # launch-blocking ran it all already
     # The child's copy to the CPU waits on its stream for the record, not for the sharing.
     seen, done = child("wait_then_read", ready)
     assert done
-    assert torch.equal(seen, a[:256, :256].cpu())
+    assert torch.equal(seen, expected.cpu())
     assert child("release") == "released"
     # A record in the child is the parent's event's latest record too.
     assert child("record_on_my_stream", ready)
     assert ready.query()
-    ready.synchronize()
+
+
+def _record_after_a_sleep(handle, to_parent, from_parent) -> None:
+    # The parent's event, opened here, recorded behind 0.3 s of work on a stream of this process.
+    event = torch.accel.Event.from_ipc_handle(0, handle)
+    with torch.accel.stream(torch.accel.Stream()):
+        torch.accel._sleep(300_000_000)
+        event.record()
+    to_parent.put(event.query())
+    from_parent.get()  # the parent synchronized: the event may go
+
+
+def _wait_for_the_parents_record(event, to_parent, from_parent) -> None:
+    # The parent's event, sent as a Process argument.
+    to_parent.put("ready")
+    from_parent.get()
+    event.synchronize()
+    to_parent.put(event.query())
+
+
+@pytest.mark.skipif(BLOCKING, reason="launch-blocking leaves no record pending to wait for")
+def test_interprocess_events_are_recorded_and_synchronized_in_either_process() -> None:
+    ctx = mp.get_context("spawn")
+    to_parent, from_parent = ctx.SimpleQueue(), ctx.SimpleQueue()
+    exported = torch.accel.Event(interprocess=True)
+    child = ctx.Process(
+        target=_record_after_a_sleep, args=(exported.ipc_handle(), to_parent, from_parent)
+    )
+    child.start()
+    assert to_parent.get() is False  # the child's record is pending there...
+    assert not exported.query()  # ...and so here
+    exported.synchronize()  # waits for the child's stream
+    assert exported.query()
+    from_parent.put("done")
+    child.join(TIMEOUT)
+    assert child.exitcode == 0
+
+    shared = torch.accel.Event(interprocess=True)
+    assert shared.query()  # never recorded
+    child = ctx.Process(target=_wait_for_the_parents_record, args=(shared, to_parent, from_parent))
+    child.start()
+    assert to_parent.get() == "ready"
+    torch.accel._sleep(300_000_000)
+    shared.record()
+    from_parent.put("recorded")
+    assert not shared.query()
+    assert to_parent.get() is True  # the child's synchronize waited for this stream
+    assert shared.query()
+    child.join(TIMEOUT)
+    assert child.exitcode == 0
 
 
 def test_interprocess_event_errors_name_the_problem() -> None:

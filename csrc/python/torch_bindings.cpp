@@ -6,9 +6,11 @@
 #include <torch/csrc/utils/device_lazy_init.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include <chrono>
 #include <cstring>
 #include <optional>
 #include <string>
+#include <thread>
 
 #include "aten/executor.h"
 #include "aten/fallback.h"
@@ -182,6 +184,20 @@ void init_torch_bindings(py::module_& m, PyObject* capture_error) {
     return py::bytes(reinterpret_cast<const char*>(h.bytes), sizeof(h.bytes));
   });
 
+  // torch.accel._sleep (torch.cuda._sleep): occupies the current stream for about `cycles`
+  // nanoseconds (a GPU's cycle is about one), so that tests can hold a stream busy.
+  m.def(
+      "_sleep",
+      [](int64_t cycles) {
+        if (cycles < 0) throw py::value_error("_sleep: cycles must be non-negative");
+        device::call([&] {
+          const rt::Stream s = rt::current_stream(device::current_device());
+          rt::launch_host_func(
+              s, [cycles] { std::this_thread::sleep_for(std::chrono::nanoseconds(cycles)); },
+              "sleep");
+        });
+      },
+      py::arg("cycles"));
   m.def("fallback_stats", [] {
     py::dict d;
     for (const auto& [name, count] : aten::fallback_stats()) d[py::str(name)] = count;

@@ -222,6 +222,14 @@ def synchronize(device: Any = None) -> None:
     _C.synchronize(_lazy_device_index(device))
 
 
+def _sleep(cycles: int) -> None:
+    """Holds the current stream busy for about ``cycles`` nanoseconds (``torch.cuda._sleep``
+    spins that many GPU cycles, about as long): work queued after it waits, for tests of
+    stream and event order."""
+    _lazy_init()
+    _C._sleep(int(cycles))
+
+
 _SYNC_DEBUG_MODES = {"default": 0, "warn": 1, "error": 2}
 
 
