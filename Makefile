@@ -158,7 +158,6 @@ COMPILE_IN_DEBUG_LANE := test/test_compile_models.py test/test_compile_modes.py 
                          test/test_compile_triton.py
 test-lane-default: test-python-default
 	$(PY) -m pytest -q -p no:cacheprovider $(filter-out $(COMPILE_IN_DEBUG_LANE),$(COMPILE_TESTS))
-	$(MAKE) --no-print-directory test-emulated-cuda
 
 # The device layer on the cuda driver where no GPU is: the driver's own code on the emulated CUDA
 # runtime (test/cpp/cuda_emulator, built by test-cpp where the CUDA toolkit is), device memory
@@ -179,6 +178,7 @@ test-emulated-cuda: install
 
 test-lane-debug: test-python-debug
 	$(PY) -m pytest -q -p no:cacheprovider $(COMPILE_IN_DEBUG_LANE)
+	$(MAKE) --no-print-directory test-emulated-cuda
 
 # Every suite on the cuda driver (ACCEL_DRIVER=cuda) where this build has one and a GPU is
 # present; elsewhere it says why it skipped (the runtime's reason) and succeeds.

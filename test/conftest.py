@@ -85,6 +85,17 @@ def _empty_device_cache_when_protected() -> Iterator[None]:
 
 
 @pytest.fixture(autouse=True)
+def _empty_device_cache_after_each_test_when_protected() -> Iterator[None]:
+    """The same within a module, after each test: a module of many models (test_third_party.py)
+    otherwise pays, in each later test, for the segments the earlier ones left cached."""
+    yield
+    if os.environ.get("ACCEL_PROTECT_DEVICE_MEMORY", "") not in ("", "0"):
+        if torch_accel._C.is_initialized() and not torch.accel._is_in_bad_fork():
+            torch.accel.synchronize()
+            torch.accel.empty_cache()
+
+
+@pytest.fixture(autouse=True)
 def _silent_fallback() -> Iterator[None]:
     torch_accel._C._set_fallback_mode("silent")
     yield
