@@ -8,6 +8,7 @@
 namespace accel::rt {
 namespace {
 
+using testing::expect_wait_orders;
 using testing::Gate;
 
 TEST(Event, UnrecordedEventIsComplete) {
@@ -31,26 +32,6 @@ TEST(Event, RecordQuerySynchronize) {
   EXPECT_TRUE(event_query(e));
   event_destroy(e);
   stream_destroy(s);
-}
-
-// A task on `consumer` placed after a wait on `ready` sees what a gated task on `producer`
-// wrote before the event was recorded.
-void expect_wait_orders(Stream producer, Stream consumer, Event ready) {
-  Gate gate;
-  std::atomic<int> value{0};
-  int seen = -1;
-  launch_host_func(producer, [&] {
-    gate.wait();
-    value = 42;
-  });
-  event_record(ready, producer);
-  stream_wait_event(consumer, ready);
-  launch_host_func(consumer, [&] { seen = value.load(); });
-  std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  EXPECT_FALSE(stream_query(consumer));  // blocked behind the producer
-  gate.open();
-  stream_synchronize(consumer);
-  EXPECT_EQ(seen, 42);
 }
 
 TEST(Event, WaitOrdersWorkAcrossStreams) {

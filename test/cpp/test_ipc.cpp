@@ -177,23 +177,7 @@ TEST_F(IpcEvent, OrdersStreamsAsAnEvent) {
   Stream producer = stream_create(), consumer = stream_create();
   Event ready = event_create_interprocess(0);
   EXPECT_TRUE(event_query(ready));  // never recorded
-  testing::Gate gate;
-  std::atomic<int> value{0};
-  int seen = -1;
-  launch_host_func(producer, [&] {
-    gate.wait();
-    value = 7;
-  });
-  event_record(ready, producer);
-  stream_wait_event(consumer, ready);
-  launch_host_func(consumer, [&] { seen = value.load(); });
-  EXPECT_FALSE(event_query(ready));
-  EXPECT_FALSE(stream_query(consumer));  // behind the producer
-  gate.open();
-  event_synchronize(ready);
-  EXPECT_TRUE(event_query(ready));
-  stream_synchronize(consumer);
-  EXPECT_EQ(seen, 7);
+  testing::expect_wait_orders(producer, consumer, ready);
   event_destroy(ready);
   stream_destroy(producer);
   stream_destroy(consumer);

@@ -3,6 +3,8 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
@@ -36,6 +38,28 @@ class Gate {
   std::condition_variable cv_;
   bool open_ = false;
 };
+
+// A task on `consumer` placed after a wait on `ready` sees what a gated task on `producer`
+// wrote before the event was recorded.
+inline void expect_wait_orders(Stream producer, Stream consumer, Event ready) {
+  Gate gate;
+  std::atomic<int> value{0};
+  int seen = -1;
+  launch_host_func(producer, [&] {
+    gate.wait();
+    value = 42;
+  });
+  event_record(ready, producer);
+  stream_wait_event(consumer, ready);
+  launch_host_func(consumer, [&] { seen = value.load(); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  EXPECT_FALSE(event_query(ready));
+  EXPECT_FALSE(stream_query(consumer));  // blocked behind the producer
+  gate.open();
+  stream_synchronize(consumer);
+  EXPECT_EQ(seen, 42);
+  EXPECT_TRUE(event_query(ready));
+}
 
 template <class E, class F>
 void expect_throw(F&& f, const std::string& needle, const char* file, int line) {
