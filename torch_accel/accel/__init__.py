@@ -225,7 +225,9 @@ def synchronize(device: Any = None) -> None:
 def _sleep(cycles: int) -> None:
     """Holds the current stream busy for about ``cycles`` nanoseconds (``torch.cuda._sleep``
     spins that many GPU cycles, about as long): work queued after it waits, for tests of
-    stream and event order."""
+    stream and event order. It is a host task that sleeps; on the cuda driver that also delays
+    other streams' host tasks meanwhile (CUDA runs host functions on one thread), where
+    torch.cuda's kernel would not."""
     _lazy_init()
     _C._sleep(int(cycles))
 
