@@ -16,6 +16,7 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -295,7 +296,7 @@ namespace {
 // The handles of this process's own interprocess events (CUDA refuses to open them here).
 struct OwnEvents {
   std::mutex m;
-  std::map<std::string, int> handles;
+  std::set<std::string> handles;
 };
 OwnEvents& own_events() {
   static auto* o = new OwnEvents();  // outlives stream workers at exit
@@ -305,10 +306,11 @@ std::string handle_key(const IpcEventHandle& h) {
   return std::string(reinterpret_cast<const char*>(h.bytes), sizeof(h.bytes));
 }
 
-Event make_interprocess_event(int device, const char* call,
-                              const std::function<DriverEvent()>& make_driver_event) {
+// A new runtime event on `device` (valid, resolved) around the interprocess driver event that
+// `make_driver_event` makes.
+detail::EventObj& make_interprocess_event(int device, const char* call,
+                                          const std::function<DriverEvent()>& make_driver_event) {
   Runtime& rt = Runtime::get();
-  const int d = rt.resolve_device(device, call);
   ACCEL_RT_CHECK(rt.capabilities.ipc_events, NotSupportedError, call, ": the ", rt.driver->name(),
                  " driver has no events that other processes can wait on");
   detail::EventObj* obj = rt.events.acquire(
@@ -316,7 +318,7 @@ Event make_interprocess_event(int device, const char* call,
       [&](uint32_t slot) {
         auto e = std::make_unique<detail::EventObj>();
         e->slot = slot;
-        e->device = d;
+        e->device = device;
         e->de = make_driver_event();
         return e.release();
       });
@@ -325,7 +327,7 @@ Event make_interprocess_event(int device, const char* call,
   obj->recorded.store(true);
   obj->capture_id.store(0);
   obj->live.store(true, std::memory_order_release);
-  return obj->handle();
+  return *obj;
 }
 
 }  // namespace
@@ -333,20 +335,19 @@ Event make_interprocess_event(int device, const char* call,
 Event event_create_interprocess(int device) {
   Runtime& rt = Runtime::get();
   const int d = rt.resolve_device(device, "event_create_interprocess");
-  const Event event = make_interprocess_event(d, "event_create_interprocess",
-                                              [&] { return rt.driver->event_create_ipc(d); });
-  detail::EventObj& e = rt.event(event, "event_create_interprocess");
+  detail::EventObj& e = make_interprocess_event(d, "event_create_interprocess",
+                                                [&] { return rt.driver->event_create_ipc(d); });
   try {
     e.ipc_handle = rt.driver->ipc_get_event_handle(e.de);
   } catch (...) {
-    event_destroy(event);
+    event_destroy(e.handle());
     throw;
   }
   e.ipc_own = true;
   OwnEvents& own = own_events();
   std::lock_guard<std::mutex> lock(own.m);
-  ++own.handles[handle_key(e.ipc_handle)];
-  return event;
+  own.handles.insert(handle_key(e.ipc_handle));
+  return e.handle();
 }
 
 IpcEventHandle event_ipc_handle(Event event) {
@@ -371,7 +372,8 @@ Event event_open_ipc_handle(int device, const IpcEventHandle& handle) {
                    "opens only other processes' handles); use that event itself");
   }
   return make_interprocess_event(device, "event_open_ipc_handle",
-                                 [&] { return rt.driver->ipc_open_event_handle(device, handle); });
+                                 [&] { return rt.driver->ipc_open_event_handle(device, handle); })
+      .handle();
 }
 
 namespace detail {
@@ -379,8 +381,7 @@ namespace detail {
 void forget_own_ipc_event(const IpcEventHandle& handle) {
   OwnEvents& own = own_events();
   std::lock_guard<std::mutex> lock(own.m);
-  auto it = own.handles.find(handle_key(handle));
-  if (it != own.handles.end() && --it->second == 0) own.handles.erase(it);
+  own.handles.erase(handle_key(handle));
 }
 
 bool ipc_keeps(const void* ptr) {
