@@ -82,22 +82,19 @@ State& state() {
 }
 
 uint64_t* map_counters(int fd) {
-  void* p = ::mmap(nullptr, kCounterBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  return p == MAP_FAILED ? nullptr : static_cast<uint64_t*>(p);
+  return static_cast<uint64_t*>(detail::map_memory_file(fd, kCounterBytes));
 }
 
 // This process's counter file, made on first export (under st.m).
 void ensure_counter_file(State& st) {
   if (st.counters != nullptr) return;
   uint64_t inode = 0;
-  const int fd = detail::create_memory_file("accel-ipc-refcounts", kCounterBytes, &inode);
-  uint64_t* c = fd >= 0 ? map_counters(fd) : nullptr;
-  if (c == nullptr) {
-    const int e = errno;
-    if (fd >= 0) ::close(fd);
-    ACCEL_RT_THROW(DriverError,
-                   "ipc_export: cannot make the reference counter file: ", std::strerror(e));
-  }
+  void* mapping = nullptr;
+  const int fd =
+      detail::create_mapped_memory_file("accel-ipc-refcounts", kCounterBytes, &inode, &mapping);
+  ACCEL_RT_CHECK(fd >= 0, DriverError,
+                 "ipc_export: cannot make the reference counter file: ", std::strerror(errno));
+  auto* c = static_cast<uint64_t*>(mapping);
   st.fd = fd;
   st.inode = inode;
   st.counters = c;

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -29,6 +30,29 @@ inline int create_memory_file(const char* name, uint64_t size, uint64_t* inode) 
     return -1;
   }
   *inode = static_cast<uint64_t>(st.st_ino);
+  return fd;
+}
+
+// A shared read-write mapping of the first `size` bytes of memory file `fd`, or nullptr with
+// errno set.
+inline void* map_memory_file(int fd, std::size_t size) {
+  void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  return p == MAP_FAILED ? nullptr : p;
+}
+
+// A memory file of `size` bytes mapped here (*mapping) and its inode: the descriptor, or -1 with
+// errno set and nothing left open or mapped.
+inline int create_mapped_memory_file(const char* name, uint64_t size, uint64_t* inode,
+                                     void** mapping) {
+  const int fd = create_memory_file(name, size, inode);
+  if (fd < 0) return -1;
+  *mapping = map_memory_file(fd, size);
+  if (*mapping == nullptr) {
+    const int e = errno;
+    ::close(fd);
+    errno = e;
+    return -1;
+  }
   return fd;
 }
 

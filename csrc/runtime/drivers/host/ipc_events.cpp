@@ -46,9 +46,9 @@ long futex(uint32_t* word, int op, uint32_t value, const struct timespec* timeou
   return ::syscall(SYS_futex, word, op, value, timeout, nullptr, 0);
 }
 
-std::shared_ptr<void> map_file(int fd) {
-  void* p = ::mmap(nullptr, kFileBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  if (p == MAP_FAILED) return nullptr;
+// A mapping of an event file, unmapped with its last user.
+std::shared_ptr<void> own_mapping(void* p) {
+  if (p == nullptr) return nullptr;
   return std::shared_ptr<void>(p, [](void* q) { ::munmap(q, kFileBytes); });
 }
 
@@ -116,17 +116,14 @@ std::shared_ptr<SharedEventSlot> create_shared_event(int device, IpcEventHandle*
   std::lock_guard<std::mutex> lock(r.m);
   if (!r.file) {
     uint64_t inode = 0;
-    const int fd = detail::create_memory_file("accel-ipc-events", kFileBytes, &inode);
-    std::shared_ptr<void> file = fd >= 0 ? map_file(fd) : nullptr;
-    if (!file) {
-      const int e = errno;
-      if (fd >= 0) ::close(fd);
-      ACCEL_RT_THROW(DriverError,
-                     "host driver: cannot make the interprocess event file: ", std::strerror(e));
-    }
+    void* mapping = nullptr;
+    const int fd =
+        detail::create_mapped_memory_file("accel-ipc-events", kFileBytes, &inode, &mapping);
+    ACCEL_RT_CHECK(fd >= 0, DriverError,
+                   "host driver: cannot make the interprocess event file: ", std::strerror(errno));
     r.fd = fd;
     r.inode = inode;
-    r.file = std::move(file);
+    r.file = own_mapping(mapping);
   }
   SharedEventState* all = slots(r.file);
   for (uint32_t i = 0; i < kSlots; ++i) {
@@ -182,7 +179,7 @@ std::shared_ptr<SharedEventSlot> open_shared_event(int device, const IpcEventHan
       const int fd = detail::open_peer_file(h.pid, h.fd, h.inode, kFileBytes, &why);
       ACCEL_RT_CHECK(fd >= 0, InvalidValueError, "host driver: the events of process ", h.pid, ": ",
                      why);
-      file = map_file(fd);
+      file = own_mapping(detail::map_memory_file(fd, kFileBytes));
       ::close(fd);
       ACCEL_RT_CHECK(file != nullptr, DriverError,
                      "host driver: cannot map the interprocess events of process ", h.pid);
