@@ -153,11 +153,13 @@ def test_an_interprocess_event_orders_the_childs_read_after_the_parents_work(chi
     ready = torch.accel.Event(interprocess=True)
     a = torch.randn(256, 256, device="accel")
     # Each operator's first call here runs synchronously (accel learns its output's layout),
-    # so the operators are called once before the stream is held busy.
+    # so the copy is made once before the stream is held busy; and only a copy follows the
+    # sleep (without an executor, as on the emulated cuda driver, the CPU fallback of an
+    # operator would wait for the sleep to end).
     expected = torch.tanh(a @ a)
     torch.empty_like(x).copy_(expected)
     torch.accel._sleep(300_000_000)  # the stream is busy for 0.3 s, then writes
-    x.copy_(torch.tanh(a @ a))
+    x.copy_(expected)
     ready.record()
     assert ready.query() == BLOCKING  # launch-blocking ran it all already
     # The child's copy to the CPU waits on its stream for the record, not for the sharing.
