@@ -70,29 +70,29 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _empty_device_cache_when_protected() -> Iterator[None]:
+def _empty_device_cache_if_protected() -> None:
     """With ACCEL_PROTECT_DEVICE_MEMORY=1 every task of unknown footprint unprotects and
     reprotects every mapped segment, cached ones included, so its cost grows with what earlier
-    modules left in the cache (after test_third_party.py's models, 47 segments: 25x slower per
-    small operator, torchaudio's flanger loop 128 s instead of 0.6 s). Each module starts with
-    an empty cache there."""
-    yield
+    tests left in the cache (after test_third_party.py's models, 47 segments: 25x slower per
+    small operator, torchaudio's flanger loop 128 s instead of 0.6 s). Each test starts with an
+    empty cache there."""
     if os.environ.get("ACCEL_PROTECT_DEVICE_MEMORY", "") not in ("", "0"):
         if torch_accel._C.is_initialized() and not torch.accel._is_in_bad_fork():
             torch.accel.synchronize()
             torch.accel.empty_cache()
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _empty_device_cache_after_each_module_when_protected() -> Iterator[None]:
+    """After what the module's own fixtures held (a spawned child's model) is gone too."""
+    yield
+    _empty_device_cache_if_protected()
 
 
 @pytest.fixture(autouse=True)
 def _empty_device_cache_after_each_test_when_protected() -> Iterator[None]:
-    """The same within a module, after each test: a module of many models (test_third_party.py)
-    otherwise pays, in each later test, for the segments the earlier ones left cached."""
     yield
-    if os.environ.get("ACCEL_PROTECT_DEVICE_MEMORY", "") not in ("", "0"):
-        if torch_accel._C.is_initialized() and not torch.accel._is_in_bad_fork():
-            torch.accel.synchronize()
-            torch.accel.empty_cache()
+    _empty_device_cache_if_protected()
 
 
 @pytest.fixture(autouse=True)
