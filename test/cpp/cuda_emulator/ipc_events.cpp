@@ -61,10 +61,15 @@ cudaError_t ipc_event_create(cudaEvent_t* event, unsigned flags) {
   std::lock_guard<std::mutex> lock(global_mutex());
   Files& f = files();
   if (!f.own) {
-    f.fd = ::memfd_create("cuda-emulator-events", MFD_CLOEXEC);
-    if (f.fd < 0 || ::ftruncate(f.fd, kFileBytes) != 0) return cudaErrorMemoryAllocation;
-    f.own = map_file(f.fd);
-    if (!f.own) return cudaErrorMemoryAllocation;
+    const int fd = ::memfd_create("cuda-emulator-events", MFD_CLOEXEC);
+    std::shared_ptr<void> own =
+        fd >= 0 && ::ftruncate(fd, kFileBytes) == 0 ? map_file(fd) : nullptr;
+    if (!own) {
+      if (fd >= 0) ::close(fd);  // nothing kept from a failed attempt
+      return cudaErrorMemoryAllocation;
+    }
+    f.fd = fd;
+    f.own = std::move(own);
   }
   if (f.next == kSlots) return cudaErrorMemoryAllocation;  // slots are not reused here
   auto* e = new CUevent_st;
