@@ -23,6 +23,45 @@ def test_amp_names() -> None:
     assert not torch.is_autocast_enabled("accel")
 
 
+def test_custom_fwd_and_bwd_of_torch_accel_amp_act_as_torch_cudas() -> None:
+    # torch.cuda.amp.custom_fwd/custom_bwd, deprecated there in favour of torch.amp's with a
+    # device_type: the forward runs with autocast off and float32 inputs (cast_inputs), the
+    # backward under the forward's autocast state.
+    seen: dict[str, object] = {}
+
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
+        seen["forward"] = (x.dtype, torch.is_autocast_enabled("accel"))
+        ctx.save_for_backward(x)
+        return x @ x
+
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+        seen["backward"] = torch.is_autocast_enabled("accel")
+        (x,) = ctx.saved_tensors
+        return grad @ x.T + x.T @ grad
+
+    with pytest.warns(FutureWarning, match="device_type='accel'"):
+        forward = torch.accel.amp.custom_fwd(cast_inputs=torch.float32)(forward)
+    with pytest.warns(FutureWarning, match="device_type='accel'"):
+        backward = torch.accel.amp.custom_bwd(backward)
+    Square = type(
+        "Square",
+        (torch.autograd.Function,),
+        {"forward": staticmethod(forward), "backward": staticmethod(backward)},
+    )
+
+    x = torch.randn(4, 4, device="accel", dtype=torch.float16, requires_grad=True)
+    with torch.autocast("accel", dtype=torch.float16):
+        y = Square.apply(x)
+        (other := x @ x).sum()
+    assert y.dtype == torch.float32 and other.dtype == torch.float16
+    assert seen["forward"] == (torch.float32, False)
+    y.sum().backward()
+    assert seen["backward"] is False  # as its forward ran: autocast off
+    xf = x.detach().float().cpu()
+    ones = torch.ones(4, 4)
+    assert_same(x.grad, (ones @ xf.T + xf.T @ ones).half())
+
+
 @pytest.mark.parametrize("dtype", LOW)
 def test_lower_precision_ops_follow_cudas_list(dtype: torch.dtype) -> None:
     a = torch.randn(4, 8, device="accel")
