@@ -130,6 +130,37 @@ def test_half_precision_kernels_the_cpu_lacks(dtype: torch.dtype, fallback_mode)
     torch.testing.assert_close(loss.float().cpu(), expected, rtol=1e-2, atol=1e-2)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("dims", [2, 3])
+def test_half_precision_grid_sampling_computes_in_float32_like_cuda(
+    dtype: torch.dtype, dims: int, fallback_mode
+) -> None:
+    # The CPU's grid samplers compute in half precision, and its 2-d kernel returns inf and NaN
+    # on images of about 160 pixels and more (pytorch/pytorch#127224; kornia's warps hit it on
+    # every device but the CPU, which it converts to float32 itself). CUDA's compute in float32:
+    # so does accel, so its results are float32's on the same half-precision arguments, rounded.
+    fallback_mode("error")
+    gen = torch.Generator().manual_seed(0)
+    size = (1, 3, 256, 256) if dims == 2 else (1, 2, 24, 40, 40)
+    theta = torch.tensor([[0.9, 0.1, 0.05], [-0.1, 0.95, 0.02]])
+    if dims == 3:
+        theta = torch.tensor([[0.9, 0.1, 0.05, 0.0], [-0.1, 0.95, 0.02, 0.0], [0, 0, 1, 0]])
+    x = torch.rand(size, generator=gen).to(dtype)
+    grid = nn.functional.affine_grid(theta[None], list(size), align_corners=False).to(dtype)
+    seed = torch.randn(size, generator=gen).to(dtype)
+    for mode in ["bilinear", "nearest", "bicubic"] if dims == 2 else ["bilinear", "nearest"]:
+        wide = [t.float().requires_grad_() for t in (x, grid)]
+        expected = nn.functional.grid_sample(*wide, mode=mode, align_corners=False)
+        expected_grads = torch.autograd.grad(expected, wide, seed.float())
+        narrow = [t.to(ACCEL).requires_grad_() for t in (x, grid)]
+        got = nn.functional.grid_sample(*narrow, mode=mode, align_corners=False)
+        grads = torch.autograd.grad(got, narrow, seed.to(ACCEL))
+        assert got.dtype == dtype and all(g.dtype == dtype for g in grads)
+        assert torch.equal(got.cpu(), expected.to(dtype)), mode
+        for g, e in zip(grads, expected_grads, strict=True):
+            assert torch.equal(g.cpu(), e.to(dtype)), mode
+
+
 def test_float16_with_complex_numbers_computes_in_complex32_like_cuda(fallback_mode) -> None:
     # pow of a float16 tensor and a complex Python number (or a complex32 tensor) computes in
     # complex32: CUDA's kernel takes it, the CPU's refuses it (PyTorch's test_binary_ufuncs.py).
