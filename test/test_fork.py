@@ -81,6 +81,52 @@ print(torch.accel.device_count(), torch_accel._C.is_initialized())
     ]
 
 
+def test_seeding_starts_nothing_and_the_seeds_apply_when_accel_starts(run_python):
+    # torch.cuda queues seeds until CUDA starts; so does accel: torch.manual_seed at the top of a
+    # script must not start the device (DeviceMesh then sets each rank's device from LOCAL_RANK
+    # only if it has not started; a child forked after the seed must be able to use accel).
+    # What the queued seeds give is what the same seeds give after the start: the latest
+    # manual_seed_all for every device, then the latest manual_seed for the device current at the
+    # start, in the order they were made (torch.cuda's _LazySeedTracker).
+    code = """
+import os, torch, torch_accel
+def draws():
+    return [torch.rand(3, device=f"accel:{i}").tolist() for i in range(2)]
+torch.manual_seed(7)
+torch.accel.manual_seed(11)
+torch.accel.manual_seed(12)
+started = torch.accel.is_initialized() or torch_accel._C.is_initialized()
+pid = os.fork()
+if pid == 0:
+    os._exit(0 if (torch.ones(4, device="accel") * 3).sum().item() == 12 else 1)
+_, status = os.waitpid(pid, 0)
+lazy = draws()
+seeds = [g.initial_seed() for g in torch.accel.default_generators]
+torch.manual_seed(7)
+torch.accel.manual_seed(12)
+print(started, os.waitstatus_to_exitcode(status), *seeds, lazy == draws())
+"""
+    result = run_python(code)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["False", "0", "12", "7", "True"]
+
+
+def test_a_queued_call_that_fails_names_where_it_was_made(run_python):
+    code = """
+import torch, torch_accel
+def bad():
+    raise ValueError("no such thing")
+torch.accel._lazy_call(bad)
+try:
+    torch.ones(1, device="accel")
+except torch.accel.DeferredAccelCallError as e:
+    print("deferred", "no such thing" in str(e), "originally invoked at" in str(e))
+"""
+    result = run_python(code)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["deferred", "True", "True"]
+
+
 def test_a_count_the_runtime_refuses_reports_why(run_python):
     code = """
 import torch, torch_accel

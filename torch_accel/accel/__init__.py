@@ -9,9 +9,12 @@ use accel (as with CUDA): start subprocesses with the ``spawn`` method instead.
 from __future__ import annotations
 
 import threading
+import traceback
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import torch
+from torch._utils import _LazySeedTracker
 
 from torch_accel import _C, profiler
 from torch_accel.accel import amp, comm, graphs, memory, sensors
@@ -124,6 +127,29 @@ _initialized = False  # read by torch.utils.checkpoint
 _initialization_lock = threading.Lock()
 _tls = threading.local()
 default_generators: tuple[torch.Generator, ...] = ()
+# Calls that wait for the start (seeding before it), as torch.cuda's: torch.manual_seed must not
+# start accel, or DeviceMesh would no longer pick the rank's device and a child forked afterwards
+# could not use accel. Of the seeds only the latest manual_seed and manual_seed_all count.
+_queued_calls: list[tuple[Callable[[], None], list[str]]] = []
+_lazy_seed_tracker = _LazySeedTracker()
+
+
+class DeferredAccelCallError(Exception):
+    """A call queued until accel started (a seed) failed when it ran (torch.cuda's
+    DeferredCudaCallError)."""
+
+
+def _lazy_call(callable: Callable[[], None], seed: bool = False, seed_all: bool = False) -> None:
+    """Runs ``callable`` now if accel has started, else right after it starts."""
+    with _initialization_lock:
+        if is_initialized():
+            callable()
+        elif seed_all:
+            _lazy_seed_tracker.queue_seed_all(callable, traceback.format_stack())
+        elif seed:
+            _lazy_seed_tracker.queue_seed(callable, traceback.format_stack())
+        else:
+            _queued_calls.append((callable, traceback.format_stack()))
 
 
 # --- availability and initialization -----------------------------------------------------
@@ -149,7 +175,7 @@ def is_initialized() -> bool:
 
 
 def _lazy_init() -> None:
-    global _initialized, default_generators
+    global _initialized, default_generators, _lazy_seed_tracker
     # is_initialized() is False in a forked child, which must reach the error below.
     if is_initialized() or getattr(_tls, "is_initializing", False):
         return
@@ -167,6 +193,17 @@ def _lazy_init() -> None:
             default_generators = tuple(
                 _C._get_default_generator(i) for i in range(_C.device_count())
             )
+            _queued_calls.extend(calls for calls in _lazy_seed_tracker.get_calls() if calls)
+            for queued_call, origin in _queued_calls:
+                try:
+                    queued_call()
+                except Exception as e:
+                    raise DeferredAccelCallError(
+                        f"accel call failed lazily at initialization with error: {e}\n\n"
+                        f"accel call was originally invoked at:\n\n{''.join(origin)}"
+                    ) from e
+            _queued_calls.clear()
+            _lazy_seed_tracker = _LazySeedTracker()
             _initialized = True
         finally:
             _tls.is_initializing = False

@@ -58,30 +58,45 @@ def set_rng_state_all(new_states: Iterable[torch.Tensor]) -> None:
 
 
 def manual_seed(seed: int) -> None:
-    """Seeds the generator of the current device."""
-    _generator().manual_seed(int(seed))
+    """Seeds the generator of the current device; before accel starts, of the device current
+    when it starts (the seed waits for it, as torch.cuda's does)."""
+    from torch_accel import accel
+
+    seed = int(seed)
+    accel._lazy_call(lambda: _generator().manual_seed(seed), seed=True)
 
 
 def manual_seed_all(seed: int) -> None:
-    """Seeds the generators of all accel devices."""
+    """Seeds the generators of all accel devices (when accel starts, if it has not yet:
+    torch.manual_seed calls this and starts nothing, as with CUDA)."""
     from torch_accel import accel
 
-    for index in range(accel.device_count()):
-        _generator(index).manual_seed(int(seed))
+    seed = int(seed)
+
+    def apply() -> None:
+        for index in range(accel.device_count()):
+            _generator(index).manual_seed(seed)
+
+    accel._lazy_call(apply, seed_all=True)
 
 
 def seed() -> None:
     """Seeds the current device's generator with a non-deterministic random number."""
-    _generator().seed()
+    from torch_accel import accel
+
+    accel._lazy_call(lambda: _generator().seed())
 
 
 def seed_all() -> None:
     """Seeds every device's generator with the same non-deterministic random number."""
     from torch_accel import accel
 
-    value = _generator(0).seed()
-    for index in range(1, accel.device_count()):
-        _generator(index).manual_seed(value)
+    def apply() -> None:
+        value = _generator(0).seed()
+        for index in range(1, accel.device_count()):
+            _generator(index).manual_seed(value)
+
+    accel._lazy_call(apply)
 
 
 def initial_seed() -> int:
