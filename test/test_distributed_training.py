@@ -111,6 +111,52 @@ def _dtensor(rank: int, world: int) -> None:
     torch.testing.assert_close((dt * 2).full_tensor().cpu(), full * 2)
 
 
+def _tensor_parallel_attention(rank: int, world: int) -> list[str]:
+    """F.scaled_dot_product_attention of DTensors sharded over heads or batch (tensor
+    parallelism): accel takes ATen's CPU flash kernel, which torch 2.11's DTensor has no rule for;
+    torch_accel's rules (distributed/tensor_sharding.py) shard it as CUDA's flash kernel is."""
+    import torch.nn.functional as F
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    mesh = init_device_mesh("accel", (world,))
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 8, 16, generator=gen, requires_grad=True) for _ in range(3))
+    masks = {
+        "causal": None,
+        "mask over batch": torch.randn(2, 1, 8, 8, generator=gen),
+        "mask over every head": torch.randn(2, 4, 8, 8, generator=gen),
+    }
+    placements = []
+    for name, mask in masks.items():
+        expected = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None)
+        expected_grads = torch.autograd.grad(expected.sum(), (q, k, v))
+        for placement in (Shard(1), Shard(0)):
+            dq, dk, dv = (
+                distribute_tensor(t.detach().to("accel"), mesh, [placement]).requires_grad_()
+                for t in (q, k, v)
+            )
+            dmask = (
+                None if mask is None else distribute_tensor(mask.to("accel"), mesh, [Replicate()])
+            )
+            out = F.scaled_dot_product_attention(
+                dq, dk, dv, attn_mask=dmask, is_causal=mask is None
+            )
+            grads = torch.autograd.grad(out.sum(), (dq, dk, dv))
+            torch.testing.assert_close(out.full_tensor().cpu(), expected)
+            for got, want in zip(grads, expected_grads, strict=True):
+                torch.testing.assert_close(got.full_tensor().cpu(), want)
+            placements.append(f"{name} {placement}: {out.placements[0]}")
+    # DTensor does not redistribute the mask (a keyword argument): a sharded one is refused.
+    sharded = distribute_tensor(masks["mask over batch"].to("accel"), mesh, [Shard(0)])
+    dq = distribute_tensor(q.detach().to("accel"), mesh, [Shard(0)])
+    try:
+        F.scaled_dot_product_attention(dq, dq, dq, attn_mask=sharded)
+    except NotImplementedError as e:
+        placements.append(str(e).split(";")[0])
+    return placements
+
+
 def _ddp_logging(rank: int, world: int) -> dict[str, int]:
     from torch.nn.parallel import DistributedDataParallel
 
@@ -144,6 +190,21 @@ def test_ddp_trains_over_a_plain_init_process_group() -> None:
 
 def test_functional_collectives_and_dtensor() -> None:
     run_ranks(_dtensor)
+
+
+def test_tensor_parallel_attention_shards_like_cudas_flash_kernel() -> None:
+    for placements in run_ranks(_tensor_parallel_attention, limit_s=120.0):
+        assert placements == [
+            # heads shard where the mask broadcasts over them; the batch dimension too
+            "causal S(1): S(1)",
+            "causal S(0): S(0)",
+            "mask over batch S(1): S(1)",
+            "mask over batch S(0): R",
+            "mask over every head S(1): R",
+            "mask over every head S(0): R",
+            "scaled_dot_product_attention of DTensors on accel: the attention mask must be "
+            "replicated (its placements are (Shard(dim=0),))",
+        ]
 
 
 def test_ddp_reports_accel_times() -> None:

@@ -287,3 +287,36 @@ def test_compiled_code_folds_the_autocast_question_and_recompiles_on_change(run_
     r = run_python(code)
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.split("\n")[-2] == "[6.0, 6.0] [4.0, 4.0] [6.0, 6.0] 2"
+
+
+def test_register_sharding_still_leaves_keyword_tensors_out_of_the_cache_key() -> None:
+    # Fails once DTensor's register_sharding keys its cache by keyword-only tensors itself, or
+    # takes the key's description (pytorch/pytorch#171248): then register tensor_sharding's rules
+    # with it and remove dtensor_cache_key_includes from _torch_fixes.py, and this test.
+    import inspect
+
+    from torch.distributed.tensor import DTensor, Replicate
+    from torch.distributed.tensor.experimental import register_sharding
+
+    assert "schema_info" not in inspect.signature(register_sharding).parameters
+    lib = torch.library.Library("accel_fixes_test", "FRAGMENT")
+    lib.define("kw(Tensor x, *, Tensor? mask=None) -> Tensor")
+    op = torch.ops.accel_fixes_test.kw.default
+
+    @register_sharding(op)
+    def _rule(x: object, *, mask: object = None) -> list[tuple[list, list]]:
+        return [([Replicate()], [Replicate()] + ([Replicate()] if mask is not None else []))]
+
+    info = DTensor._op_dispatcher.sharding_propagator.op_to_schema_info[op]
+    assert "mask" not in (info.static_kwargkey or [])
+
+
+def test_accels_attention_sharding_is_keyed_by_its_mask() -> None:
+    from torch.distributed.tensor import DTensor
+
+    infos = DTensor._op_dispatcher.sharding_propagator.op_to_schema_info
+    for op in (
+        torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,
+        torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default,
+    ):
+        assert infos[op].static_kwargkey == ["attn_mask"], infos[op]

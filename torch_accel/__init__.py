@@ -89,6 +89,11 @@ def _register() -> None:
     from torch_accel import _torch_fixes
 
     _torch_fixes.install()
+    # DTensor's sharding rules for the attention kernel SDPA takes on accel, once DTensor is
+    # imported (after _torch_fixes, which they use and whose imports may import DTensor).
+    from torch_accel.distributed import tensor_sharding
+
+    _import_hook.after_import("torch.distributed.tensor", tensor_sharding.register)
 
 
 _register()

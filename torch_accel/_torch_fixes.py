@@ -62,6 +62,15 @@ wrapped: without arguments it is true when autocast is on for CUDA (torch's answ
 accel; with a device type it is torch's own. Removed by pytorch/pytorch#191916 ("Make
 torch.is_autocast_enabled & torch.set_autocast_enabled support on current accelerator", merged
 after 2.11; issue pytorch/pytorch#191796).
+
+DTensor's public ``register_sharding`` (torch.distributed.tensor.experimental) derives which
+arguments key its sharding cache from the schema alone, and leaves keyword-only tensors out:
+the sharding rules accel gives ATen's CPU flash attention (distributed/tensor_sharding.py),
+whose ``attn_mask`` is keyword-only, would reuse a decision made for one mask (or none) for calls
+with another, and hand the kernel a mask it was not sharded for. The registration's cache key
+info is amended to include ``attn_mask`` (``dtensor_cache_key_includes``). Removed by
+pytorch/pytorch#171248 ("register_sharding supports custom static argnum and kwargkey": a
+``schema_info`` argument; issue pytorch/pytorch#167977).
 """
 
 from __future__ import annotations
@@ -319,6 +328,21 @@ def _register_with_dynamo() -> None:
     substitute_in_graph(
         _is_autocast_enabled, can_constant_fold_through=True, skip_signature_check=True
     )(_autocast_answer)
+
+
+def dtensor_cache_key_includes(op: Any, kwargs: list[str]) -> None:
+    """Makes DTensor's sharding cache tell calls of ``op`` apart by its keyword arguments
+    ``kwargs`` too, after ``register_sharding(op)`` registered a rule for it."""
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor._op_schema import RuntimeSchemaInfo
+
+    propagator = DTensor._op_dispatcher.sharding_propagator
+    derived = propagator.op_to_schema_info[op]
+    propagator.op_to_schema_info[op] = RuntimeSchemaInfo(
+        derived.static_argnum,
+        sorted({*(derived.static_kwargkey or []), *kwargs}),
+        needs_pytree=derived.needs_pytree,
+    )
 
 
 def install() -> None:
