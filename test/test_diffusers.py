@@ -19,6 +19,7 @@ from __future__ import annotations
 import copy
 import inspect
 import os
+from collections.abc import Callable
 from typing import Any
 
 os.environ["HF_HUB_OFFLINE"] = "1"
@@ -123,6 +124,27 @@ def _sample(pipe: Any, device: Any, embeddings: dict[str, torch.Tensor], **kwarg
     ).images.cpu()
 
 
+def _assert_samples_like_cpu(
+    got: torch.Tensor, expected: torch.Tensor, resample_on_cpu: Callable[[], torch.Tensor]
+) -> None:
+    """Images within 1e-5 of the CPU's, or within the CPU's own difference between its default
+    threads and one (plus 1e-5): accel runs small operators on one thread where the CPU splits
+    some, and how much that moves a sample depends on the machine's kernels (on an AVX2 EPYC,
+    Stable Diffusion with DDIM: 1.4e-5 between the CPU on one thread and on two, accel equal to
+    the first)."""
+    assert expected.std() > 0.05  # an image, not a constant
+    if (got - expected).abs().max() <= 1e-5:
+        return
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        one_thread = resample_on_cpu()
+    finally:
+        torch.set_num_threads(threads)
+    noise = (one_thread - expected).abs().max().item()
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-5 + noise)
+
+
 def _vae() -> Any:
     return diffusers.AutoencoderKL(**dict(diffusers_tasks._VAE, shift_factor=0.1))
 
@@ -168,8 +190,9 @@ def test_stable_diffusion_pipeline_samples_like_cpu(scheduler: str, no_fallback:
     }
     expected = _sample(pipe, "cpu", embeddings, guidance_scale=5.0)
     got = _sample(pipe, ACCEL, embeddings, guidance_scale=5.0)
-    assert expected.std() > 0.05  # an image, not a constant
-    torch.testing.assert_close(got, expected, rtol=0, atol=1e-5)
+    _assert_samples_like_cpu(
+        got, expected, lambda: _sample(pipe, "cpu", embeddings, guidance_scale=5.0)
+    )
 
 
 @pytest.mark.parametrize(
@@ -199,5 +222,4 @@ def test_flow_matching_pipelines_sample_like_cpu(
         embeddings["negative_pooled_prompt_embeds"] = torch.randn(1, 12)
     expected = _sample(pipe, "cpu", embeddings)
     got = _sample(pipe, ACCEL, embeddings)
-    assert expected.std() > 0.05
-    torch.testing.assert_close(got, expected, rtol=0, atol=1e-5)
+    _assert_samples_like_cpu(got, expected, lambda: _sample(pipe, "cpu", embeddings))
