@@ -5,6 +5,7 @@ torch_accel/_torch_fixes.py."""
 
 from __future__ import annotations
 
+import copy
 import textwrap
 import warnings
 
@@ -129,7 +130,13 @@ def test_llama_with_flex_attention_infers_compiled_like_sdpa_on_the_cpu() -> Non
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
     )  # fmt: skip
     cpu = transformers.LlamaForCausalLM(config).eval()
-    flex = transformers.LlamaForCausalLM._from_config(config, attn_implementation="flex_attention")
+    # _from_config sets the config's attention implementation: the CPU model, which shares the
+    # config object, would run flex_attention compiled on the CPU too (on an AVX2-only CPU, with
+    # these 16-dim heads and 40 tokens, Inductor's template miscomputes there: see below).
+    flex = transformers.LlamaForCausalLM._from_config(
+        copy.deepcopy(config), attn_implementation="flex_attention"
+    )
+    assert cpu.config._attn_implementation == "sdpa"
     flex.load_state_dict(cpu.state_dict())
     flex = flex.eval().to("accel")
     ids = torch.randint(0, 64, (2, 40))
@@ -137,6 +144,31 @@ def test_llama_with_flex_attention_infers_compiled_like_sdpa_on_the_cpu() -> Non
         expected = cpu(ids).logits
         got = flex(ids.to("accel")).logits
     torch.testing.assert_close(got.cpu(), expected, atol=2e-5, rtol=2e-5)
+    torch._dynamo.reset()
+
+
+@helpers.cpp_kernels_only
+def test_heads_of_16_with_an_8_key_tail_run_eagerly_where_the_template_miscomputes() -> None:
+    # On a CPU with AVX2 but not AVX-512 Inductor's C++ template gets a 16-dim head with a last
+    # key tile of 8 wrong (torch_accel/_torch_fixes.py; test_torch_fixes.py shows it on the CPU):
+    # accel runs that call eagerly. Elsewhere, and for any other key count, it compiles.
+    from torch_accel import _torch_fixes
+
+    g = torch.Generator().manual_seed(0)
+    for keys in (40, 48):
+        q, k, v = (torch.randn(2, 4, n, 16, generator=g).to("accel") for n in (40, keys, keys))
+        torch._dynamo.reset()
+        with torch.no_grad():
+            eager = flex_attention(q, k, v)
+            got = torch.compile(flex_attention)(q, k, v)
+            torch.testing.assert_close(got, eager, rtol=1e-5, atol=1e-5)
+            defect = _torch_fixes._CPP_FLEX_VEC8 and keys % 16 == 8
+            torch._dynamo.reset()
+            if defect:
+                with pytest.raises(Exception, match="writes a 16-column block for the 8 keys"):
+                    torch.compile(flex_attention, fullgraph=True)(q, k, v)
+            else:
+                torch.compile(flex_attention, fullgraph=True)(q, k, v)
     torch._dynamo.reset()
 
 

@@ -26,7 +26,16 @@ kernel must return logsumexp: with gradients enabled or ``return_lse``) are wrap
 on accel Dynamo traces flex_attention only where that template applies and otherwise breaks the
 graph there, saying why (the call then runs eagerly, backward included). PrivateUse1 was asked
 for in the review of pytorch/pytorch#148656 (which added hpu to the set); no upstream change
-makes the set extensible yet.
+makes the set extensible yet. The same wrapper keeps one configuration off the template: where
+Inductor's vectors hold 8 floats (AVX2 without AVX-512), its micro-GEMM for the transposed key
+(``CppMicroGemmFP32Vec`` with ``trans_b``, torch/_inductor/codegen/cpp_micro_gemm.py, from
+pytorch/pytorch#147068) computes a full 16-column block for an 8-column tail when the head dim
+is 8 or 16: it reads 8 key rows past the tile (past the key tensor at its end) and writes their
+scores past the row, over the running maxima of the first rows. Results then depend on that
+memory: with a key/value length of 8 mod 16 the CPU's own compiled flex_attention gives wrong
+values or NaN (a Llama with 16-dim heads and 40 tokens); accel's came out right in the runs
+measured, by what its allocator placed after the key. No upstream issue or fix was found (none
+could be filed from here); on accel such a call runs eagerly instead.
 
 ``run_and_save_rng_state`` and ``run_with_rng_state`` (torch/_prims/rng_prims.py), the
 higher-order operators that AOTAutograd's partitioner wraps around random operators it recomputes
@@ -110,6 +119,11 @@ _original_apply_kernel_options = _flex._apply_kernel_options
 # Inductor's C++ flex template needs AVX2 (torch/_inductor/kernel/flex/flex_cpu.py), read here
 # once: Dynamo traces the check below and cannot call into torch.cpu's helpers.
 _CPP_FLEX = torch.cpu._is_avx2_supported() and os.environ.get("ATEN_CPU_CAPABILITY") != "default"
+# Whether its vectors hold 8 floats (Inductor picks AVX-512 where the CPU has it, unless
+# ATEN_CPU_CAPABILITY says avx2): the transposed micro-GEMM's tail defect (above) applies there.
+_CPP_FLEX_VEC8 = _CPP_FLEX and (
+    not torch.cpu._is_avx512_supported() or os.environ.get("ATEN_CPU_CAPABILITY") == "avx2"
+)
 _CPP_FLEX_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
@@ -138,7 +152,26 @@ def _apply_kernel_options(
                 "break; its backward works). Under torch.no_grad() or torch.inference_mode(), "
                 "without return_lse/return_aux, it compiles"
             )
+        why = _template_defect(query, key)
+        if why:
+            raise NotImplementedError(
+                f"flex_attention under torch.compile on accel runs Inductor's C++ template; this "
+                f"call {why}, so it runs eagerly (a graph break; values as without compile)"
+            )
     return options
+
+
+def _template_defect(query: torch.Tensor, key: torch.Tensor) -> str:
+    """Why the C++ template would compute this call wrongly (see the module's text), or ''."""
+    head_dim, kv_len = query.size(-1), key.size(-2)
+    if _CPP_FLEX_VEC8 and head_dim in (8, 16) and kv_len % 16 == 8:
+        return (
+            f"has a head dim of {head_dim} and {kv_len} keys: on a CPU with AVX2 but not "
+            "AVX-512 the template's key-transposed micro-GEMM writes a 16-column block for the "
+            "8 keys of the last 16-key tile, reading memory past the key (wrong values or NaN "
+            "on the CPU; pytorch/pytorch#147068's kernel, no fix upstream yet)"
+        )
+    return ""
 
 
 def _why_not_compiled(
