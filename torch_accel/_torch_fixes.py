@@ -127,9 +127,10 @@ _CPP_FLEX_VEC8 = _CPP_FLEX and (
 _CPP_FLEX_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
-@torch.compiler.assume_constant_result  # Dynamo calls it while tracing (accel tensors exist)
 def _cpp_kernels() -> bool:
-    """Whether accel's compiled kernels are C++ (the template's limits apply)."""
+    """Whether accel's compiled kernels are C++ (the template's limits apply). Dynamo calls it
+    while tracing (accel tensors exist), as a constant (marked once Dynamo is imported: marking
+    it here would import Dynamo with torch_accel, 2 s of every ``import torch``)."""
     from torch_accel._inductor import kernels
 
     try:
@@ -398,8 +399,9 @@ def install() -> None:
     )
     for name, fix in _comm_fixes.items():
         setattr(_comm, name, fix)
+    from torch_accel._import_hook import after_import
+
+    after_import("torch._dynamo", lambda: torch.compiler.assume_constant_result(_cpp_kernels))
     if torch.is_autocast_enabled is not _is_autocast_enabled:
         torch.is_autocast_enabled = _is_autocast_enabled  # type: ignore[assignment]
-        from torch_accel._import_hook import after_import
-
         after_import("torch._dynamo", _register_with_dynamo)
