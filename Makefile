@@ -144,8 +144,9 @@ test-compile: install
 # make test: after the C++ suites, two lanes side by side (each keeps about one core busy, so two
 # cores finish both in little more than the longer one's time); each target's output is printed
 # whole when it ends. torch.compile's suite is split between the lanes to even them out (about
-# 15 minutes each from a fresh clone, 2 cores: 14.5 and 15.3 measured). TEST_LANES=1 runs them
-# one after the other.
+# 15 minutes each from a fresh clone, 2 cores: 14.5 and 15.3 measured; on an AVX2-only EPYC of
+# 2026-12-01, where import torch alone takes 4 s, make test took 38 minutes). TEST_LANES=1 runs
+# them one after the other.
 TEST_LANES ?= 2
 # The lanes share the cores, and OpenMP threads that spin after each parallel region (libgomp's
 # default policy) take the cores the other lane's kernels are waiting for: two OpInfo runs side
