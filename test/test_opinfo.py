@@ -376,9 +376,7 @@ def _upcast(s: Sample) -> Sample:
     """The sample with its half-precision tensors in float32 (leaves as they were)."""
 
     def up(t: Any) -> Any:
-        if isinstance(t, torch.Tensor) and t.dtype in (torch.float16, torch.bfloat16):
-            return t.detach().float().requires_grad_(t.requires_grad)
-        return t
+        return t.detach().float().requires_grad_(t.requires_grad) if _is_half(t) else t
 
     return Sample(*pytree.tree_map(up, (s.input, s.args, s.kwargs)))
 
