@@ -212,6 +212,9 @@ def test_torchvision_operators_follow_cudas_autocast_rules() -> None:
     )
 
 
+# The debug modes run test_third_party.py's Faster R-CNN (the same operators, without autocast,
+# whose rules the debug modes do not change): 20 s less in each.
+@pytest.mark.default_only
 def test_faster_rcnn_infers_under_accel_autocast() -> None:
     torchvision = pytest.importorskip("torchvision")
     torch.manual_seed(0)

@@ -41,7 +41,10 @@ def _entry(
     backend: str | None,
     timeout_s: float,
     queue: Any,
+    env: dict[str, str],
 ) -> None:
+    os.environ.clear()  # the test's environment, not the one the fork server started with
+    os.environ.update(env)
     os.environ["GLOO_SOCKET_IFNAME"] = "lo"
     try:
         import torch_accel  # noqa: F401
@@ -62,6 +65,19 @@ def _entry(
             dist.destroy_process_group()
 
 
+def _rank_context() -> Any:
+    """Where ranks come from: multiprocessing's fork server, which imports torch, torch_accel
+    and this module once per test process and forks each rank from there (each spawned rank
+    spent seconds importing them: the ranks of make test's 40 distributed tests imported torch
+    80 times). The server has not started the accel runtime (importing starts nothing), so its
+    children start their own, as spawned ones do; each rank takes the test's environment
+    (_entry); nor has it initialized CUDA, which is what makes forking unsafe for the cuda
+    driver's ranks."""
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["torch", "torch.distributed", "torch_accel", __name__])
+    return ctx
+
+
 def run_ranks(
     fn: Callable[[int, int], Any],
     world: int = 2,
@@ -73,12 +89,13 @@ def run_ranks(
     """Runs fn(rank, world) in `world` processes; returns their results by rank, or fails with
     the tracebacks of those that raised (or did not answer within limit_s). Ranks in `leaving`
     exit on purpose without answering (their result is None)."""
-    ctx = mp.get_context("spawn")
+    ctx = _rank_context()
     queue = ctx.Queue()
+    env = dict(os.environ)
     with tempfile.TemporaryDirectory() as tmp:
         init = "file://" + os.path.join(tmp, "store")
         procs = [
-            ctx.Process(target=_entry, args=(fn, r, world, init, backend, timeout_s, queue))
+            ctx.Process(target=_entry, args=(fn, r, world, init, backend, timeout_s, queue, env))
             for r in range(world)
         ]
         for p in procs:

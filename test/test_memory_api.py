@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import gc
 import pickle
-import subprocess
+import runpy
 import sys
 import threading
 from collections.abc import Iterator
@@ -69,7 +69,16 @@ def test_snapshot_blocks_match_live_tensors(history) -> None:
     assert allocated == torch.accel.memory_allocated()
 
 
-def test_dumped_snapshot_opens_in_pytorchs_viewer(history, tmp_path: Path) -> None:
+def _memory_viz(monkeypatch: pytest.MonkeyPatch, *argv: str) -> None:
+    """Runs PyTorch's viewer as `python -m torch.cuda._memory_viz ARGV` does, in this process
+    (each interpreter it started cost an import of torch: 4 of them, 35 s of a debug lane)."""
+    monkeypatch.setattr(sys, "argv", ["_memory_viz.py", *argv])
+    runpy.run_module("torch.cuda._memory_viz", run_name="__main__", alter_sys=False)
+
+
+def test_dumped_snapshot_opens_in_pytorchs_viewer(
+    history, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     x = _allocate_in_a_named_function()
     y = x * 2
     del x
@@ -79,26 +88,14 @@ def test_dumped_snapshot_opens_in_pytorchs_viewer(history, tmp_path: Path) -> No
         assert pickle.load(f)["device_traces"][0]
     for kind in ("trace_plot", "segment_plot"):
         html = tmp_path / f"{kind}.html"
-        run = subprocess.run(
-            [sys.executable, "-m", "torch.cuda._memory_viz", kind, str(path), "-o", str(html)],
-            capture_output=True,
-            text=True,
-        )
-        assert run.returncode == 0, run.stderr
+        _memory_viz(monkeypatch, kind, str(path), "-o", str(html))
         text = html.read_text()
         assert "<html" in text.lower() and "snapshot.pickle" in text
-    stats = subprocess.run(
-        [sys.executable, "-m", "torch.cuda._memory_viz", "stats", str(path)],
-        capture_output=True,
-        text=True,
-    )
-    assert stats.returncode == 0 and "total_allocated" in stats.stdout, stats.stderr
-    trace = subprocess.run(
-        [sys.executable, "-m", "torch.cuda._memory_viz", "trace", str(path)],
-        capture_output=True,
-        text=True,
-    )
-    assert trace.returncode == 0 and "TOTAL MEM" in trace.stdout, trace.stderr
+    capsys.readouterr()
+    _memory_viz(monkeypatch, "stats", str(path))
+    assert "total_allocated" in capsys.readouterr().out
+    _memory_viz(monkeypatch, "trace", str(path))
+    assert "TOTAL MEM" in capsys.readouterr().out
     del y
 
 

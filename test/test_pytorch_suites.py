@@ -2,17 +2,20 @@
 
 The test files of one PyTorch release (v2.6.0, fetched by pytorch_suites/fetch.py into
 $PYTORCH_SUITES_DIR, default ~/.cache/torch_accel/pytorch-suites-2.6.0; once, then offline) run
-in a subprocess each, under pytest, with PYTORCH_TESTING_DEVICE_ONLY_FOR=accel: torch's
-instantiate_device_type_tests makes their tests for the PrivateUse1 device (PrivateUse1TestBase:
-TestFooPRIVATEUSE1.test_bar_accel_float32), and only those run (plain TestCases, which run on the
-CPU whatever the device, are deselected). torch_accel comes in through torch's backend autoload.
-pytorch_suites/plugin.py writes each test's outcome as it ends, synchronizes accel after each
-test so that an error found by a stream task fails the test that caused it, and adds back the two
-names of torch's testing utilities that test_torch.py imports and torch 2.11 removed. A crash or
-a hang (no test ending in HANG_SECONDS) fails the test that was running; the file then goes on
-without the tests that already ran. Files run whole, in a fixed order: some outcomes depend on
-what ran before in the process (the first call of an op signature runs synchronously on accel,
-and raises its errors in time), so a -k subset may differ from the full file.
+in a process each, under pytest, forked from one that imported torch and its testing utilities
+once (pytorch_suites/forkserver.py; PYTORCH_SUITES_FORK=0 starts fresh interpreters instead),
+with PYTORCH_TESTING_DEVICE_ONLY_FOR=accel: torch's instantiate_device_type_tests makes their
+tests for the PrivateUse1 device (PrivateUse1TestBase:
+TestFooPRIVATEUSE1.test_bar_accel_float32), and only those run (plain TestCases, which run on
+the CPU whatever the device, are deselected). torch_accel comes in through torch's backend
+autoload. pytorch_suites/plugin.py writes each test's outcome as it ends, synchronizes accel
+after each test so that an error found by a stream task fails the test that caused it, and adds
+back the two names of torch's testing utilities that test_torch.py imports and torch 2.11
+removed. A crash or a hang (no test ending in HANG_SECONDS) fails the test that was running; the
+file then goes on without the tests that already ran. Files run whole, in a fixed order: some
+outcomes depend on what ran before in the process (the first call of an op signature runs
+synchronously on accel, and raises its errors in time), so a -k subset may differ from the full
+file.
 
 Each failing test must be listed in pytorch_suites/known_failures.yaml (test id: reason), and
 each listed test must fail: a listed test that passes (or is skipped) fails the file's test too,
@@ -43,8 +46,11 @@ outcome to build/pytorch_suites_summary.json. A file that cannot be fetched (no 
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -54,7 +60,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import pytest
 import yaml
@@ -258,13 +264,11 @@ def run_file(name: str, device: str) -> FileRun:
         report, deselect = Path(tmp) / "report.jsonl", Path(tmp) / "deselect.txt"
         deselect.touch()
         env = _environment(device, report, deselect)
-        command = [sys.executable, "-m", "pytest", "-q", "-p", "plugin", "-p", "no:cacheprovider"]
-        command += ["-c", os.devnull, "--rootdir", str(FILES_DIR), "-o", "addopts=", name]
+        args = ["-q", "-p", "plugin", "-p", "no:cacheprovider"]
+        args += ["-c", os.devnull, "--rootdir", str(FILES_DIR), "-o", "addopts=", name]
         while True:
             report.write_text("")
-            proc = subprocess.Popen(
-                command, cwd=FILES_DIR, env=env, stdout=log, stderr=subprocess.STDOUT
-            )
+            proc = _start(device, args, env, log, log_path)
             running, hung = _follow(proc, report, run)
             if running is None:
                 if proc.returncode in (0, 1, 5):
@@ -285,7 +289,114 @@ def run_file(name: str, device: str) -> FileRun:
     return run
 
 
-def _follow(proc: subprocess.Popen[bytes], report: Path, run: FileRun) -> tuple[str | None, bool]:
+class _ForkServer:
+    """pytorch_suites/forkserver.py for one device's runs: a process that imported torch and its
+    testing utilities once and forks a child per file (each file's own process spent about 10 s
+    on those imports). Where it cannot serve, `ready` is false and `why` says why."""
+
+    def __init__(self, device: str) -> None:
+        env = _environment(device, Path(os.devnull), Path(os.devnull))
+        self.proc = subprocess.Popen(
+            [sys.executable, str(SUITES / "forkserver.py")],
+            cwd=FILES_DIR,
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,  # the children write to their logs
+            text=True,
+        )
+        assert self.proc.stdout is not None
+        self.fd = self.proc.stdout.fileno()  # read unbuffered: select() sees what is unread
+        self.pending = b""
+        answer = self._read()
+        self.ready: bool = answer.get("ready", False)
+        self.why: str = answer.get("why", "")
+
+    def answered(self) -> bool:
+        """Whether an answer (or the end of the server) can be read without waiting."""
+        return b"\n" in self.pending or bool(select.select([self.fd], [], [], 0)[0])
+
+    def _read(self) -> dict[str, Any]:
+        while b"\n" not in self.pending:
+            data = os.read(self.fd, 4096)
+            if not data:
+                return {"ready": False, "exit": None, "why": "the fork server ended"}
+            self.pending += data
+        line, self.pending = self.pending.split(b"\n", 1)
+        answer: dict[str, Any] = json.loads(line)
+        return answer
+
+    def fork(self, args: list[str], env: dict[str, str], log_path: Path) -> _Forked | None:
+        assert self.proc.stdin is not None
+        request = {"argv": args, "env": env, "log": str(log_path)}
+        try:
+            self.proc.stdin.write(json.dumps(request) + "\n")
+            self.proc.stdin.flush()
+        except OSError:  # the server ended: a plain process instead
+            pid = None
+        else:
+            pid = self._read().get("pid")
+        if pid is None:
+            self.ready, self.why = False, "the fork server ended"
+            return None
+        return _Forked(self, pid)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            assert self.proc.stdin is not None
+            self.proc.stdin.close()
+            self.proc.wait()
+
+
+class _Forked:
+    """A child of the fork server, with the part of subprocess.Popen's interface _follow uses."""
+
+    def __init__(self, server: _ForkServer, pid: int) -> None:
+        self.server, self.pid = server, pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None and self.server.answered():
+            code = self.server._read().get("exit")
+            self.returncode = -signal.SIGKILL if code is None else code  # None: the server died
+        return self.returncode
+
+    def kill(self) -> None:
+        if self.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGKILL)
+
+    def wait(self) -> int:
+        while self.poll() is None:
+            time.sleep(0.05)
+        return self.returncode  # type: ignore[return-value]
+
+
+_SERVERS: dict[str, _ForkServer] = {}
+
+
+def _start(
+    device: str, args: list[str], env: dict[str, str], log: IO[str], log_path: Path
+) -> subprocess.Popen[bytes] | _Forked:
+    """A test process for one file: forked by the device's fork server where it serves
+    (PYTORCH_SUITES_FORK=0 turns it off), else a fresh interpreter."""
+    if os.environ.get("PYTORCH_SUITES_FORK", "1") not in _OFF:
+        server = _SERVERS.get(device)
+        if server is None:
+            server = _SERVERS[device] = _ForkServer(device)
+            atexit.register(server.close)
+        if server.ready:
+            log.flush()
+            forked = server.fork(args, env, log_path)
+            if forked is not None:
+                return forked
+    command = [sys.executable, "-m", "pytest", *args]
+    return subprocess.Popen(command, cwd=FILES_DIR, env=env, stdout=log, stderr=subprocess.STDOUT)
+
+
+def _follow(
+    proc: subprocess.Popen[bytes] | _Forked, report: Path, run: FileRun
+) -> tuple[str | None, bool]:
     """Reads the plugin's events until the process ends (or hangs: then kills it). Returns the
     test that was running when it ended (None if none was) and whether it hung."""
     running: str | None = None
@@ -465,6 +576,9 @@ def test_summary(known_failures: dict[str, str], capsys: Any) -> None:
     summary = summarize(known_failures)
     with capsys.disabled():
         print(f"\nPyTorch {fetch.VERSION} test files over accel ({summary['mode']}):")
+        for device, server in _SERVERS.items():
+            how = "forked from one that imported torch once" if server.ready else server.why
+            print(f"  processes on {device}: {how}")
         width = max(len("file"), *(len(name) for name in summary["files"]))
         header = f"  {'file':{width}} {'device':6} {'passed':>7} {'failed':>7} {'skipped':>7}"
         print(header + f" {'known':>6} {'seconds':>8}")
@@ -477,3 +591,7 @@ def test_summary(known_failures: dict[str, str], capsys: Any) -> None:
                 )
     SUMMARY_FILE.parent.mkdir(exist_ok=True)
     SUMMARY_FILE.write_text(json.dumps(summary, indent=1) + "\n")
+    # Importing torch (with torch_accel) and its testing utilities must leave a process that can
+    # fork: no thread started, no runtime started (what makes forked DataLoader workers work too).
+    unfit = {device: server.why for device, server in _SERVERS.items() if not server.ready}
+    assert not unfit, f"the fork server could not serve: {unfit}"
