@@ -87,7 +87,7 @@ print(json.dumps({
 
 
 AUTO_FIND_BATCH_SIZE = (
-    _llama(vocab=4096, hidden=64, intermediate=128, layers=1, positions=256, seq=256, samples=256)
+    _llama(vocab=4096, hidden=64, intermediate=128, layers=1, positions=64, seq=64, samples=256)
     + r"""
 sizes = []
 class Seen(transformers.TrainerCallback):
@@ -152,10 +152,10 @@ def test_accelerate_finds_a_batch_size_that_fits_after_out_of_memory() -> None:
 
 
 def test_trainer_auto_find_batch_size_shrinks_the_batch_on_accel(run_python) -> None:
-    # A 512 MiB device: batch 128 does not fit; the Trainer retries smaller batches (x0.9) until
+    # A 256 MiB device: batch 128 does not fit; the Trainer retries smaller batches (x0.9) until
     # one trains, as it does on CUDA, since accel's error reads "accel out of memory.".
     out = _run(
-        run_python, AUTO_FIND_BATCH_SIZE, ACCELERATE_TORCH_DEVICE="accel", ACCEL_HOST_MEMORY="512M"
+        run_python, AUTO_FIND_BATCH_SIZE, ACCELERATE_TORCH_DEVICE="accel", ACCEL_HOST_MEMORY="256M"
     )
     sizes = out["sizes"]
     assert out["device"] == "accel:0" and out["ooms"] >= 1

@@ -6,10 +6,11 @@ process imports them once, in the environment of the runs (the runner starts one
 device: accel through torch's backend autoload, or plain torch for the CPU reference), and forks
 a child per file. A child is what a fresh `python -m pytest ...` would be after those imports.
 
-What is preloaded must leave the process fit to fork: no thread but numpy's OpenBLAS pool (which
-handles fork itself; no OpenMP or accel worker threads yet) and the accel runtime not started
-(test_fork.py: counting devices starts nothing). The server checks both after its imports and
-refuses to serve otherwise (the runner then starts plain processes, as before).
+What is preloaded must leave the process fit to fork: no thread but numpy's (and scipy's)
+OpenBLAS pools (which handle fork themselves; no OpenMP or accel worker threads yet) and the
+accel runtime not started (test_fork.py: counting devices starts nothing). The server checks
+both after its imports and refuses to serve otherwise (the runner then starts plain processes,
+as before).
 
 Protocol, one JSON object a line: the runner writes {"argv": [...], "env": {...}, "log": path}
 (the pytest arguments, variables set in the child, the file its output goes to) on stdin; the
@@ -20,6 +21,7 @@ signal that ended it, as subprocess.Popen.returncode). Its first line is {"ready
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import sys
@@ -78,17 +80,32 @@ def main() -> None:
     # PYTHONPATH, for -p plugin, anyway).
     sys.path[0] = os.getcwd()
     why = ""
-    # numpy's OpenBLAS starts its thread pool at import (one thread less than the cores) and
-    # handles fork itself (pthread_atfork); no other import may start a thread.
+    # numpy's OpenBLAS starts its thread pool at import (one thread less than the cores), and so
+    # does scipy's, where scipy is installed (torch's testing utilities then import it); OpenBLAS
+    # handles fork itself (pthread_atfork). No other import may start a thread.
     import numpy  # noqa: F401
 
+    try:
+        import scipy.linalg  # noqa: F401
+    except ImportError:
+        pass
     expected_threads = _threads()
     try:
         for name in PRELOAD:
             __import__(name)
+        # The plugins pytest loads from entry points (anyio's alone took 0.9 s a child).
+        from importlib.metadata import entry_points
+
+        for plugin in entry_points(group="pytest11"):
+            __import__(plugin.module)
     except Exception:  # noqa: BLE001  (the runner falls back to plain processes and says why)
         why = "preloading failed: " + traceback.format_exc(limit=1).strip().splitlines()[-1]
     why = why or _unfit_to_fork(expected_threads)
+    # What the imports made lives as long as the process: kept out of the children's collections
+    # (pytest collects twice at its end, 1.5 s a child over torch's objects), and their pages
+    # stay shared with the server.
+    gc.collect()
+    gc.freeze()
     out = sys.stdout
     out.write(json.dumps({"ready": not why, "why": why}) + "\n")
     out.flush()
