@@ -148,8 +148,10 @@ test-compile: install
 # cores finish both in little more than the longer one's time); each target's output is printed
 # whole when it ends. torch.compile's suite is split between the lanes to even them out (about
 # 15 minutes each from a fresh clone, 2 cores: 14.5 and 15.3 measured; on an AVX2-only EPYC of
-# 2026-12-01, where import torch alone takes 4 s, make test took 38 minutes). TEST_LANES=1 runs
-# them one after the other.
+# 2026-12-01, where import torch alone takes 4 s, make test took 38 minutes, and 30 on 12-02
+# once the test processes paid for import torch once: default lane 1133 s of pytest + 216 s
+# compiling, debug lane 347 + 467 + 284 (OpInfo) + 374 + 107 s; test_compile_models.py then
+# moved to the default lane). TEST_LANES=1 runs them one after the other.
 TEST_LANES ?= 2
 # The lanes share the cores, and OpenMP threads that spin after each parallel region (libgomp's
 # default policy) take the cores the other lane's kernels are waiting for: two OpInfo runs side
@@ -158,8 +160,8 @@ TEST_LANES ?= 2
 OMP_WAIT_POLICY ?= passive
 test test-python test-python-default test-python-debug test-compile test-lane-default \
 test-lane-debug test-emulated-cuda test-cuda opinfo: export OMP_WAIT_POLICY := $(OMP_WAIT_POLICY)
-COMPILE_IN_DEBUG_LANE := test/test_compile_models.py test/test_compile_modes.py \
-                         test/test_compile_triton.py test/test_compile_flex.py
+COMPILE_IN_DEBUG_LANE := test/test_compile_modes.py test/test_compile_triton.py \
+                         test/test_compile_flex.py
 test-lane-default: test-python-default
 	$(PY) -m pytest -q -p no:cacheprovider $(filter-out $(COMPILE_IN_DEBUG_LANE),$(COMPILE_TESTS))
 
