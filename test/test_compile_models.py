@@ -96,19 +96,8 @@ def _sequences(step: int) -> tuple[torch.Tensor, torch.Tensor]:
 # compile past the graph caches (FX graph, AOT autograd), so that every pass and the scheduling
 # run, while the kernels compiled from the same source come from Inductor's code cache (all
 # caches off, the Mamba test took 107 s instead of 20).
-_COMPILE_EVERY_GRAPH = [
-    inductor_config.patch(fx_graph_cache=False),
-    torch._functorch.config.patch(enable_autograd_cache=False),
-]
-
-
-def _compiling_every_graph(test):
-    for patch in _COMPILE_EVERY_GRAPH:
-        test = patch(test)
-    return test
-
-
-@_compiling_every_graph
+@inductor_config.patch(fx_graph_cache=False)
+@torch._functorch.config.patch(enable_autograd_cache=False)
 def test_hand_written_attention_compiles_and_trains_like_the_cpu() -> None:
     # Inductor traces scaled_dot_product_attention for accel tensors while it rewrites: accel's
     # backend choice was recorded as a graph node returning an int, and AOT autograd's
@@ -156,7 +145,8 @@ def test_sum_scatters_compile_like_the_cpu(fn) -> None:
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
-@_compiling_every_graph
+@inductor_config.patch(fx_graph_cache=False)  # past the graph caches, as above
+@torch._functorch.config.patch(enable_autograd_cache=False)
 def test_mamba_mixer_trains_like_the_cpu_with_loops_reordered() -> None:
     # Inductor reorders a node's loops to match a fusion partner, except on devices of type
     # "cpu": the C++ backend then ran the loops of the old order around the reordered body (out

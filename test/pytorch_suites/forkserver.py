@@ -30,7 +30,6 @@ import traceback
 
 PRELOAD = (
     "torch",
-    "numpy",
     "pytest",
     "expecttest",
     "hypothesis",
@@ -66,7 +65,9 @@ def _child(request: dict[str, object]) -> None:
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)
-    os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+    fd = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(fd, 0)
+    os.close(fd)
     argv = [str(a) for a in request["argv"]]  # type: ignore[union-attr]
     sys.argv = ["pytest", *argv]
     import pytest
@@ -101,16 +102,16 @@ def main() -> None:
     except Exception:  # noqa: BLE001  (the runner falls back to plain processes and says why)
         why = "preloading failed: " + traceback.format_exc(limit=1).strip().splitlines()[-1]
     why = why or _unfit_to_fork(expected_threads)
-    # What the imports made lives as long as the process: kept out of the children's collections
-    # (pytest collects twice at its end, 1.5 s a child over torch's objects), and their pages
-    # stay shared with the server.
-    gc.collect()
-    gc.freeze()
     out = sys.stdout
     out.write(json.dumps({"ready": not why, "why": why}) + "\n")
     out.flush()
     if why:
         return
+    # What the imports made lives as long as the process: kept out of the children's collections
+    # (pytest collects twice at its end, 1.5 s a child over torch's objects), and their pages
+    # stay shared with the server.
+    gc.collect()
+    gc.freeze()
     for line in sys.stdin:
         request = json.loads(line)
         sys.stderr.flush()
