@@ -102,11 +102,25 @@ $(PY):
 deps: $(DEPS_STAMP)
 
 # Install from the wheelhouse without touching the network; download only what is missing.
+# uv (installed into the venv from the wheelhouse) installs the pinned set: it unpacks each
+# wheel once into its cache ($(UV_CACHE_DIR)) and links the files from there into each new
+# venv, then compiles their bytecode as pip does (environments with PYTHONDONTWRITEBYTECODE=1
+# would otherwise compile torch at every import: 7.4 s instead of 3.9 s): 35 s instead of pip's
+# 110 s for a fresh clone on 2 cores.
+UV_VERSION := 0.13.9
+UV := $(VENV)/bin/uv
+export UV_CACHE_DIR ?= $(HOME)/.cache/uv
 $(DEPS_STAMP): $(REQUIREMENTS) | $(PY)
 	mkdir -p $(WHEELHOUSE)
-	if ! $(PIP) install -q --no-index --find-links $(WHEELHOUSE) -r $(REQUIREMENTS) 2>/dev/null; then \
+	if ! $(PIP) install -q --no-index --find-links $(WHEELHOUSE) uv==$(UV_VERSION) 2>/dev/null; then \
+	  $(PIP) download -q -d $(WHEELHOUSE) uv==$(UV_VERSION); \
+	  $(PIP) install -q --no-index --find-links $(WHEELHOUSE) uv==$(UV_VERSION); \
+	fi
+	if ! $(UV) pip install -q --python $(PY) --no-index --find-links $(WHEELHOUSE) \
+	     --compile-bytecode -r $(REQUIREMENTS) 2>/dev/null; then \
 	  $(PIP) download -q -d $(WHEELHOUSE) -r $(REQUIREMENTS); \
-	  $(PIP) install -q --no-index --find-links $(WHEELHOUSE) -r $(REQUIREMENTS); \
+	  $(UV) pip install -q --python $(PY) --no-index --find-links $(WHEELHOUSE) \
+	    --compile-bytecode -r $(REQUIREMENTS); \
 	fi
 	rm -f $(VENV)/.deps-*
 	touch $@
@@ -133,9 +147,13 @@ test-python-default: install
 	$(PY) -m ruff format --check .
 	$(PY) -m pytest -q $(NOT_COMPILE) $(DEFAULT_LANE_SKIP) test
 
+# The two debug modes at once: with launch blocking every task runs on the thread that submits
+# it, so protected memory is accessible exactly while a task or a copy runs there, and a stray
+# host access between them faults every time (run apart, each took about as long as this run).
+# The runtime's C++ suite runs protection with asynchronous streams (runtime_protect).
 test-python-debug: install
-	ACCEL_LAUNCH_BLOCKING=1 $(PY) -m pytest -q -p no:cacheprovider $(NOT_COMPILE) test
-	ACCEL_PROTECT_DEVICE_MEMORY=1 $(PY) -m pytest -q -p no:cacheprovider $(NOT_COMPILE) test
+	ACCEL_LAUNCH_BLOCKING=1 ACCEL_PROTECT_DEVICE_MEMORY=1 \
+	  $(PY) -m pytest -q -p no:cacheprovider $(NOT_COMPILE) test
 	$(MAKE) --no-print-directory opinfo-sweep
 
 # torch.compile's suite, once, in the default configuration (compiled kernels are stream tasks
@@ -160,7 +178,7 @@ TEST_LANES ?= 2
 OMP_WAIT_POLICY ?= passive
 test test-python test-python-default test-python-debug test-compile test-lane-default \
 test-lane-debug test-emulated-cuda test-cuda opinfo: export OMP_WAIT_POLICY := $(OMP_WAIT_POLICY)
-COMPILE_IN_DEBUG_LANE := test/test_compile_modes.py test/test_compile_triton.py \
+COMPILE_IN_DEBUG_LANE := test/test_compile_modes.py test/test_compile_triton.py test/test_compile_models.py \
                          test/test_compile_flex.py
 test-lane-default: test-python-default
 	$(PY) -m pytest -q -p no:cacheprovider $(filter-out $(COMPILE_IN_DEBUG_LANE),$(COMPILE_TESTS))
