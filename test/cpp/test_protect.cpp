@@ -1,5 +1,7 @@
 // ACCEL_PROTECT_DEVICE_MEMORY=1: device memory is inaccessible to the host outside runtime
 // control. Run by the runtime_protect test entry; skipped elsewhere.
+#include <setjmp.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -105,6 +107,62 @@ TEST(Protect, TasksMayTouchEveryDevicesMemory) {
   free(on0);
   free(on1);
   stream_destroy(s1);
+}
+
+TEST(Protect, TasksOpenOnlyTheMappingsTheyTouch) {
+  SKIP_UNLESS_PROTECTING();
+  constexpr std::size_t kBytes = 16 << 20;  // large blocks: a mapping each
+  char* touched = static_cast<char*>(malloc(kBytes));
+  char* untouched = static_cast<char*>(malloc(kBytes));
+  Stream s = stream_create();
+  bool before = true, after_own_touch = false, other_meanwhile = true;
+  launch_host_func(s, [&] {
+    before = host_readable(touched);  // the kernel sees what a task has not touched yet
+    touched[0] = 7;                   // the first touch opens the mapping
+    after_own_touch = host_readable(touched);
+    other_meanwhile = host_readable(untouched);
+  });
+  stream_synchronize(s);
+  EXPECT_FALSE(before);
+  EXPECT_TRUE(after_own_touch);
+  EXPECT_FALSE(other_meanwhile);
+  EXPECT_FALSE(host_readable(touched));  // closed again when the task ended
+  EXPECT_FALSE(host_readable(untouched));
+  EXPECT_EQ(testing::download(touched, 1), std::vector<char>{7});
+  free(touched);
+  free(untouched);
+  stream_destroy(s);
+}
+
+sigjmp_buf g_jump;
+volatile sig_atomic_t g_foreign_faults = 0;
+void foreign_handler(int, siginfo_t*, void*) {
+  g_foreign_faults = g_foreign_faults + 1;
+  siglongjmp(g_jump, 1);
+}
+
+TEST(Protect, AHandlerInstalledLaterStillGetsTheFaultsThatAreNotTheRuntimes) {
+  SKIP_UNLESS_PROTECTING();
+  int* dev = testing::upload(std::vector<int>{1, 2, 3});
+  // What faulthandler.enable() does after the runtime started: a handler over the runtime's.
+  struct sigaction mine {}, before {};
+  mine.sa_sigaction = foreign_handler;
+  mine.sa_flags = SA_SIGINFO;
+  sigemptyset(&mine.sa_mask);
+  ASSERT_EQ(::sigaction(SIGSEGV, &mine, &before), 0);
+  Stream s = stream_create();
+  launch_host_func(s, [dev] { dev[1] *= 10; });  // the runtime's handler comes first again
+  stream_synchronize(s);
+  EXPECT_EQ(testing::download(dev, 3), (std::vector<int>{1, 20, 3}));
+  EXPECT_EQ(g_foreign_faults, 0);
+  if (sigsetjmp(g_jump, 1) == 0) {
+    volatile int* stray = dev;
+    (void)stray[0];  // outside any task: not the runtime's to resolve
+  }
+  EXPECT_EQ(g_foreign_faults, 1);
+  ::sigaction(SIGSEGV, &before, nullptr);
+  free(dev);
+  stream_destroy(s);
 }
 
 TEST(Protect, HostDereferenceOfDevicePointerCrashesAtOnce) {

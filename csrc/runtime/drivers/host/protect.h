@@ -9,6 +9,16 @@
 // becomes inaccessible again when the last accessor leaves. A host dereference of a device pointer
 // outside runtime control then faults at once instead of silently working, as it would on a
 // real GPU.
+//
+// Tasks of unknown footprint open mappings lazily: while one runs, a mapping becomes accessible
+// when something first touches it (a SIGSEGV that the driver's handler resolves by opening that
+// mapping, after which the access is retried), and the mappings opened so are closed when the last
+// such task ends. Only what the tasks touch is reprotected (all mappings, before: with 47 of them
+// after a model, 25x slower per small operator). What is accessible while such a task runs is the
+// same as before: any mapping, from any thread. Other faults go to the handler installed before
+// (Python's faulthandler, a sanitizer's, the default action). The kernel does not fault for
+// user memory (a syscall given an unopened mapping fails with EFAULT), so code that hands device
+// memory to a syscall takes explicit access (HostAccessGuard), as the distributed backend does.
 #pragma once
 
 #include <cstddef>
@@ -22,7 +32,7 @@ namespace accel::rt::host {
 
 class DeviceMemory {
  public:
-  DeviceMemory(bool protect, int device) : protect_(protect), device_(device) {}
+  DeviceMemory(bool protect, int device);
   ~DeviceMemory();
   DeviceMemory(const DeviceMemory&) = delete;
   DeviceMemory& operator=(const DeviceMemory&) = delete;
@@ -49,6 +59,10 @@ class DeviceMemory {
   void acquire_all();
   void release_all();
 
+  // The fault handler's part (protect.cpp): opens the mapping that holds `addr` if tasks of
+  // unknown footprint run (true), else false (the fault is someone else's).
+  bool open_on_fault(const void* addr) noexcept;
+
   // True if ptr lies in one of this device's mappings (only tracked when protecting).
   bool owns(const void* ptr);
 
@@ -64,7 +78,9 @@ class DeviceMemory {
   struct Region {
     std::size_t size = 0;
     int count = 0;
+    bool lazy = false;  // opened by a touch while tasks of unknown footprint run
   };
+
   template <class F>
   void for_each_overlap(const void* ptr, std::size_t size, F&& f);
   void set_access(uintptr_t base, std::size_t size, bool accessible);
@@ -79,6 +95,7 @@ class DeviceMemory {
   void* reserve_pages(std::size_t size);
   void drop_pages(void* ptr, std::size_t size);
   void forget_reservation(void* ptr);
+  void close_files();  // the memory files (shared_memory.cpp), at destruction
   void track(uintptr_t base, std::size_t size);  // a new mapping, for protection
   // A new mapping's protection: none while protecting and nothing accesses every mapping.
   int mapping_prot() const;  // under mutex_
@@ -102,6 +119,7 @@ class DeviceMemory {
   std::mutex mutex_;
   std::map<uintptr_t, Region> regions_;  // only tracked when protecting
   int all_count_ = 0;
+  uint64_t closes_ = 0;  // times all_count_ fell to 0 (open_on_fault's retry guard)
 };
 
 // Runtime access to [ptr, ptr + size) for the scope of a copy (nothing when `mem` is null: the

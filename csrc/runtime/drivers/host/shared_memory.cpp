@@ -40,7 +40,7 @@ static_assert(sizeof(HandleData) <= sizeof(IpcMemHandle::bytes));
 
 }  // namespace
 
-DeviceMemory::~DeviceMemory() {
+void DeviceMemory::close_files() {
   if (fd_ >= 0) ::close(fd_);
   for (const auto& [base, r] : reservations_) ::close(r.fd);
 }
