@@ -178,8 +178,9 @@ TEST_LANES ?= 2
 OMP_WAIT_POLICY ?= passive
 test test-python test-python-default test-python-debug test-compile test-lane-default \
 test-lane-debug test-emulated-cuda test-cuda opinfo: export OMP_WAIT_POLICY := $(OMP_WAIT_POLICY)
-COMPILE_IN_DEBUG_LANE := test/test_compile_modes.py test/test_compile_triton.py test/test_compile_models.py \
-                         test/test_compile_flex.py
+COMPILE_IN_DEBUG_LANE := test/test_compile_modes.py test/test_compile_triton.py \
+                         test/test_compile_models.py test/test_compile_flex.py \
+                         test/test_compile_cpp_wrapper.py test/test_compile_backend.py
 test-lane-default: test-python-default
 	$(PY) -m pytest -q -p no:cacheprovider $(filter-out $(COMPILE_IN_DEBUG_LANE),$(COMPILE_TESTS))
 

@@ -495,13 +495,13 @@ def render_docs(
     return "\n".join(lines) + "\n"
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--yaml", required=True)
     parser.add_argument("--out-dir", required=True)
     parser.add_argument("--docs", required=True)
     parser.add_argument("--torch-dir", required=True, help="the installed torch package")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
 
     with open(args.yaml) as fh:
         entries = yaml.safe_load(fh) or []

@@ -5,6 +5,7 @@ which decides what accel registers; nothing here knows about accel's yaml."""
 
 from __future__ import annotations
 
+import functools
 import re
 import subprocess
 import sys
@@ -31,7 +32,9 @@ COMPOSITE_KEYS = IMPLICIT_KEYS | {
 }  # fmt: skip
 
 
+@functools.cache
 def load_native_functions() -> NativeFunctions:
+    """PyTorch's operators, parsed once per process (3.5 s; callers only read the result)."""
     import torchgen
     from torchgen.gen import get_grouped_native_functions, parse_native_yaml
     from torchgen.model import NativeFunctionsGroup

@@ -22,6 +22,7 @@ no __init__.py), and a script's own folder is on it.
 
 from __future__ import annotations
 
+import gc
 import importlib
 import json
 import os
@@ -178,6 +179,10 @@ def serve(
     faulthandler.enable()  # a crash shows where
     torch_accel._C._set_fallback_mode(fallback)
     db = load()
+    # The database and what torch imported stay alive to the end: out of the garbage
+    # collector's sight (each full collection traversed them all).
+    gc.collect()
+    gc.freeze()
     out = sys.stdout
     sys.stdout = sys.stderr  # stray prints must not mix with the reports
 
