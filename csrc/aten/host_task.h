@@ -13,6 +13,7 @@
 
 #include <utility>
 
+#include "aten/parallel.h"
 #include "device/common.h"
 
 namespace accel::aten {
@@ -99,6 +100,8 @@ class QuietSyncs {
 template <class F>
 void launch(c10::DeviceIndex device, const char* what, F&& f) {
   require_host_accessible(what);
+  // Under ACCEL_LAUNCH_BLOCKING the task runs on this thread, with its threads.
+  if (!rt::launch_blocking()) give_back_openmp_threads();
   device::call(
       [&] { rt::launch_host_func(rt::current_stream(device), rt::Task(std::forward<F>(f)), what); },
       what);

@@ -4,6 +4,7 @@
 #include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/record_function.h>
 #include <c10/core/DeviceGuard.h>
 
 #include <algorithm>
@@ -147,7 +148,7 @@ class UnderlyingKernel final : public c10::OperatorKernel {
     bool has_generator = false;
     bool has_index_list = false;    // a Tensor?[] argument (indices)
     bool zero_tensor_args = false;  // ATen passes efficient zero tensors through (dot, vdot)
-    int64_t serial_numel = 0;       // calls with fewer elements in every tensor run serially
+    SerialRule serial;              // which calls run without intra-op parallelism
   };
 
   void resolve_ops(const c10::OperatorHandle& op) {
@@ -180,7 +181,7 @@ class UnderlyingKernel final : public c10::OperatorKernel {
       }
       info_.tensor_returns_only = returns_only_tensors(schema);
       info_.zero_tensor_args = op.hasKernelForDispatchKey(c10::DispatchKey::ZeroTensor);
-      info_.serial_numel = serial_numel(config_->name);
+      info_.serial = {serial_numel(config_->name), matmul_left_operand(config_->name)};
       cpu_op_ = find_op(config_->cpu_op);
       out_op_ = find_op(config_->out_variant);
       functional_op_ = find_op(config_->functional);
@@ -335,7 +336,7 @@ class UnderlyingKernel final : public c10::OperatorKernel {
         buf.copy_into.assign(fresh.begin(), fresh.end());
       }
     }
-    work.serial = small_work(buf, info_.serial_numel);
+    work.serial = small_work(buf, info_.serial);
     std::optional<rt::Task> direct;
     if (executor() == Executor::Host && capturing(device) && stream_capturing(device)) {
       direct = replay_elementwise(work);
@@ -508,11 +509,25 @@ class UnderlyingKernel final : public c10::OperatorKernel {
       bool seen = false;
     } warnings(c10::WarningUtils::get_warning_handler());
     {
-      at::AutoDispatchBelowADInplaceOrView below_autograd;
+      const bool serial = host && small_call(*stack, begin, expected, info_.serial);
+      const c10::OperatorHandle& kernel = cpu_op_ ? *cpu_op_ : op;
       c10::WarningUtils::WarningHandlerGuard see(&warnings);
-      std::optional<SerialScope> serial;
-      if (host && small_call(*stack, begin, expected, info_.serial_numel)) serial.emplace();
-      (cpu_op_ ? *cpu_op_ : op).callBoxed(&cpu);
+      if (host && synchronize) {
+        // On the stream's worker, as tasks run (see run_on_stream), not as an operator of its
+        // own in a profile (as Work::run).
+        run_on_stream(device, config_->name, [&] {
+          at::AutoDispatchBelowADInplaceOrView below_autograd;
+          std::optional<SerialScope> one_thread;
+          if (serial) one_thread.emplace();
+          at::DisableRecordFunctionGuard not_an_operator;
+          kernel.callBoxed(&cpu);
+        });
+      } else {
+        at::AutoDispatchBelowADInplaceOrView below_autograd;
+        std::optional<SerialScope> one_thread;
+        if (serial) one_thread.emplace();
+        kernel.callBoxed(&cpu);
+      }
     }
 
     auto seen = std::make_shared<CachedResult>();

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <exception>
 #include <limits>
 #include <mutex>
 #include <stdexcept>
@@ -40,6 +41,16 @@ constexpr int64_t kGrainSize = 32768;
 // add_ on 256K floats 29 us serial against 50 us parallel; softmax rows of 1M elements 693 us
 // serial against 413 us parallel).
 constexpr int64_t kSerialNumelMemoryBound = int64_t{1} << 19;
+
+// Matrix products run serially on the stream worker below both limits, for the same reason:
+// MKL's threads for a product of a few rows cost that wake-up, and the calling thread, busy
+// issuing the next operators, competes with them for the cores. Measured on the worker (2-core
+// VM, float32 mm, serial against parallel): [2, 256] by [256, 768] 14 against 68 us (GPT-2's
+// decoder step), 64x256x256 61 against 87 us; above either limit the threads win where the
+// product reads more memory than one core's caches hold (2x1024x1024 182 against 123 us) or
+// computes long enough to repay the wake-up (16x1024x1024 324 against 213 us).
+constexpr int64_t kSerialMacs = int64_t{1} << 22;         // multiply-adds, at most
+constexpr int64_t kSerialMatrixNumel = int64_t{1} << 20;  // elements of either operand
 
 // Keeps the warnings of a kernel call, to be passed on after it.
 class CollectWarnings final : public c10::WarningHandler {
@@ -111,16 +122,38 @@ void materialize_zero_tensors(torch::jit::Stack& stack, size_t n) {
   }
 }
 
+void run_on_stream(c10::DeviceIndex device, const char* what,
+                   const std::function<void()>& kernel) {
+  std::exception_ptr failure;
+  CollectWarnings warnings;
+  // The task refers to this frame: it has run once the synchronize below returns (a stream
+  // synchronize waits for every task before it reports a failure), and it throws nothing.
+  launch(device, what, [&] {
+    c10::WarningUtils::WarningHandlerGuard guard(&warnings);
+    try {
+      kernel();
+    } catch (...) {
+      failure = std::current_exception();
+    }
+  });
+  device::call([&] { rt::stream_synchronize(rt::current_stream(device)); }, what);
+  for (const c10::Warning& w : warnings.list) c10::WarningUtils::get_warning_handler()->process(w);
+  if (failure) std::rethrow_exception(failure);
+}
+
 SerialScope::SerialScope() {
   const OmpThreads& o = omp_threads();
   if (o.set == nullptr || o.get == nullptr) return;
   (void)at::get_num_threads();  // ATen's per-thread set-up first (torch.set_num_threads)
   saved_ = o.get();
   if (saved_ > 1) o.set(1);
+  if (o.mkl_set_local != nullptr) saved_mkl_ = o.mkl_set_local(1);
 }
 
 SerialScope::~SerialScope() {
-  if (saved_ > 1) omp_threads().set(saved_);
+  const OmpThreads& o = omp_threads();
+  if (saved_ > 1) o.set(saved_);
+  if (saved_mkl_ >= 0) o.mkl_set_local(saved_mkl_);
 }
 
 void Arg::stash(const c10::IValue& v, bool write) {
@@ -240,7 +273,48 @@ void RecycleBuffers::operator()(WorkBuffers* b) const noexcept {
   buffer_pool().give(b);
 }
 
-bool small_work(const WorkBuffers& buf, int64_t serial_below) {
+int matmul_left_operand(std::string_view name) {
+  if (name.starts_with("aten::")) name.remove_prefix(6);
+  name = name.substr(0, name.find('.'));
+  if (name.ends_with('_')) name.remove_suffix(1);  // in place: the same arguments
+  static constexpr std::pair<std::string_view, int> kProducts[] = {
+      {"mm", 0},     {"bmm", 0},     {"mv", 0},     {"addmm", 1},
+      {"baddbmm", 1}, {"addbmm", 1}, {"addmv", 1},   {"_addmm_activation", 1}};
+  for (const auto& [product, left] : kProducts) {
+    if (name == product) return left;
+  }
+  return -1;
+}
+
+namespace {
+
+// Multiply-adds of a product of `left` ([..., M, K] or [M, K]) by `right` ([..., K, N] or [K]).
+int64_t multiply_adds(c10::IntArrayRef left, c10::IntArrayRef right) {
+  int64_t n = right.size() >= 2 ? right.back() : 1;
+  for (int64_t d : left) n *= d;
+  return n;
+}
+
+int64_t elements(c10::IntArrayRef sizes) {
+  int64_t n = 1;
+  for (int64_t d : sizes) n *= d;
+  return n;
+}
+
+bool small_product(c10::IntArrayRef left, c10::IntArrayRef right) {
+  return multiply_adds(left, right) <= kSerialMacs && elements(left) < kSerialMatrixNumel &&
+         elements(right) < kSerialMatrixNumel;
+}
+
+}  // namespace
+
+bool small_work(const WorkBuffers& buf, const SerialRule& rule) {
+  const c10::ArrayRef<Arg> args = buf.args();
+  if (rule.left >= 0 && args.size() > static_cast<size_t>(rule.left) + 1 &&
+      args[rule.left].kind == Arg::Kind::Tensor && args[rule.left + 1].kind == Arg::Kind::Tensor) {
+    return small_product(args[rule.left].tensor.sizes, args[rule.left + 1].tensor.sizes);
+  }
+  const int64_t serial_below = rule.numel;
   int64_t most = 0;
   for (const Arg& a : buf.args()) {
     switch (a.kind) {
@@ -295,7 +369,13 @@ bool unconvertible_scalar(const torch::jit::Stack& stack, size_t begin) {
 }
 
 bool small_call(const torch::jit::Stack& stack, size_t begin, const CachedResult* results,
-                int64_t serial_below) {
+                const SerialRule& rule) {
+  const size_t left = begin + static_cast<size_t>(rule.left);
+  if (rule.left >= 0 && left + 1 < stack.size() && stack[left].isTensor() &&
+      stack[left + 1].isTensor()) {
+    return small_product(stack[left].toTensor().sizes(), stack[left + 1].toTensor().sizes());
+  }
+  const int64_t serial_below = rule.numel;
   int64_t most = 0;
   const auto count = [&](const at::Tensor& t) {
     if (t.defined()) most = std::max(most, t.numel());

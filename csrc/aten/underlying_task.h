@@ -7,6 +7,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string_view>
@@ -87,9 +88,20 @@ struct Work {
 // products, convolutions), more for memory-bound ones (see underlying_task.cpp).
 int64_t serial_numel(std::string_view name);
 
-// Whether every tensor of the call has fewer than `serial_below` elements (its kernel then runs
-// without intra-op parallelism).
-bool small_work(const WorkBuffers& buf, int64_t serial_below);
+// Matrix products (mm, bmm, mv, addmm, baddbmm, addbmm, addmv, _addmm_activation, and their
+// in-place and out= forms): the argument index of the left operand (the right one follows it),
+// else -1. Their calls are judged by multiply-adds, not by elements: a decoder's step multiplies
+// a [2, 1024] activation by a [1024, 4096] weight, 8M multiply-adds over a 4M-element tensor.
+int matmul_left_operand(std::string_view name);
+
+// When a call runs without intra-op parallelism (see underlying_task.cpp).
+struct SerialRule {
+  int64_t numel = 0;  // fewer elements than this in every tensor
+  int left = -1;      // matrix products (matmul_left_operand): few multiply-adds, small operands
+};
+
+// Whether the call is small by `rule` (its kernel then runs without intra-op parallelism).
+bool small_work(const WorkBuffers& buf, const SerialRule& rule);
 
 // Whether stack[begin:] holds a number that kernels may refuse to convert on the host: a float
 // that float32 cannot hold (finite, beyond its range) or, among tensors none of which is
@@ -103,9 +115,19 @@ struct CachedResult;
 // known, its results): the first call of a signature must compute what later calls, run as
 // tasks, compute, bit for bit (a reduction split over threads rounds differently).
 bool small_call(const torch::jit::Stack& stack, size_t begin, const CachedResult* results,
-                int64_t serial_below);
+                const SerialRule& rule);
 
-// While alive, the calling thread's OpenMP work runs on one thread.
+// Runs `kernel` as a task on the current stream of `device` (host driver) and waits for it,
+// once the stream has drained: the calls accel runs synchronously (the first of each signature,
+// those whose result shapes depend on the data) run their CPU kernels on the stream's worker,
+// like every other call, and not on the calling thread. Each thread that runs an OpenMP region
+// keeps a team of threads, and once the process holds more such threads than cores, libgomp
+// stops letting them spin between regions: every region then waits for sleeping threads to
+// wake (a 1x1 convolution took 451 us against 135 us with the caller's team gone). The
+// kernel's exception rethrows here, with its type; its warnings go to the caller's handler.
+void run_on_stream(c10::DeviceIndex device, const char* what, const std::function<void()>& kernel);
+
+// While alive, the calling thread's OpenMP work and MKL's calls run on one thread.
 class SerialScope {
  public:
   SerialScope();
@@ -115,6 +137,7 @@ class SerialScope {
 
  private:
   int saved_ = 0;
+  int saved_mkl_ = -1;  // MKL's thread-local count before (-1: no MKL)
 };
 
 }  // namespace accel::aten
