@@ -11,8 +11,9 @@
     backend="accel" (the optimizer capturable, as graph capture needs its step counts on the
     device), against eager model and eager foreach AdamW.
 
-Each side is the best of several repeats, synchronized, the two sides timed in alternation.
-Prints a table and writes JSON (default benchmarks/results/compile.json).
+Each side is the best of several repeats, synchronized, the two sides timed in alternation; (a)
+and (a') run the CPU and accel sides in processes of their own (see ratios.Side). Prints a table
+and writes JSON (default benchmarks/results/compile.json).
 
     python benchmarks/compile.py [--json PATH]
 """
@@ -24,7 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from ratios import interleaved, report
+from ratios import Make, Side, apart, interleaved, report, serve
 
 import torch_accel  # noqa: F401
 
@@ -49,26 +50,23 @@ def functions() -> dict[str, tuple[Callable[..., torch.Tensor], tuple[int, ...]]
     }
 
 
-def compiled_vs_cpu() -> tuple[float, float]:
-    """Summed times of the compiled functions on accel and on the CPU."""
-    accel_total = cpu_total = 0.0
-    for fn, shape in functions().values():
-        calls = []
-        for device in ("cpu", "accel"):
-            x = torch.randn(shape, device=device)
-            b = torch.randn(shape[-1], device=device)
-            r = torch.randn(shape, device=device)
-            f = torch.compile(fn)
-            for _ in range(3):
-                f(x, b, r)
-            calls.append(lambda f=f, x=x, b=b, r=r: f(x, b, r))
-        cpu, accel = interleaved(*calls, 15)
-        cpu_total += cpu
-        accel_total += accel
-    return cpu_total, accel_total
+def compiled(name: str) -> Make:
+    """The compiled function ``name`` of functions() on a device, after three calls."""
+
+    def make(device: str) -> Callable[[], object]:
+        fn, shape = functions()[name]
+        x = torch.randn(shape, device=device)
+        b = torch.randn(shape[-1], device=device)
+        r = torch.randn(shape, device=device)
+        f = torch.compile(fn)
+        for _ in range(3):
+            f(x, b, r)
+        return lambda: f(x, b, r)
+
+    return make
 
 
-def flex_vs_compiled_cpu() -> tuple[float, float]:
+def flex(device: str) -> Callable[[], object]:
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
     def causal(b: torch.Tensor, h: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
@@ -77,21 +75,32 @@ def flex_vs_compiled_cpu() -> tuple[float, float]:
     def bias(s: torch.Tensor, b: torch.Tensor, h: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
         return s + 0.01 * (q - k)
 
-    torch._dynamo.reset()
-    calls = []
-    for device in ("cpu", "accel"):
-        q, k, v = (torch.randn(2, 8, 1024, 64, device=device) for _ in range(3))
-        mask = create_block_mask(causal, None, None, 1024, 1024, device=device)
-        f = torch.compile(flex_attention)
+    q, k, v = (torch.randn(2, 8, 1024, 64, device=device) for _ in range(3))
+    mask = create_block_mask(causal, None, None, 1024, 1024, device=device)
+    f = torch.compile(flex_attention)
 
-        def call(f=f, q=q, k=k, v=v, mask=mask) -> torch.Tensor:  # noqa: ANN001
-            with torch.no_grad():
-                return f(q, k, v, score_mod=bias, block_mask=mask)
+    def call() -> torch.Tensor:
+        with torch.no_grad():
+            return f(q, k, v, score_mod=bias, block_mask=mask)
 
-        for _ in range(3):
-            call()
-        calls.append(call)
-    return interleaved(*calls, 15)
+    for _ in range(3):
+        call()
+    return call
+
+
+# Compiled on accel against compiled on the CPU: each side in its own process (ratios.Side).
+APART: dict[str, Make] = {f"compiled_{name}": compiled(name) for name in functions()}
+APART["flex"] = flex
+
+
+def against_cpu(names: list[str], sides: dict[str, Side]) -> Callable[[], tuple[float, float]]:
+    """Summed times of the cases ``names`` on the CPU and on accel."""
+
+    def case() -> tuple[float, float]:
+        best = [apart(name, sides, 15) for name in names]
+        return sum(b["cpu"] for b in best), sum(b["accel"] for b in best)
+
+    return case
 
 
 def block_vs_eager() -> tuple[float, float]:
@@ -139,18 +148,26 @@ def train_step() -> tuple[float, float]:
 
 
 def main() -> int:
-    return report(
-        __doc__.splitlines()[0],
-        ROOT / "benchmarks/results/compile.json",
-        [
-            ("vs_compiled_cpu", compiled_vs_cpu),
-            ("flex_vs_compiled_cpu", flex_vs_compiled_cpu),
-            ("vs_eager_block", block_vs_eager),
-            ("train_step", train_step),
-        ],
-        GOALS,
-        ("base", "accel", "ratio"),
-    )
+    if sys.argv[1:2] == ["--side"]:
+        serve(APART, sys.argv[2])
+        return 0
+    sides = {device: Side(__file__, device) for device in ("cpu", "accel")}
+    try:
+        return report(
+            __doc__.splitlines()[0],
+            ROOT / "benchmarks/results/compile.json",
+            [
+                ("vs_compiled_cpu", against_cpu([f"compiled_{n}" for n in functions()], sides)),
+                ("flex_vs_compiled_cpu", against_cpu(["flex"], sides)),
+                ("vs_eager_block", block_vs_eager),
+                ("train_step", train_step),
+            ],
+            GOALS,
+            ("base", "accel", "ratio"),
+        )
+    finally:
+        for side in sides.values():
+            side.close()
 
 
 if __name__ == "__main__":

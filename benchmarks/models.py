@@ -26,8 +26,6 @@ and writes JSON (default benchmarks/results/models.json).
 
 from __future__ import annotations
 
-import json
-import subprocess
 import sys
 import warnings
 from collections.abc import Callable
@@ -35,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from ratios import best_of, report
+from ratios import Make, Side, apart, report, serve
 from torch import nn
 
 import torch_accel  # noqa: F401
@@ -44,9 +42,7 @@ ROOT = Path(__file__).resolve().parent.parent
 ROUNDS = 8
 IMAGES = (8, 3, 64, 64)
 
-# A case: make(device) returns the call to time on that device, its model and inputs built from
-# seed 0 (so both sides' are the same).
-Make = Callable[[str], Callable[[], None]]
+# A case (ratios.Make) builds its model and inputs from seed 0, so both sides' are the same.
 
 
 def training_step(
@@ -169,75 +165,22 @@ CASES: dict[str, Make] = {
 GOALS = dict.fromkeys(CASES, 0.9)
 
 
-def serve(device: str) -> None:
-    """A side's process: for each case name it reads, the case's first call (answered with
-    null: first calls, an optimizer's state), then one timed call per later request (answered
-    with its seconds)."""
-    warnings.filterwarnings("ignore")
-    calls: dict[str, Callable[[], None]] = {}
-    for line in sys.stdin:
-        name = line.strip()
-        try:
-            if name not in calls:
-                calls[name] = CASES[name](device)
-                best_of(calls[name], 1, device)
-                answer: object = None
-            else:
-                answer = best_of(calls[name], 1, device)
-        except Exception as e:  # noqa: BLE001 - the parent reports it, and the other cases run
-            answer = {"error": f"{type(e).__name__}: {e}"}
-        print(json.dumps(answer), flush=True)
-
-
-class Side:
-    """The process of one side, started once for all cases."""
-
-    def __init__(self, device: str) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, __file__, "--side", device],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-        )  # fmt: skip
-
-    def ask(self, name: str) -> float | None:
-        assert self.proc.stdin is not None and self.proc.stdout is not None
-        self.proc.stdin.write(name + "\n")
-        self.proc.stdin.flush()
-        line = self.proc.stdout.readline()
-        if not line:
-            raise RuntimeError(f"the side's process ended (exit status {self.proc.wait()})")
-        answer = json.loads(line)
-        if isinstance(answer, dict):
-            raise RuntimeError(answer["error"])
-        return answer
-
-    def close(self) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.close()
-        self.proc.wait()
-
-
 def measured(name: str, sides: dict[str, Side]) -> Callable[[], tuple[float, float]]:
-    """(CPU seconds, accel seconds) of case ``name``: the best of ROUNDS calls on each side,
-    timed in alternation, so that a machine whose speed drifts (shared cores) slows both alike."""
+    """(CPU seconds, accel seconds) of case ``name``."""
 
     def case() -> tuple[float, float]:
-        for side in sides.values():
-            side.ask(name)
-        times: dict[str, list[float]] = {device: [] for device in sides}
-        for _ in range(ROUNDS):
-            for device, side in sides.items():
-                times[device].append(side.ask(name))
-        return min(times["cpu"]), min(times["accel"])
+        best = apart(name, sides, ROUNDS)
+        return best["cpu"], best["accel"]
 
     return case
 
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--side"]:
-        serve(sys.argv[2])
+        serve(CASES, sys.argv[2])
         raise SystemExit(0)
     warnings.filterwarnings("ignore")
-    sides = {device: Side(device) for device in ("cpu", "accel")}
+    sides = {device: Side(__file__, device) for device in ("cpu", "accel")}
     try:
         status = report(
             __doc__.splitlines()[0],

@@ -1,5 +1,5 @@
-"""What benchmarks/graphs.py and benchmarks/compile.py share: timing, and the table of ratios
-against goals they print and write as JSON."""
+"""What the benchmarks share: timing, processes that time one device each, and the table of
+ratios against goals they print and write as JSON."""
 
 from __future__ import annotations
 
@@ -43,6 +43,79 @@ def interleaved(
         a.append(best_of(first, 1, device))
         b.append(best_of(second, 1, device))
     return min(a), min(b)
+
+
+# A case run apart: make(device) returns the call to time on that device.
+Make = Callable[[str], Callable[[], object]]
+
+
+def serve(cases: dict[str, Make], device: str) -> None:
+    """The loop of a side's process (see Side): for each case name read from stdin, the case's
+    set-up and first calls (answered with null), then one timed call per later request
+    (answered with its seconds); a failure is answered with its message."""
+    import sys
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    calls: dict[str, Callable[[], object]] = {}
+    for line in sys.stdin:
+        name = line.strip()
+        try:
+            if name not in calls:
+                calls[name] = cases[name](device)
+                best_of(calls[name], 1, device)
+                answer: object = None
+            else:
+                answer = best_of(calls[name], 1, device)
+        except Exception as e:  # noqa: BLE001 - the parent reports it, and the other cases run
+            answer = {"error": f"{type(e).__name__}: {e}"}
+        print(json.dumps(answer), flush=True)
+
+
+class Side:
+    """One device's process, running ``script --side <device>`` (which calls serve): the CPU
+    and accel sides of a comparison run apart, since in one process the CPU's kernels would pay
+    for accel's stream worker (two OpenMP teams: libgomp throttles their threads' spinning once
+    they outnumber the cores, and every parallel region then wakes sleeping threads)."""
+
+    def __init__(self, script: str, device: str) -> None:
+        import subprocess
+        import sys
+
+        self.proc = subprocess.Popen(
+            [sys.executable, script, "--side", device],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+
+    def ask(self, name: str) -> float | None:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(name + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the side's process ended (exit status {self.proc.wait()})")
+        answer = json.loads(line)
+        if isinstance(answer, dict):
+            raise RuntimeError(answer["error"])
+        return answer
+
+    def close(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        self.proc.wait()
+
+
+def apart(name: str, sides: dict[str, Side], rounds: int) -> dict[str, float]:
+    """Per side, the shortest of ``rounds`` timed calls of case ``name``, the sides called in
+    alternation (so that a machine whose speed drifts slows both alike), after one set-up call
+    each."""
+    for side in sides.values():
+        side.ask(name)
+    times: dict[str, list[float]] = {device: [] for device in sides}
+    for _ in range(rounds):
+        for device, side in sides.items():
+            times[device].append(side.ask(name))
+    return {device: min(t) for device, t in times.items()}
 
 
 def report(

@@ -227,13 +227,16 @@ _PRODUCTS = r"""
 import torch
 torch.set_num_threads(2)
 g = torch.Generator().manual_seed(0)
+
+def r(*shape):
+    return torch.randn(*shape, generator=g)
+
 cases = {  # name: (operator, CPU arguments)
-    "decoder step": (torch.addmm, (torch.randn(768, generator=g), torch.randn(2, 256, generator=g),
-                                   torch.randn(256, 768, generator=g))),
-    "batched": (torch.bmm, (torch.randn(8, 2, 64, generator=g), torch.randn(8, 64, 512, generator=g))),
-    "vector": (torch.mv, (torch.randn(768, 256, generator=g), torch.randn(256, generator=g))),
-    "large weight": (torch.mm, (torch.randn(2, 1024, generator=g), torch.randn(1024, 1024, generator=g))),
-    "many rows": (torch.mm, (torch.randn(64, 1024, generator=g), torch.randn(1024, 1024, generator=g))),
+    "decoder step": (torch.addmm, (r(768), r(2, 256), r(256, 768))),
+    "batched": (torch.bmm, (r(8, 2, 64), r(8, 64, 512))),
+    "vector": (torch.mv, (r(768, 256), r(256))),
+    "large weight": (torch.mm, (r(2, 1024), r(1024, 1024))),
+    "many rows": (torch.mm, (r(64, 1024), r(1024, 1024))),
 }
 for name, (op, args) in cases.items():
     expected = op(*args)  # the CPU's own call first: one MKL line
@@ -297,7 +300,8 @@ with open("/proc/self/comm") as f:
 torch.ones(4, device="accel").sum().item()
 seen = {"start": threads()}
 big = torch.ones(1 << 22, device="accel")
-assert (big * 2).sum().item() == 2 << 22  # first calls of their signatures, large enough for threads
+# First calls of their signatures, large enough for threads:
+assert (big * 2).sum().item() == 2 << 22
 seen["first calls"] = threads()
 assert (torch.ones(1 << 22) * 2).sum().item() == 2 << 22  # the CPU: a team for this thread
 seen["cpu work"] = threads()
