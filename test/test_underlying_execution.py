@@ -285,7 +285,7 @@ def test_small_matrix_products_run_on_one_thread_and_large_ones_on_all(run_pytho
 
 
 _TEAMS = r"""
-import collections, json, os, torch
+import collections, json, os, time, torch
 torch.set_num_threads(2)
 
 def threads():  # by name: a thread's name is its creator's until it sets its own
@@ -299,25 +299,30 @@ with open("/proc/self/comm") as f:
     caller = f.read().strip()
 torch.ones(4, device="accel").sum().item()
 seen = {"start": threads()}
-big = torch.ones(1 << 22, device="accel")
+a = torch.randn(2048, 2048, device="accel")
 # First calls of their signatures, large enough for threads:
-assert (big * 2).sum().item() == 2 << 22
+assert (a @ a).isfinite().all().item()
 seen["first calls"] = threads()
+b = a @ a  # a task of a good part of a second
+seen["worker busy"] = threads()
+torch.accel.synchronize()
+time.sleep(0.5)
+seen["worker idle"] = threads()
 assert (torch.ones(1 << 22) * 2).sum().item() == 2 << 22  # the CPU: a team for this thread
 seen["cpu work"] = threads()
-(big * 3).sum().item()
+(a * 3).sum().item()
 seen["accel work"] = threads()
 print(json.dumps({"caller": caller, "seen": seen}))
 """
 
 
-def test_the_process_keeps_one_openmp_team_the_stream_workers(run_python) -> None:
+def test_the_process_keeps_one_openmp_team_the_busy_stream_workers(run_python) -> None:
     # Each thread that runs an OpenMP region keeps a team, and beyond as many team threads as
     # cores libgomp stops letting them spin between regions: every region then waits for its
     # threads to wake (a 1x1 convolution on accel took 451 us with the caller's team, 146 us
     # without; ResNet-18 trained 0.68x as fast as the CPU). So the calls accel runs
-    # synchronously run on the stream's worker too, and a thread launching accel work gives
-    # its idle team back (csrc/aten/underlying_task.h: run_on_stream; parallel.h).
+    # synchronously run on the stream's worker too, a thread launching accel work gives its
+    # idle team back, and so does a worker idle for 100 ms (rt::give_back_openmp_team).
     import json
 
     import torch_accel
@@ -331,9 +336,11 @@ def test_the_process_keeps_one_openmp_team_the_stream_workers(run_python) -> Non
     worker = next(n for n in seen["start"] if n.startswith("accel-d0"))
     count = {stage: (names.get(caller, 0), names.get(worker, 0)) for stage, names in seen.items()}
     start_caller, start_worker = count["start"]
-    # The first calls' kernels made the worker a team (one more thread of its name), not the
-    # caller.
-    assert count["first calls"] == (start_caller, start_worker + 1), count
+    # The first calls' kernels ran on the worker, whose team holds one more thread of its name
+    # while it computes (the caller has none), and none once it has been idle a while.
+    assert count["first calls"][0] == start_caller, count
+    assert count["worker busy"] == (start_caller, start_worker + 1), count
+    assert count["worker idle"] == (start_caller, start_worker), count
     # The CPU's own kernels on the caller: its team, until it launches accel work again.
-    assert count["cpu work"] == (start_caller + 1, start_worker + 1), count
-    assert count["accel work"] == (start_caller, start_worker + 1), count
+    assert count["cpu work"] == (start_caller + 1, start_worker), count
+    assert count["accel work"][0] == start_caller, count

@@ -13,7 +13,6 @@
 
 #include <utility>
 
-#include "aten/parallel.h"
 #include "device/common.h"
 
 namespace accel::aten {
@@ -100,8 +99,9 @@ class QuietSyncs {
 template <class F>
 void launch(c10::DeviceIndex device, const char* what, F&& f) {
   require_host_accessible(what);
-  // Under ACCEL_LAUNCH_BLOCKING the task runs on this thread, with its threads.
-  if (!rt::launch_blocking()) give_back_openmp_threads();
+  // The worker runs it on its team: this thread's idle one would slow every kernel (see
+  // rt::give_back_openmp_team; under ACCEL_LAUNCH_BLOCKING the task runs here, on this one).
+  if (!rt::launch_blocking()) rt::give_back_openmp_team();
   device::call(
       [&] { rt::launch_host_func(rt::current_stream(device), rt::Task(std::forward<F>(f)), what); },
       what);

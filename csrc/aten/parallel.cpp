@@ -81,20 +81,4 @@ const OmpThreads& omp_threads() {
   return o;
 }
 
-void give_back_openmp_threads() {
-  using Pause = int (*)(int, int);
-  static const Pause pause = []() -> Pause {
-    // LLVM's and Intel's runtimes (which libgomp's symbols could also come from) pause every
-    // team of the process, the stream workers' too.
-    if (dlsym(RTLD_DEFAULT, "__kmpc_fork_call") != nullptr) return nullptr;
-    return reinterpret_cast<Pause>(dlsym(RTLD_DEFAULT, "omp_pause_resource"));
-  }();
-  static const int host = [] {
-    auto initial = reinterpret_cast<int (*)()>(dlsym(RTLD_DEFAULT, "omp_get_initial_device"));
-    return initial != nullptr ? initial() : 0;
-  }();
-  constexpr int kSoft = 1;  // omp_pause_soft
-  if (pause != nullptr) (void)pause(kSoft, host);
-}
-
 }  // namespace accel::aten

@@ -25,13 +25,5 @@ struct OmpThreads {
 };
 const OmpThreads& omp_threads();
 
-// Gives back the calling thread's idle OpenMP threads, if it has any (libgomp only; a thread
-// inside a parallel region keeps them). Called where a thread launches work on a stream: the
-// stream's worker runs that work on its own team, and libgomp lets the threads of its teams
-// spin between regions only while they number no more than the cores; beyond, every region
-// waits for its threads to wake. A caller that computed on the CPU first (a model initialized
-// there) would otherwise slow every kernel of the worker's (ResNet-18's 1x1 convolution: 436
-// against 146 us). Its next parallel region on the CPU starts new threads.
-void give_back_openmp_threads();
 
 }  // namespace accel::aten

@@ -42,6 +42,15 @@ ACCEL_RT_API std::vector<std::pair<std::string, std::string>> driver_selection()
 // handles); the runtime refuses the rest with NotSupportedError.
 ACCEL_RT_API DriverCapabilities driver_capabilities();
 ACCEL_RT_API bool launch_blocking();
+// Host execution: gives back the calling thread's idle OpenMP team, if it has one. ATen's CPU
+// kernels parallelize with OpenMP, libgomp keeps a team for every thread that started a
+// parallel region, and once the teams' threads outnumber the cores it stops letting any of them
+// spin between regions: every region of every team then waits for its threads to wake. So a
+// thread launching host tasks gives back what its own CPU work left (a model initialized on the
+// CPU), and an idle stream worker gives back its own (docs/drivers.md). libgomp only
+// (omp_pause_resource frees the calling thread's team); nothing with LLVM's or Intel's runtimes,
+// whose pause takes every team of the process, nor inside a parallel region.
+ACCEL_RT_API void give_back_openmp_team() noexcept;
 ACCEL_RT_API void set_device(int device);
 ACCEL_RT_API int get_device();
 ACCEL_RT_API int exchange_device(int device);  // sets, returns the previous device

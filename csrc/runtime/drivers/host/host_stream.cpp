@@ -1,5 +1,8 @@
 #include "runtime/drivers/host/host_stream.h"
 
+#include "runtime/runtime.h"
+
+#include <dlfcn.h>
 #include <pthread.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
@@ -8,9 +11,28 @@
 #include <algorithm>
 #include <exception>
 
+namespace accel::rt {
+
+void give_back_openmp_team() noexcept {
+  using Pause = int (*)(int, int);
+  static const Pause pause = []() -> Pause {
+    if (::dlsym(RTLD_DEFAULT, "__kmpc_fork_call") != nullptr) return nullptr;
+    return reinterpret_cast<Pause>(::dlsym(RTLD_DEFAULT, "omp_pause_resource"));
+  }();
+  static const int host = [] {
+    auto initial = reinterpret_cast<int (*)()>(::dlsym(RTLD_DEFAULT, "omp_get_initial_device"));
+    return initial != nullptr ? initial() : 0;
+  }();
+  constexpr int kSoft = 1;  // omp_pause_soft
+  if (pause != nullptr) (void)pause(kSoft, host);
+}
+
+}  // namespace accel::rt
+
 namespace accel::rt::host {
 
 thread_local HostStream* tls_worker_stream = nullptr;
+
 
 uint32_t Capture::add_node(Task task, std::vector<uint32_t> deps, const char* label) {
   std::lock_guard<std::mutex> lock(m);
@@ -116,7 +138,12 @@ void HostStream::work() {
         lock.lock();
         if (!queue.empty() || stop) break;
         sleeping = true;
-        cv_work.wait(lock);
+        if (!cv_work.wait_for(lock, kWorkerKeepsTeam, [&] { return !queue.empty() || stop; })) {
+          lock.unlock();
+          give_back_openmp_team();  // runtime.h
+          lock.lock();
+          cv_work.wait(lock, [&] { return !queue.empty() || stop; });
+        }
         sleeping = false;
       }
       if (queue.empty() && stop) return;

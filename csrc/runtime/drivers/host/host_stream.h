@@ -36,6 +36,8 @@ namespace accel::rt::host {
 // polls for completion before it sleeps: short enough to cost little CPU, long enough that
 // back-to-back submissions and quick round trips skip the futex wake-up (several microseconds).
 inline constexpr std::chrono::nanoseconds kWorkerSpin{20000};
+// A worker idle this long gives back the OpenMP team its tasks' kernels made (see work()).
+inline constexpr std::chrono::milliseconds kWorkerKeepsTeam{100};
 inline constexpr std::chrono::nanoseconds kSyncSpin{10000};
 
 // Polls `done` until it returns true or `budget` has passed; true if it became true.
