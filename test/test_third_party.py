@@ -205,6 +205,41 @@ def test_causal_lm_trains_and_decodes_like_cpu(name: str, no_fallback: None) -> 
     _assert_same_greedy_tokens(model, acc, vocab)
 
 
+def _t5() -> transformers.PreTrainedModel:
+    config = transformers.T5Config(
+        vocab_size=64, d_model=32, d_ff=64, num_layers=2, num_heads=4, d_kv=8,
+        dropout_rate=0.0, decoder_start_token_id=0, pad_token_id=0,
+    )  # fmt: skip
+    return transformers.T5ForConditionalGeneration(config)
+
+
+@pytest.mark.parametrize(
+    ("build", "cache"),
+    [(lambda: _llama()[0], "static"), (_t5, "dynamic"), (_t5, "static")],
+    ids=["llama-static", "t5-dynamic", "t5-static"],
+)
+def test_generate_with_static_caches_and_encoder_decoders_like_cpu(
+    build: Any, cache: str, no_fallback: None
+) -> None:
+    # A static cache writes each step's keys and values into preallocated tensors at the step's
+    # positions (index_copy_ / cache_position), an encoder-decoder model decodes over the
+    # encoder's output: 16 greedy tokens of a left-padded batch, as on the CPU.
+    torch.manual_seed(0)
+    cpu = build().eval()
+    acc = copy.deepcopy(cpu).to(ACCEL)
+    prompt = torch.randint(3, 64, (2, 8))
+    mask = torch.ones_like(prompt)
+    mask[1, :3] = 0
+    kwargs: dict[str, Any] = {"max_new_tokens": 16, "min_new_tokens": 16, "do_sample": False}
+    kwargs.update(pad_token_id=0, cache_implementation=None if cache == "dynamic" else cache)
+    with torch.no_grad():
+        expected = cpu.generate(input_ids=prompt, attention_mask=mask, **kwargs)
+        actual = acc.generate(input_ids=prompt.to(ACCEL), attention_mask=mask.to(ACCEL), **kwargs)
+    assert actual.device.type == "accel"
+    assert expected.shape[1] >= 16
+    assert actual.cpu().tolist() == expected.tolist()
+
+
 def test_from_pretrained_device_map_puts_models_on_accel_devices(
     tmp_path: Any, no_fallback: None
 ) -> None:
