@@ -25,7 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from ratios import Make, Side, apart, interleaved, report, serve
+from ratios import Make, Side, against_cpu, interleaved, report, serve
 
 import torch_accel  # noqa: F401
 
@@ -93,16 +93,6 @@ APART: dict[str, Make] = {f"compiled_{name}": compiled(name) for name in functio
 APART["flex"] = flex
 
 
-def against_cpu(names: list[str], sides: dict[str, Side]) -> Callable[[], tuple[float, float]]:
-    """Summed times of the cases ``names`` on the CPU and on accel."""
-
-    def case() -> tuple[float, float]:
-        best = [apart(name, sides, 15) for name in names]
-        return sum(b["cpu"] for b in best), sum(b["accel"] for b in best)
-
-    return case
-
-
 def block_vs_eager() -> tuple[float, float]:
     shape = (4096, 1024)
     x, b, r = (torch.randn(s, device="accel") for s in (shape, shape[-1:], shape))
@@ -157,8 +147,8 @@ def main() -> int:
             __doc__.splitlines()[0],
             ROOT / "benchmarks/results/compile.json",
             [
-                ("vs_compiled_cpu", against_cpu([f"compiled_{n}" for n in functions()], sides)),
-                ("flex_vs_compiled_cpu", against_cpu(["flex"], sides)),
+                ("vs_compiled_cpu", against_cpu([f"compiled_{n}" for n in functions()], sides, 15)),
+                ("flex_vs_compiled_cpu", against_cpu(["flex"], sides, 15)),
                 ("vs_eager_block", block_vs_eager),
                 ("train_step", train_step),
             ],

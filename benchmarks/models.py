@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from ratios import Make, Side, apart, report, serve
+from ratios import Make, Side, against_cpu, report, serve
 from torch import nn
 
 import torch_accel  # noqa: F401
@@ -165,16 +165,6 @@ CASES: dict[str, Make] = {
 GOALS = dict.fromkeys(CASES, 0.9)
 
 
-def measured(name: str, sides: dict[str, Side]) -> Callable[[], tuple[float, float]]:
-    """(CPU seconds, accel seconds) of case ``name``."""
-
-    def case() -> tuple[float, float]:
-        best = apart(name, sides, ROUNDS)
-        return best["cpu"], best["accel"]
-
-    return case
-
-
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--side"]:
         serve(CASES, sys.argv[2])
@@ -185,7 +175,7 @@ if __name__ == "__main__":
         status = report(
             __doc__.splitlines()[0],
             ROOT / "benchmarks/results/models.json",
-            [(name, measured(name, sides)) for name in CASES],
+            [(name, against_cpu([name], sides, ROUNDS)) for name in CASES],
             GOALS,
             ("cpu", "accel", "ratio"),
         )

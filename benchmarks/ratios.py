@@ -118,6 +118,19 @@ def apart(name: str, sides: dict[str, Side], rounds: int) -> dict[str, float]:
     return {device: min(t) for device, t in times.items()}
 
 
+def against_cpu(
+    names: list[str], sides: dict[str, Side], rounds: int
+) -> Callable[[], tuple[float, float]]:
+    """A case for report: the summed times of the cases ``names`` on the "cpu" and "accel"
+    sides (see apart)."""
+
+    def case() -> tuple[float, float]:
+        best = [apart(name, sides, rounds) for name in names]
+        return sum(b["cpu"] for b in best), sum(b["accel"] for b in best)
+
+    return case
+
+
 def report(
     description: str,
     default_json: Path,

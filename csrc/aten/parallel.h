@@ -25,5 +25,4 @@ struct OmpThreads {
 };
 const OmpThreads& omp_threads();
 
-
 }  // namespace accel::aten

@@ -511,22 +511,22 @@ class UnderlyingKernel final : public c10::OperatorKernel {
     {
       const bool serial = host && small_call(*stack, begin, expected, info_.serial);
       const c10::OperatorHandle& kernel = cpu_op_ ? *cpu_op_ : op;
+      const auto call = [&] {
+        at::AutoDispatchBelowADInplaceOrView below_autograd;
+        std::optional<SerialScope> one_thread;
+        if (serial) one_thread.emplace();
+        kernel.callBoxed(&cpu);
+      };
       c10::WarningUtils::WarningHandlerGuard see(&warnings);
       if (host && synchronize) {
         // On the stream's worker, as tasks run (see run_on_stream), not as an operator of its
         // own in a profile (as Work::run).
         run_on_stream(device, config_->name, [&] {
-          at::AutoDispatchBelowADInplaceOrView below_autograd;
-          std::optional<SerialScope> one_thread;
-          if (serial) one_thread.emplace();
           at::DisableRecordFunctionGuard not_an_operator;
-          kernel.callBoxed(&cpu);
+          call();
         });
       } else {
-        at::AutoDispatchBelowADInplaceOrView below_autograd;
-        std::optional<SerialScope> one_thread;
-        if (serial) one_thread.emplace();
-        kernel.callBoxed(&cpu);
+        call();
       }
     }
 

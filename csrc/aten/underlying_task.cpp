@@ -8,6 +8,7 @@
 #include <ATen/ops/zeros.h>
 #include <ATen/record_function.h>
 #include <c10/util/Exception.h>
+#include <c10/util/accumulate.h>
 
 #include <algorithm>
 #include <cmath>
@@ -60,9 +61,7 @@ class CollectWarnings final : public c10::WarningHandler {
 };
 
 int64_t numel_of(const Layout& l) {
-  int64_t n = 1;
-  for (int64_t d : l.sizes) n *= d;
-  return n;
+  return c10::multiply_integers(l.sizes);
 }
 
 void copy_result(const Layout& into, const at::Tensor& result, KernelStorages& storages) {
@@ -290,20 +289,13 @@ namespace {
 
 // Multiply-adds of a product of `left` ([..., M, K] or [M, K]) by `right` ([..., K, N] or [K]).
 int64_t multiply_adds(c10::IntArrayRef left, c10::IntArrayRef right) {
-  int64_t n = right.size() >= 2 ? right.back() : 1;
-  for (int64_t d : left) n *= d;
-  return n;
-}
-
-int64_t elements(c10::IntArrayRef sizes) {
-  int64_t n = 1;
-  for (int64_t d : sizes) n *= d;
-  return n;
+  return c10::multiply_integers(left) * (right.size() >= 2 ? right.back() : 1);
 }
 
 bool small_product(c10::IntArrayRef left, c10::IntArrayRef right) {
-  return multiply_adds(left, right) <= kSerialMacs && elements(left) < kSerialMatrixNumel &&
-         elements(right) < kSerialMatrixNumel;
+  return multiply_adds(left, right) <= kSerialMacs &&
+         c10::multiply_integers(left) < kSerialMatrixNumel &&
+         c10::multiply_integers(right) < kSerialMatrixNumel;
 }
 
 }  // namespace
@@ -314,9 +306,8 @@ bool small_work(const WorkBuffers& buf, const SerialRule& rule) {
       args[rule.left].kind == Arg::Kind::Tensor && args[rule.left + 1].kind == Arg::Kind::Tensor) {
     return small_product(args[rule.left].tensor.sizes, args[rule.left + 1].tensor.sizes);
   }
-  const int64_t serial_below = rule.numel;
   int64_t most = 0;
-  for (const Arg& a : buf.args()) {
+  for (const Arg& a : args) {
     switch (a.kind) {
       case Arg::Kind::Tensor: most = std::max(most, numel_of(a.tensor)); break;
       case Arg::Kind::TensorList:
@@ -335,7 +326,7 @@ bool small_work(const WorkBuffers& buf, const SerialRule& rule) {
     }
   }
   for (const Layout& l : buf.copy_into) most = std::max(most, numel_of(l));
-  return most < serial_below;
+  return most < rule.numel;
 }
 
 bool unconvertible_scalar(const torch::jit::Stack& stack, size_t begin) {
@@ -375,7 +366,6 @@ bool small_call(const torch::jit::Stack& stack, size_t begin, const CachedResult
       stack[left + 1].isTensor()) {
     return small_product(stack[left].toTensor().sizes(), stack[left + 1].toTensor().sizes());
   }
-  const int64_t serial_below = rule.numel;
   int64_t most = 0;
   const auto count = [&](const at::Tensor& t) {
     if (t.defined()) most = std::max(most, t.numel());
@@ -396,13 +386,11 @@ bool small_call(const torch::jit::Stack& stack, size_t begin, const CachedResult
     for (const auto& list : results->results) {
       for (const TensorMeta& m : list) {
         if (m.dtype == c10::ScalarType::Undefined) continue;
-        int64_t n = 1;
-        for (int64_t d : m.sizes) n *= d;
-        most = std::max(most, n);
+        most = std::max(most, c10::multiply_integers(m.sizes));
       }
     }
   }
-  return most < serial_below;
+  return most < rule.numel;
 }
 
 void Work::operator()(KernelStorages& storages) const {

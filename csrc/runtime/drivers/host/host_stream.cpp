@@ -33,7 +33,6 @@ namespace accel::rt::host {
 
 thread_local HostStream* tls_worker_stream = nullptr;
 
-
 uint32_t Capture::add_node(Task task, std::vector<uint32_t> deps, const char* label) {
   std::lock_guard<std::mutex> lock(m);
   ACCEL_RT_CHECK(!ended, CaptureError, "host driver: the capture already ended");
