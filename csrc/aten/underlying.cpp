@@ -23,6 +23,7 @@
 #include "aten/meta_cache.h"
 #include "aten/replay_kernels.h"
 #include "aten/results.h"
+#include "aten/underlying_caller.h"
 #include "aten/underlying_task.h"
 #include "device/allocator.h"
 #include "device/common.h"
@@ -41,10 +42,6 @@ Tier driver_tier(const OpConfig& c) {
     return name == "cuda" ? 1 : name == "level_zero" ? 2 : 0;
   }();
   return driver == 1 ? c.cuda : driver == 2 ? c.level_zero : c.host;
-}
-
-bool is_accel(const at::Tensor& t) {
-  return t.defined() && t.device().type() == kAccel;
 }
 
 class UnderlyingKernel final : public c10::OperatorKernel {
@@ -94,9 +91,9 @@ class UnderlyingKernel final : public c10::OperatorKernel {
     std::vector<std::unique_ptr<device::CudaDraw>> draws;
     if (info_.has_generator) draws = substitute_kernel_generators(op, stack, device);
     if (c.metadata_only) {
-      run_on_caller(op, stack, device, /*synchronize=*/false);
+      call_on_caller(op, stack, device, /*synchronize=*/false);
     } else if (c.sync || !info_.tensor_returns_only || !enqueue(op, stack, device)) {
-      run_on_caller(op, stack, device, /*synchronize=*/true);
+      call_on_caller(op, stack, device, /*synchronize=*/true);
     }
   }
 
@@ -137,19 +134,6 @@ class UnderlyingKernel final : public c10::OperatorKernel {
     }
     return true;
   }
-
-  // What the kernel needs to know about the operator's schema, computed once.
-  struct SchemaInfo {
-    std::vector<std::optional<size_t>> return_alias;  // per result: the argument it writes
-    std::vector<bool> write_argument;                 // per argument: written (out=, in-place)
-    std::vector<bool> out_argument;                   // per argument: an out= tensor
-    bool tensor_returns_only = true;                  // results are tensors or tensor lists
-    bool has_write_arguments = false;
-    bool has_generator = false;
-    bool has_index_list = false;    // a Tensor?[] argument (indices)
-    bool zero_tensor_args = false;  // ATen passes efficient zero tensors through (dot, vdot)
-    SerialRule serial;              // which calls run without intra-op parallelism
-  };
 
   void resolve_ops(const c10::OperatorHandle& op) {
     std::call_once(resolved_, [&] {
@@ -260,7 +244,7 @@ class UnderlyingKernel final : public c10::OperatorKernel {
         if (config_->meta != nullptr) resize_written(*computed, *stack, begin, /*only_empty=*/true);
         std::shared_ptr<CachedResult> seen;
         try {
-          seen = run_on_caller(op, stack, device, true, computed.get());
+          seen = call_on_caller(op, stack, device, true, computed.get());
         } catch (...) {
           restore_written(before, *stack, begin);
           throw;
@@ -303,7 +287,7 @@ class UnderlyingKernel final : public c10::OperatorKernel {
     Work work{cpu_op_ ? *cpu_op_ : op,
               std::unique_ptr<WorkBuffers, RecycleBuffers>(take_buffers().release())};
     WorkBuffers& buf = *work.buf;
-    materialize_written(*stack, begin);
+    materialize_written(info_, *stack, begin);
     if (functional_op_) {
       // An out= form with several outputs: run the functional form and copy into the outputs
       // (see codegen/gen_accel.py for why it is not called boxed).
@@ -367,20 +351,6 @@ class UnderlyingKernel final : public c10::OperatorKernel {
     }
   }
 
-  // Written copy-on-write tensors get their own memory before any argument is described: a
-  // tensor read in the same call through a shared storage then sees that memory too.
-  void materialize_written(const torch::jit::Stack& stack, size_t begin) const {
-    for (size_t i = 0; i < info_.write_argument.size(); ++i) {
-      const c10::IValue& v = stack[begin + i];
-      if (!info_.write_argument[i]) continue;
-      if (v.isTensor() && v.toTensor().defined()) {
-        (void)v.toTensor().storage().mutable_data();
-      } else if (v.isTensorList()) {
-        for (const at::Tensor& t : v.toTensorList()) (void)t.storage().mutable_data();
-      }
-    }
-  }
-
   // The layouts of the written accel tensors, before a call that may resize them.
   std::vector<std::optional<Layout>> written_layouts(const torch::jit::Stack& stack,
                                                      size_t begin) const {
@@ -412,190 +382,13 @@ class UnderlyingKernel final : public c10::OperatorKernel {
     return device::call([&] { return rt::stream_capture_id(rt::current_stream(device)) != 0; });
   }
 
-  // Runs the CPU kernel on the calling thread on CPU views of the accel memory (no copy of the
-  // arguments; new results are copied to accel), after the stream has drained: for results
-  // whose shapes depend on the data, non-tensor results, calls the meta pass cannot represent,
-  // and the first call of each signature. Operators that read no tensor data (metadata_only)
-  // do not wait. Returns the metadata of the results and of the written arguments afterwards.
-  // `expected`: the results the meta pass computed, where known (they decide, with the
-  // arguments, whether the kernel runs serially, as the task of a later call would).
-  std::shared_ptr<CachedResult> run_on_caller(const c10::OperatorHandle& op,
-                                              torch::jit::Stack* stack, c10::DeviceIndex device,
-                                              bool synchronize,
-                                              const CachedResult* expected = nullptr) {
-    const size_t n = op.schema().arguments().size();
-    const size_t begin = stack->size() - n;
-    // The host's CPU kernel reads the memory now: the stream drains first. CUDA's kernel runs in
-    // the accel stream's order (one that needs its result shape synchronizes that stream).
-    // Either way such a call waits for its data on the host: never during a capture.
-    const bool host = executor() == Executor::Host;
-    if (synchronize) {
-      refuse_capture(device, config_->name,
-                     "it runs on the calling thread once the stream has drained (its result "
-                     "shape depends on the data, or it returns a value to the host)");
-      // The first call of a signature (expected: its meta results) is accel's warm-up, not
-      // the operator's wait: it does not report. CUDA's kernels run without waiting where
-      // only the host's need the stream drained (no meta function for the results).
-      if (expected == nullptr && (config_->sync || !info_.tensor_returns_only || host)) {
-        warn_or_error_on_sync(config_->name,
-                              config_->sync ? "its result shape depends on the data"
-                              : !info_.tensor_returns_only
-                                  ? "it returns a value to the host"
-                                  : "accel cannot know its results before it runs: their "
-                                    "shape depends on the data, or no meta function describes "
-                                    "them for these arguments");
-      }
-      if (host) {
-        device::call([&] { rt::stream_synchronize(rt::current_stream(device)); }, config_->name);
-      }
-    }
-    KernelScope scope(device);
-    KernelStorages storages(kernel_device(device));
-    std::vector<std::unique_ptr<rt::HostAccessGuard>> access;
-    c10::SmallVector<const void*, 8> accessed;
-    std::vector<at::Tensor> written_views(n);  // the CPU views of written accel tensors
-    materialize_written(*stack, begin);
-    bool write = false;  // whether the argument being viewed is written
-    const auto view = [&](const at::Tensor& t) {
-      const Layout l = Layout::of(t, write);
-      if (host && std::find(accessed.begin(), accessed.end(), l.base) == accessed.end()) {
-        accessed.push_back(l.base);
-        access.push_back(std::make_unique<rt::HostAccessGuard>(l.base, l.nbytes));
-      }
-      at::Tensor v = l.view(storages);
-      // Operators that only inspect their arguments may look at requires_grad too (the
-      // attention backend choice does).
-      if (config_->metadata_only && t.requires_grad()) v.set_requires_grad(true);
-      return v;
-    };
-    torch::jit::Stack cpu;
-    cpu.reserve(n);
-    for (size_t i = begin; i < stack->size(); ++i) {
-      const c10::IValue& v = (*stack)[i];
-      write = info_.write_argument[i - begin];
-      if (v.isTensor() && is_accel(v.toTensor())) {
-        cpu.emplace_back(view(v.toTensor()));
-        if (info_.write_argument[i - begin]) written_views[i - begin] = cpu.back().toTensor();
-      } else if (v.isTensorList()) {
-        std::vector<at::Tensor> ts;
-        for (const at::Tensor& t : v.toTensorVector()) ts.push_back(is_accel(t) ? view(t) : t);
-        cpu.emplace_back(std::move(ts));
-      } else if (is_optional_tensor_list(v)) {
-        c10::List<std::optional<at::Tensor>> ts;
-        for (const c10::IValue& e : v.toListRef()) {
-          if (e.isNone()) {
-            ts.push_back(std::nullopt);
-          } else {
-            const at::Tensor& t = e.toTensor();
-            ts.push_back(is_accel(t) ? view(t) : t);
-          }
-        }
-        cpu.emplace_back(std::move(ts));
-      } else if (v.isDevice() && v.toDevice().type() == kAccel) {
-        cpu.emplace_back(kernel_device(v.toDevice().index()));
-      } else {
-        cpu.push_back(v);
-      }
-    }
-    // Warnings pass on to the caller's handler (Python's); a signature whose kernel warns keeps
-    // running here, so that each call warns at the call, as on the CPU.
-    struct SeeWarnings final : c10::WarningHandler {
-      explicit SeeWarnings(c10::WarningHandler* next) : next(next) {}
-      void process(const c10::Warning& w) override {
-        seen = true;
-        next->process(w);
-      }
-      c10::WarningHandler* next;
-      bool seen = false;
-    } warnings(c10::WarningUtils::get_warning_handler());
-    {
-      const bool serial = host && small_call(*stack, begin, expected, info_.serial);
-      const c10::OperatorHandle& kernel = cpu_op_ ? *cpu_op_ : op;
-      const auto call = [&] {
-        at::AutoDispatchBelowADInplaceOrView below_autograd;
-        std::optional<SerialScope> one_thread;
-        if (serial) one_thread.emplace();
-        kernel.callBoxed(&cpu);
-      };
-      c10::WarningUtils::WarningHandlerGuard see(&warnings);
-      if (host && synchronize) {
-        // On the stream's worker, as tasks run (see run_on_stream), not as an operator of its
-        // own in a profile (as Work::run).
-        run_on_stream(device, config_->name, [&] {
-          at::DisableRecordFunctionGuard not_an_operator;
-          call();
-        });
-      } else {
-        call();
-      }
-    }
-
-    auto seen = std::make_shared<CachedResult>();
-    seen->run_on_caller = warnings.seen;
-    seen->written.assign(n, std::nullopt);
-    // Written tensors the kernel resized (an out= tensor the meta functions sized otherwise, or
-    // not at all) take the new layout on accel; moved ones (grown past their storage into CPU
-    // memory) are copied back.
-    for (size_t i = 0; i < n; ++i) {
-      const at::Tensor& v = written_views[i];
-      if (!v.defined()) continue;
-      const at::Tensor& t = (*stack)[begin + i].toTensor();
-      const Layout before = Layout::of(t);
-      if (before.changed_in(v)) {
-        // The task could not apply this: keep calls synchronous. An empty out= tensor the
-        // kernel sized is sized before the task of later calls (seen->written) instead.
-        if (t.numel() != 0 || !info_.out_argument[i]) seen->run_on_caller = true;
-        if (v.storage().data() == before.base) {
-          t.unsafeGetTensorImpl()->set_sizes_and_strides(v.sizes(), v.strides(),
-                                                         v.storage_offset());
-        } else {
-          const at::Tensor dense = v.is_non_overlapping_and_dense() ? v : v.contiguous();
-          t.unsafeGetTensorImpl()->set_storage_offset(0);
-          adopt_layout(t, TensorMeta::of(dense));
-          if (dense.is_cpu()) {
-            t.copy_(dense);
-          } else {
-            write_result(t, dense, config_->name);
-          }
-        }
-      }
-      seen->written[i] = TensorMeta::of(t);
-    }
-    // The results: a written argument's accel tensor itself (its view was written in place),
-    // else accel copies of the CPU results.
-    c10::SmallVector<c10::IValue, 3> results;
-    for (size_t j = 0; j < cpu.size(); ++j) {
-      const std::optional<size_t> alias =
-          j < info_.return_alias.size() ? info_.return_alias[j] : std::nullopt;
-      const c10::IValue& r = cpu[j];
-      if (alias) {
-        results.push_back((*stack)[begin + *alias]);
-        seen->results.push_back({TensorMeta::of(results.back().toTensor())});
-        seen->result_is_list.push_back(false);
-      } else if (r.isTensor()) {
-        const at::Tensor& t = r.toTensor();
-        results.emplace_back(to_accel(
-            config_->contiguous_results && t.defined() ? t.contiguous() : t, config_->name));
-        seen->results.push_back({TensorMeta::of(results.back().toTensor())});
-        seen->result_is_list.push_back(false);
-      } else if (r.isTensorList()) {
-        std::vector<at::Tensor> ts;
-        std::vector<TensorMeta> ms;
-        for (const at::Tensor& t : r.toTensorVector()) {
-          ts.push_back(to_accel(t, config_->name));
-          ms.push_back(TensorMeta::of(ts.back()));
-        }
-        seen->results.push_back(std::move(ms));
-        seen->result_is_list.push_back(true);
-        results.emplace_back(std::move(ts));
-      } else {
-        results.push_back(r);
-      }
-    }
-    access.clear();
-    torch::jit::drop(*stack, n);
-    for (c10::IValue& r : results) stack->push_back(std::move(r));
-    return seen;
+  // The synchronous path (underlying_caller.h).
+  std::shared_ptr<CachedResult> call_on_caller(const c10::OperatorHandle& op,
+                                               torch::jit::Stack* stack, c10::DeviceIndex device,
+                                               bool synchronize,
+                                               const CachedResult* expected = nullptr) {
+    return run_on_caller(*config_, info_, cpu_op_ ? *cpu_op_ : op, op, stack, device, synchronize,
+                         expected);
   }
 
   const OpConfig* config_;
