@@ -6,6 +6,12 @@ stream (the kernel reads memory that queued work has not written yet). Accel's w
 ``accel_cpp_kernel(arg_types, source)`` instead: the same source plus a trampoline taking the
 arguments as 64-bit words, compiled through Inductor's C++ code cache (shared between processes),
 and a launcher from ``torch_accel._C`` that enqueues the kernel on the current accel stream.
+
+Kernels compile as the CPU's do: with more than one compile thread
+(``torch._inductor.config.compile_threads``), in Inductor's compile pool while the wrapper
+module goes on defining the others, each a future that the module's ``async_compile.wait``
+resolves into its kernel. Compiled one after the other, the 31 kernels of a small Llama's
+``generate()`` took 30 s of a 55 s first call against the CPU's 7 s of 33 s.
 """
 
 from __future__ import annotations
@@ -13,17 +19,25 @@ from __future__ import annotations
 import ctypes
 from typing import Any
 
-from torch._inductor.codecache import CppCodeCache
+from torch._inductor.async_compile import AsyncCompile, get_compile_threads
+from torch._inductor.codecache import CppCodeCache, LambdaFuture, _get_cpp_prefix_header
 
 from torch_accel import _C
 
 
 class _KernelCache(CppCodeCache):
-    """Inductor's C++ code cache with the flags of its own kernel bindings (no libtorch: the
-    kernels need none; the same vectorization flags)."""
+    """Inductor's C++ code cache with the flags and the precompiled header of its own kernel
+    bindings (no libtorch: the kernels need none; the same vectorization flags)."""
 
     cache: dict[str, Any] = {}
     cpp_compile_command_flags = {"include_pytorch": False, "shared": True}
+
+    @classmethod
+    def _get_uncompiled_header(cls, device: str) -> str | None:
+        # The kernels' prefix header, precompiled once, as for the CPU's kernel bindings: each
+        # kernel compiled in 0.75 s with it, 1.5 s without (Inductor's CppCodeCache itself
+        # precompiles nothing).
+        return _get_cpp_prefix_header(device)
 
 
 _POINTER_TYPES = ("*",)
@@ -79,10 +93,9 @@ extern "C" void accel_kernel_packed(const uint64_t* w) {{
 class AccelKernel:
     """A compiled kernel: calling it enqueues the kernel on the current accel stream."""
 
-    def __init__(self, arg_types: list[str], source: str, name: str = "inductor kernel") -> None:
-        extra, kinds = trampoline(list(arg_types))
-        self._library = _KernelCache.load(source + extra)  # kept: the code lives in it
-        address = ctypes.cast(self._library.accel_kernel_packed, ctypes.c_void_p).value
+    def __init__(self, library: Any, kinds: str, name: str = "inductor kernel") -> None:
+        self._library = library  # kept: the code lives in it
+        address = ctypes.cast(library.accel_kernel_packed, ctypes.c_void_p).value
         assert address is not None
         self._launch = _C._InductorLauncher(address, kinds, name)
 
@@ -90,6 +103,11 @@ class AccelKernel:
         self._launch(*args)
 
 
-def accel_cpp_kernel(name: str, arg_types: list[str], source: str) -> AccelKernel:
-    """What accel's generated wrapper code calls in place of ``async_compile.cpp_pybinding``."""
-    return AccelKernel(arg_types, source, name)
+def accel_cpp_kernel(name: str, arg_types: list[str], source: str) -> AccelKernel | LambdaFuture:
+    """What accel's generated wrapper code calls in place of ``async_compile.cpp_pybinding``:
+    the kernel, or (several compile threads) a future of it, as ``cpp_pybinding`` returns."""
+    extra, kinds = trampoline(list(arg_types))
+    if get_compile_threads() <= 1:
+        return AccelKernel(_KernelCache.load(source + extra), kinds, name)
+    library = _KernelCache.load_async(source + extra, submit_fn=AsyncCompile.submit)
+    return LambdaFuture(lambda: AccelKernel(library(), kinds, name))
