@@ -284,6 +284,36 @@ def test_small_matrix_products_run_on_one_thread_and_large_ones_on_all(run_pytho
     assert threads["large weight"][1:] == [2, 2, 2], threads
 
 
+def test_kernels_above_atens_grain_size_split_their_work_as_the_cpus() -> None:
+    # Kernels but matrix products run serially on the worker below ATen's grain size (32768
+    # elements) and on its threads above it, as on the CPU: a sum then rounds as the CPU's does.
+    # The limit was 512K elements for memory-bound kernels, which kept medium tensors on one
+    # core (ConvNeXt-Atto's training step at 0.76x the CPU's) and rounded their sums as the CPU
+    # on one thread (csrc/aten/underlying_task.cpp, kSerialNumel).
+    import torch_accel
+
+    if torch_accel.executor()[0] != "host":
+        pytest.skip("the rule is the host executor's")
+    if (os.cpu_count() or 1) < 2 or torch.get_num_threads() < 2:
+        pytest.skip("one thread: every kernel runs serially")
+    g = torch.Generator().manual_seed(0)
+    split = 0  # sums whose value depends on the CPU's threads
+    for n in (40_000, 100_000, 150_000, 300_000):
+        for _ in range(4):
+            x = torch.randn(n, generator=g)
+            threads = torch.get_num_threads()
+            torch.set_num_threads(1)
+            try:
+                serial = x.sum()
+            finally:
+                torch.set_num_threads(threads)
+            expected = x.sum()
+            got = x.to("accel").sum().cpu()
+            assert torch.equal(got, expected), (n, got.item(), expected.item(), serial.item())
+            split += int(not torch.equal(serial, expected))
+    assert split > 0  # the premise: some of these sums round differently on one thread
+
+
 _TEAMS = r"""
 import collections, json, os, time, torch
 torch.set_num_threads(2)

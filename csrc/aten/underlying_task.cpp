@@ -31,17 +31,22 @@ bool is_accel(const at::Tensor& t) {
   return t.defined() && t.device().type() == kAccel;
 }
 
-// Below ATen's grain size its kernels run serially anyway.
+// ATen's grain size: its kernels run serially below it.
 constexpr int64_t kGrainSize = 32768;
 
-// Memory-bound kernels (pointwise, reductions, copies) below this many elements run serially on
-// the stream worker. The worker's OpenMP team is a second team in the process (the calling
-// thread has its own), and libgomp cuts its threads' spinning to ~100 iterations when teams
-// together hold more threads than there are cores: each parallel region then wakes sleeping
-// threads (40-50 us on a 2-core VM), more than the whole kernel below ~512K elements (measured:
-// add_ on 256K floats 29 us serial against 50 us parallel; softmax rows of 1M elements 693 us
-// serial against 413 us parallel).
-constexpr int64_t kSerialNumelMemoryBound = int64_t{1} << 19;
+// Kernels but matrix products (pointwise, reductions, copies, convolutions) follow ATen's own
+// rule: serial below its grain size, on the worker's threads above it, so that they split their
+// work (and round their sums) as the CPU does. For memory-bound kernels the limit was 512K elements
+// while the process held two OpenMP teams (the caller's and the worker's: libgomp then cut its
+// threads' spinning to ~100 iterations, and every region waited for sleeping threads). With one
+// team (rt::give_back_openmp_team) a region costs what it costs on the CPU, and the 512K limit kept
+// medium tensors on one core (2-core Xeon, measured on the worker with the caller issuing back to
+// back, 512K limit against this one: add_ of 256K floats 81 against 16 us, gelu of 128K 76 against
+// 34 us; training steps of ConvNeXt-Atto 0.76x -> 0.89x the CPU's, ViT-Tiny 0.85x -> 0.93x, a
+// 4-layer GPT-2 with dropout 0.87x -> 1.0x). Below 64K elements a busy caller still makes serial
+// cheaper for the lightest kernels (add_ of 32K floats 3.6 against 7.0 us); the models above did
+// not show it.
+constexpr int64_t kSerialNumel = kGrainSize;
 
 // Matrix products run serially on the stream worker below both limits, for the same reason:
 // MKL's threads for a product of a few rows cost that wake-up, and the calling thread, busy
@@ -121,8 +126,7 @@ void materialize_zero_tensors(torch::jit::Stack& stack, size_t n) {
   }
 }
 
-void run_on_stream(c10::DeviceIndex device, const char* what,
-                   const std::function<void()>& kernel) {
+void run_on_stream(c10::DeviceIndex device, const char* what, const std::function<void()>& kernel) {
   std::exception_ptr failure;
   CollectWarnings warnings;
   // The task refers to this frame: it has run once the synchronize below returns (a stream
@@ -235,37 +239,8 @@ std::unique_ptr<WorkBuffers> take_buffers() {
   return buffer_pool().take();
 }
 
-int64_t serial_numel(std::string_view name) {
-  // Compute-bound kernels (matrix products, convolutions, attention, factorizations) do much
-  // work per element: they keep ATen's rule.
-  static constexpr std::string_view kComputeBound[] = {"aten::mm",
-                                                       "aten::addmm",
-                                                       "aten::_addmm_activation",
-                                                       "aten::bmm",
-                                                       "aten::baddbmm",
-                                                       "aten::addbmm",
-                                                       "aten::matmul",
-                                                       "aten::linear",
-                                                       "aten::mv",
-                                                       "aten::addmv",
-                                                       "aten::conv",
-                                                       "aten::_conv",
-                                                       "aten::mkldnn",
-                                                       "aten::_scaled_dot",
-                                                       "aten::_flash",
-                                                       "aten::_efficient",
-                                                       "aten::linalg",
-                                                       "aten::_linalg",
-                                                       "aten::cdist",
-                                                       "aten::_cdist",
-                                                       "aten::_fft",
-                                                       "aten::cholesky",
-                                                       "aten::triangular_solve",
-                                                       "aten::lu"};
-  for (std::string_view prefix : kComputeBound) {
-    if (name.starts_with(prefix)) return kGrainSize;
-  }
-  return kSerialNumelMemoryBound;
+int64_t serial_numel() {
+  return kSerialNumel;
 }
 
 void RecycleBuffers::operator()(WorkBuffers* b) const noexcept {
@@ -277,8 +252,8 @@ int matmul_left_operand(std::string_view name) {
   name = name.substr(0, name.find('.'));
   if (name.ends_with('_')) name.remove_suffix(1);  // in place: the same arguments
   static constexpr std::pair<std::string_view, int> kProducts[] = {
-      {"mm", 0},     {"bmm", 0},     {"mv", 0},     {"addmm", 1},
-      {"baddbmm", 1}, {"addbmm", 1}, {"addmv", 1},   {"_addmm_activation", 1}};
+      {"mm", 0},      {"bmm", 0},    {"mv", 0},    {"addmm", 1},
+      {"baddbmm", 1}, {"addbmm", 1}, {"addmv", 1}, {"_addmm_activation", 1}};
   for (const auto& [product, left] : kProducts) {
     if (name == product) return left;
   }

@@ -83,10 +83,9 @@ struct Work {
   void run(KernelStorages& storages) const;
 };
 
-// Below how many elements in every tensor a call of the operator `name` ("aten::add.Tensor")
-// runs without intra-op parallelism: ATen's grain size for compute-bound kernels (matrix
-// products, convolutions), more for memory-bound ones (see underlying_task.cpp).
-int64_t serial_numel(std::string_view name);
+// Below how many elements in every tensor a call runs without intra-op parallelism: ATen's grain
+// size, ATen's own rule (matrix products are judged by their work instead: SerialRule::left).
+int64_t serial_numel();
 
 // Matrix products (mm, bmm, mv, addmm, baddbmm, addbmm, addmv, _addmm_activation, and their
 // in-place and out= forms): the argument index of the left operand (the right one follows it),

@@ -123,11 +123,9 @@ void init_inductor_bindings(py::module_& m) {
       .def_property_readonly("name", &KernelLauncher::name);
   // Before Inductor loads a C++ wrapper compiled for accel (csrc/aoti).
   m.def("_expose_aoti_symbols", &aoti::expose_symbols);
-  // How many elements a call of the operator needs before its kernel on a stream worker uses
-  // intra-op threads (torch_accel/_inductor applies the same rule to generated loops).
-  m.def(
-      "_serial_numel", [](const std::string& name) { return aten::serial_numel(name); },
-      py::arg("operator"));
+  // How many elements a call needs before its kernel on a stream worker uses intra-op threads
+  // (torch_accel/_inductor applies the same rule to generated loops).
+  m.def("_serial_numel", [] { return aten::serial_numel(); });
   // Swaps the memory of two accel storages of one size: every tensor on `a`'s storage (views,
   // autograd's saved copies) then reads `b`'s memory, and the reverse. backend="accel" moves
   // a captured graph's outputs that are still held to new memory before a replay rewrites them.

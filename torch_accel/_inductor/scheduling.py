@@ -10,9 +10,8 @@ kernel group is flushed before a node would take it past the device's limits; a 
 that alone exceeds them is an error that says so.
 
 Generated loops go parallel only for as much work as an eager accel kernel needs before it uses
-intra-op threads (``torch_accel._C._serial_numel``): kernels run on a stream worker, whose
-OpenMP threads sleep between parallel regions (a second OpenMP team in the process), so a
-parallel region costs tens of microseconds there. A user's ``cpp.min_chunk_size`` is kept.
+intra-op threads (``torch_accel._C._serial_numel``, ATen's grain size). A user's
+``cpp.min_chunk_size`` is kept.
 
 Inductor reorders loops to enable fusions on every device type but "cpu", and the C++ backend
 reads loop ranges from a field the reordering leaves stale: each node's ranges are made to
@@ -58,7 +57,7 @@ def _cpp_codegen() -> contextlib.AbstractContextManager[Any]:
     ):
         from torch._inductor.utils import parallel_num_threads
 
-        serial = torch_accel._C._serial_numel("aten::add.Tensor")
+        serial = torch_accel._C._serial_numel()
         patch["cpp.min_chunk_size"] = max(_DEFAULT_MIN_CHUNK, serial // parallel_num_threads())
     return config.patch(patch)
 
