@@ -51,10 +51,6 @@ namespace {
 
 using device::kAccel;
 
-bool is_accel(const at::Tensor& t) {
-  return t.defined() && t.device().type() == kAccel;
-}
-
 // Accel storages by base address (the address their CPU views have on the host driver).
 struct AccelMemory {
   std::vector<std::pair<const void*, c10::Storage>> storages;

@@ -13,12 +13,18 @@
 #include <optional>
 #include <vector>
 
+#include "device/common.h"
 #include "device/generator.h"
 
 namespace accel::aten {
 
 // "aten::add.Tensor"
 std::string op_name(const c10::OperatorHandle& op);
+
+// A defined tensor on an accel device.
+inline bool is_accel(const at::Tensor& t) {
+  return t.defined() && t.device().type() == device::kAccel;
+}
 
 // The accel device a call runs on: that of its accel tensor and device arguments (the current
 // device if none). Refuses, like CUDA, arguments on two accel devices, an accel generator

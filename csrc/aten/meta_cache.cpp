@@ -8,16 +8,13 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "aten/dispatch_util.h"
 #include "device/common.h"
 
 namespace accel::aten {
 namespace {
 
 using device::kAccel;
-
-bool is_accel(const at::Tensor& t) {
-  return t.defined() && t.device().type() == kAccel;
-}
 
 // Appends a binary description of `v` to `key` (fixed-size fields, lengths before lists and
 // strings, so distinct argument lists never describe alike); false if `v` cannot be described.

@@ -165,7 +165,7 @@ class UnderlyingKernel final : public c10::OperatorKernel {
       }
       info_.tensor_returns_only = returns_only_tensors(schema);
       info_.zero_tensor_args = op.hasKernelForDispatchKey(c10::DispatchKey::ZeroTensor);
-      info_.serial = {serial_numel(), matmul_left_operand(config_->name)};
+      info_.serial = {matmul_left_operand(config_->name)};
       cpu_op_ = find_op(config_->cpu_op);
       out_op_ = find_op(config_->out_variant);
       functional_op_ = find_op(config_->functional);

@@ -31,10 +31,6 @@ struct SchemaInfo {
   SerialRule serial;              // which calls run without intra-op parallelism
 };
 
-inline bool is_accel(const at::Tensor& t) {
-  return t.defined() && t.device().type() == device::kAccel;
-}
-
 // Written copy-on-write tensors get their own memory before any argument is described: a tensor
 // read in the same call through a shared storage then sees that memory too.
 void materialize_written(const SchemaInfo& info, const torch::jit::Stack& stack, size_t begin);

@@ -19,6 +19,7 @@
 #include <string>
 #include <type_traits>
 
+#include "aten/dispatch_util.h"
 #include "aten/executor.h"
 #include "aten/meta_cache.h"
 
@@ -26,10 +27,6 @@ namespace accel::aten {
 namespace {
 
 using device::kAccel;
-
-bool is_accel(const at::Tensor& t) {
-  return t.defined() && t.device().type() == kAccel;
-}
 
 // ATen's grain size: its kernels run serially below it.
 constexpr int64_t kGrainSize = 32768;
@@ -48,9 +45,9 @@ constexpr int64_t kGrainSize = 32768;
 // not show it.
 constexpr int64_t kSerialNumel = kGrainSize;
 
-// Matrix products run serially on the stream worker below both limits, for the same reason:
-// MKL's threads for a product of a few rows cost that wake-up, and the calling thread, busy
-// issuing the next operators, competes with them for the cores. Measured on the worker (2-core
+// Matrix products run serially on the stream worker below both limits: MKL's threads for a
+// product of a few rows cost more to start than they save, and the calling thread, busy issuing
+// the next operators, competes with them for the cores. Measured on the worker (2-core
 // VM, float32 mm, serial against parallel): [2, 256] by [256, 768] 14 against 68 us (GPT-2's
 // decoder step), 64x256x256 61 against 87 us; above either limit the threads win where the
 // product reads more memory than one core's caches hold (2x1024x1024 182 against 123 us) or
@@ -301,7 +298,7 @@ bool small_work(const WorkBuffers& buf, const SerialRule& rule) {
     }
   }
   for (const Layout& l : buf.copy_into) most = std::max(most, numel_of(l));
-  return most < rule.numel;
+  return most < kSerialNumel;
 }
 
 bool unconvertible_scalar(const torch::jit::Stack& stack, size_t begin) {
@@ -365,7 +362,7 @@ bool small_call(const torch::jit::Stack& stack, size_t begin, const CachedResult
       }
     }
   }
-  return most < rule.numel;
+  return most < kSerialNumel;
 }
 
 void Work::operator()(KernelStorages& storages) const {

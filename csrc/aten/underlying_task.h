@@ -93,10 +93,10 @@ int64_t serial_numel();
 // a [2, 1024] activation by a [1024, 4096] weight, 8M multiply-adds over a 4M-element tensor.
 int matmul_left_operand(std::string_view name);
 
-// When a call runs without intra-op parallelism (see underlying_task.cpp).
+// When a call runs without intra-op parallelism (see underlying_task.cpp): fewer elements than
+// serial_numel() in every tensor, or for matrix products few multiply-adds over small operands.
 struct SerialRule {
-  int64_t numel = 0;  // fewer elements than this in every tensor
-  int left = -1;      // matrix products (matmul_left_operand): few multiply-adds, small operands
+  int left = -1;  // matrix products: matmul_left_operand, else -1
 };
 
 // Whether the call is small by `rule` (its kernel then runs without intra-op parallelism).
