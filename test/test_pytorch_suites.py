@@ -47,10 +47,8 @@ outcome to build/pytorch_suites_summary.json. A file that cannot be fetched (no 
 from __future__ import annotations
 
 import atexit
-import contextlib
 import json
 import os
-import select
 import signal
 import subprocess
 import sys
@@ -70,6 +68,7 @@ ROOT = HERE.parent
 SUITES = HERE / "pytorch_suites"
 sys.path.insert(0, str(SUITES))
 import fetch  # noqa: E402  (pytorch_suites/fetch.py)
+from fork_client import Forked, ForkServer  # noqa: E402  (pytorch_suites/fork_client.py)
 from plugin import CLASS_SUFFIXES, cpu_twin, excluded  # noqa: E402  (pytorch_suites/plugin.py)
 
 KNOWN_FAILURES_FILE = SUITES / "known_failures.yaml"
@@ -320,101 +319,19 @@ def run_file(name: str, device: str) -> FileRun:
     return run
 
 
-class _ForkServer:
-    """pytorch_suites/forkserver.py for one device's runs: a process that imported torch and its
-    testing utilities once and forks a child per file (each file's own process spent about 10 s
-    on those imports). Where it cannot serve, `ready` is false and `why` says why."""
-
-    def __init__(self, device: str) -> None:
-        env = _environment(device, Path(os.devnull), Path(os.devnull))
-        self.proc = subprocess.Popen(
-            [sys.executable, str(SUITES / "forkserver.py")],
-            cwd=FILES_DIR,
-            env=env,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,  # the children write to their logs
-            text=True,
-        )
-        assert self.proc.stdout is not None
-        self.fd = self.proc.stdout.fileno()  # read unbuffered: select() sees what is unread
-        self.pending = b""
-        answer = self._read()
-        self.ready: bool = answer.get("ready", False)
-        self.why: str = answer.get("why", "")
-
-    def answered(self) -> bool:
-        """Whether an answer (or the end of the server) can be read without waiting."""
-        return b"\n" in self.pending or bool(select.select([self.fd], [], [], 0)[0])
-
-    def _read(self) -> dict[str, Any]:
-        while b"\n" not in self.pending:
-            data = os.read(self.fd, 4096)
-            if not data:
-                return {"ready": False, "exit": None, "why": "the fork server ended"}
-            self.pending += data
-        line, self.pending = self.pending.split(b"\n", 1)
-        answer: dict[str, Any] = json.loads(line)
-        return answer
-
-    def fork(self, args: list[str], env: dict[str, str], log_path: Path) -> _Forked | None:
-        assert self.proc.stdin is not None
-        request = {"argv": args, "env": env, "log": str(log_path)}
-        try:
-            self.proc.stdin.write(json.dumps(request) + "\n")
-            self.proc.stdin.flush()
-        except OSError:  # the server ended: a plain process instead
-            pid = None
-        else:
-            pid = self._read().get("pid")
-        if pid is None:
-            self.ready, self.why = False, "the fork server ended"
-            return None
-        return _Forked(self, pid)
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            assert self.proc.stdin is not None
-            self.proc.stdin.close()
-            self.proc.wait()
-
-
-class _Forked:
-    """A child of the fork server, with the part of subprocess.Popen's interface _follow uses."""
-
-    def __init__(self, server: _ForkServer, pid: int) -> None:
-        self.server, self.pid = server, pid
-        self.returncode: int | None = None
-
-    def poll(self) -> int | None:
-        if self.returncode is None and self.server.answered():
-            code = self.server._read().get("exit")
-            self.returncode = -signal.SIGKILL if code is None else code  # None: the server died
-        return self.returncode
-
-    def kill(self) -> None:
-        if self.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.pid, signal.SIGKILL)
-
-    def wait(self) -> int:
-        while self.poll() is None:
-            time.sleep(0.05)
-        return self.returncode  # type: ignore[return-value]
-
-
-_SERVERS: dict[str, _ForkServer] = {}
+_SERVERS: dict[str, ForkServer] = {}
 
 
 def _start(
     device: str, args: list[str], env: dict[str, str], log: IO[str], log_path: Path
-) -> subprocess.Popen[bytes] | _Forked:
+) -> subprocess.Popen[bytes] | Forked:
     """A test process for one file: forked by the device's fork server where it serves
     (PYTORCH_SUITES_FORK=0 turns it off), else a fresh interpreter."""
     if os.environ.get("PYTORCH_SUITES_FORK", "1") not in _OFF:
         server = _SERVERS.get(device)
         if server is None:
-            server = _SERVERS[device] = _ForkServer(device)
+            env0 = _environment(device, Path(os.devnull), Path(os.devnull))
+            server = _SERVERS[device] = ForkServer(env0, FILES_DIR)
             atexit.register(server.close)
         if server.ready:
             log.flush()
@@ -426,7 +343,7 @@ def _start(
 
 
 def _follow(
-    proc: subprocess.Popen[bytes] | _Forked, report: Path, run: FileRun
+    proc: subprocess.Popen[bytes] | Forked, report: Path, run: FileRun
 ) -> tuple[str | None, bool]:
     """Reads the plugin's events until the process ends (or hangs: then kills it). Returns the
     test that was running when it ended (None if none was) and whether it hung."""

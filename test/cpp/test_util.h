@@ -123,8 +123,13 @@ inline bool sensors_available(int device) {
 
 // Runs f(data, count) on `count` values of device memory at `ptr`, in stream order, as a kernel
 // would: in place where the driver's device memory is host-accessible, else on a pinned copy
-// (device to host, f, host to device; captured alike). The copy is never freed: a graph may
-// replay it.
+// (device to host, f, host to device; captured alike).
+// Pinned copies of device_kernel that graphs captured: freed by GraphFixture once its graph is.
+inline std::vector<void*>& captured_staging() {
+  static std::vector<void*> buffers;
+  return buffers;
+}
+
 template <class T, class F>
 void device_kernel(Stream s, T* ptr, std::size_t count, F f) {
   if (driver_capabilities().host_accessible_memory) {
@@ -135,6 +140,12 @@ void device_kernel(Stream s, T* ptr, std::size_t count, F f) {
   memcpy_async(staging, ptr, count * sizeof(T), CopyKind::DeviceToHost, s);
   launch_host_func(s, [staging, count, f] { f(staging, count); });
   memcpy_async(ptr, staging, count * sizeof(T), CopyKind::HostToDevice, s);
+  if (stream_capture_status(s) == CaptureStatus::None) {
+    host_record_stream(staging, s);  // back to the cache once the stream passed it
+    host_free(staging);
+  } else {
+    captured_staging().push_back(staging);  // the graph's replays use it
+  }
 }
 
 inline bool env_flag(const char* name) {
@@ -165,6 +176,8 @@ class GraphFixture : public ::testing::Test {
   void TearDown() override {
     graph_destroy(g_);
     stream_destroy(s_);
+    for (void* p : captured_staging()) host_free(p);
+    captured_staging().clear();
   }
   Stream s_;
   Graph g_;

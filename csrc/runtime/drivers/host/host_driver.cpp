@@ -10,7 +10,6 @@
 //    under the same rules (the capture's mode, the calling thread's mode), so that the layer
 //    above is tested against them without a GPU.
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -22,6 +21,7 @@
 #include <unistd.h>
 
 #include "runtime/driver.h"
+#include "runtime/drivers/host/capture_rules.h"
 #include "runtime/drivers/host/host_device.h"
 #include "runtime/drivers/host/host_graph.h"
 #include "runtime/drivers/host/host_stream.h"
@@ -36,9 +36,6 @@ constexpr std::size_t kVaGranularity = std::size_t{2} << 20;
 std::size_t round_up(std::size_t n, std::size_t m) {
   return (n + m - 1) / m * m;
 }
-
-// The calling thread's capture mode (cudaThreadExchangeStreamCaptureMode).
-thread_local CaptureMode tls_capture_mode = CaptureMode::Global;
 
 HostStream* as_stream(DriverStream s) {
   return reinterpret_cast<HostStream*>(s);
@@ -438,11 +435,7 @@ class HostDriver final : public Driver {
     cap->mode = mode;
     cap->thread = std::this_thread::get_id();
     cap->origin = s;
-    {
-      std::lock_guard<std::mutex> clock(captures_m_);
-      captures_.push_back(cap);
-      capturing_.store(true, std::memory_order_release);
-    }
+    captures_.add(cap);
     cap->joined.push_back(std::move(self));
     s->capture = std::move(cap);
     s->frontier.clear();
@@ -459,7 +452,7 @@ class HostDriver final : public Driver {
       HostDriver* driver;
       std::shared_ptr<Capture> cap;
       ~Forget() {
-        if (cap && cap->origin != nullptr) driver->forget_capture(cap.get());
+        if (cap && cap->origin != nullptr) driver->captures_.forget(cap.get());
       }
     } forget{this, cap};
     if (cap && cap->origin != origin) forget.cap.reset();  // not this stream's capture
@@ -485,8 +478,7 @@ class HostDriver final : public Driver {
   }
 
   CaptureMode thread_capture_mode_exchange(CaptureMode mode) override {
-    std::swap(mode, tls_capture_mode);
-    return mode;
+    return CaptureRules::exchange_thread_mode(mode);
   }
 
   void graph_destroy(DriverGraph graph) override { delete reinterpret_cast<HostGraph*>(graph); }
@@ -499,38 +491,8 @@ class HostDriver final : public Driver {
     std::shared_ptr<Exec> exec;
   };
 
-  // CUDA's rule for "potentially unsafe" calls during capture: refused while this thread began
-  // a capture that is not relaxed or, unless this thread's mode is thread-local, while another
-  // thread's global capture is underway; never in relaxed thread mode. CUDA then returns
-  // cudaErrorStreamCaptureUnsupported.
-  void check_capture_safe(const char* call) {
-    if (!capturing_.load(std::memory_order_acquire)) return;
-    const CaptureMode mine = tls_capture_mode;
-    if (mine == CaptureMode::Relaxed) return;
-    const std::thread::id me = std::this_thread::get_id();
-    std::lock_guard<std::mutex> lock(captures_m_);
-    for (const auto& cap : captures_) {
-      if (cap->mode == CaptureMode::Relaxed) continue;
-      const bool own = cap->thread == me;
-      if (own || (mine == CaptureMode::Global && cap->mode == CaptureMode::Global)) {
-        throw CaptureError(ErrorCode::CaptureUnsupported,
-                           detail::concat("host driver: ", call,
-                                          " is not allowed while a graph capture is underway "
-                                          "(capture mode ",
-                                          capture_mode_name(cap->mode), ", begun by ",
-                                          own ? "this" : "another", " thread)"),
-                           __FILE__, __LINE__);
-      }
-    }
-  }
-
-  void forget_capture(const Capture* cap) {
-    std::lock_guard<std::mutex> lock(captures_m_);
-    captures_.erase(std::remove_if(captures_.begin(), captures_.end(),
-                                   [&](const auto& c) { return c.get() == cap; }),
-                    captures_.end());
-    capturing_.store(!captures_.empty(), std::memory_order_release);
-  }
+  // CUDA's rule for "potentially unsafe" calls during capture (capture_rules.h).
+  void check_capture_safe(const char* call) { captures_.check_safe(call); }
 
   static const char* copy_label(CopyKind kind) {
     switch (kind) {
@@ -586,9 +548,7 @@ class HostDriver final : public Driver {
 
   HostDriverOptions options_;
   std::vector<std::unique_ptr<HostDevice>> devices_;
-  std::mutex captures_m_;
-  std::vector<std::shared_ptr<Capture>> captures_;  // underway
-  std::atomic<bool> capturing_{false};
+  CaptureRules captures_;  // underway
 };
 
 bool protects_memory(const HostDriver* driver) {
