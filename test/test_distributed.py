@@ -387,9 +387,15 @@ def _failing_all_reduce() -> tuple[str, str, float]:
 
 
 def _peer_gone(rank: int, world: int) -> tuple[str, str, float]:
-    """Rank 1 leaves; rank 0's next collective fails with DistBackendError within the timeout."""
+    """Rank 1 leaves; rank 0's next collective fails with DistBackendError within the timeout.
+    Rank 1 leaves once rank 0's init_process_group returned: a rank can return from it first,
+    and leaving then failed rank 0's own connection set-up instead (Gloo's connectFullMesh:
+    "Connection closed by peer")."""
+    store = dist.distributed_c10d._get_default_store()
     if rank == 1:
+        store.wait(["rank 0 joined"])
         os._exit(0)
+    store.set("rank 0 joined", "1")
     return _failing_all_reduce()
 
 
