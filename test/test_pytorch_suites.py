@@ -330,8 +330,8 @@ def _start(
     if os.environ.get("PYTORCH_SUITES_FORK", "1") not in _OFF:
         server = _SERVERS.get(device)
         if server is None:
-            env0 = _environment(device, Path(os.devnull), Path(os.devnull))
-            server = _SERVERS[device] = ForkServer(env0, FILES_DIR)
+            server_env = _environment(device, Path(os.devnull), Path(os.devnull))
+            server = _SERVERS[device] = ForkServer(server_env, FILES_DIR)
             atexit.register(server.close)
         if server.ready:
             log.flush()

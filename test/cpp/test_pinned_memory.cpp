@@ -8,9 +8,9 @@ namespace {
 using testing::Gate;
 
 TEST(PinnedMemory, AllocateQueryFree) {
-  // Blocks freed by earlier tests while streams still used them (staging buffers of pageable
-  // copies, pinned memory a graph captured) count as allocated until the streams passed them and
-  // the allocator looked: gone once every device is idle and the cache emptied.
+  // Blocks earlier tests freed while streams still used them (staging copies) stay reserved
+  // until the streams passed them and the allocator looked: gone once every device is idle and
+  // the cache emptied.
   for (int d = 0; d < device_count(); ++d) device_synchronize(d);
   host_empty_cache();
   host_reset_peak_stats();

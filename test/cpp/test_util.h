@@ -121,15 +121,15 @@ inline bool sensors_available(int device) {
   }
 }
 
-// Runs f(data, count) on `count` values of device memory at `ptr`, in stream order, as a kernel
-// would: in place where the driver's device memory is host-accessible, else on a pinned copy
-// (device to host, f, host to device; captured alike).
 // Pinned copies of device_kernel that graphs captured: freed by GraphFixture once its graph is.
 inline std::vector<void*>& captured_staging() {
   static std::vector<void*> buffers;
   return buffers;
 }
 
+// Runs f(data, count) on `count` values of device memory at `ptr`, in stream order, as a kernel
+// would: in place where the driver's device memory is host-accessible, else on a pinned copy
+// (device to host, f, host to device; captured alike).
 template <class T, class F>
 void device_kernel(Stream s, T* ptr, std::size_t count, F f) {
   if (driver_capabilities().host_accessible_memory) {
