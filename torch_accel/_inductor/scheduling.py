@@ -32,6 +32,7 @@ from torch._inductor.codegen.cpp import CppScheduling
 from torch._inductor.virtualized import V
 
 import torch_accel
+from torch_accel._inductor.vec_ops import AccelKernelProxy
 
 # Arguments Inductor may add to a kernel beyond its buffers (size variables of dynamic shapes).
 _ARG_HEADROOM = 4
@@ -113,6 +114,9 @@ def too_many_buffers(scheduler: Any, node1: Any, node2: Any) -> bool:
 
 
 class AccelCppScheduling(CppScheduling):
+    # Accel's vectorized code for the operations it generates faster than Inductor (vec_ops.py).
+    kernel_proxy_cls = AccelKernelProxy
+
     def __new__(cls, scheduler: Any = None) -> Any:
         # Registered before the runtime started (registering starts nothing), on a driver that
         # turned out to need Triton kernels: Triton's scheduling from now on.
