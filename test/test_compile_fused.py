@@ -242,3 +242,18 @@ def test_compiled_erf_and_gelu_keep_inductors_accuracy_with_accels_exponential()
     xb = torch.randn(4096, dtype=torch.bfloat16)
     torch.compile(F.gelu)(xb.to(ACCEL))
     torch.testing.assert_close(torch.compile(F.gelu)(xb.to(ACCEL)).cpu(), F.gelu(xb))
+
+
+def test_a_reduction_over_a_transposed_operand_compiles_with_accels_2d_tiled_kernel():
+    """A reduction whose inner loop reads one operand transposed is tiled in two dimensions, and
+    Inductor requires that kernel to be an instance of the proxy's vector kernel class (accel's
+    2D-tiled kernel failed that assertion: a ConvNeXt block's backward did not compile)."""
+    x, y = torch.randn(64, 48), torch.randn(48, 64)
+
+    def fn(a, b):  # type: ignore[no-untyped-def]
+        return torch.erf(a.t() * b).sum(-1)
+
+    out, code = _code_of(torch.compile(fn), x.to(ACCEL), y.to(ACCEL))
+    if "Vectorized" in code:  # ISA-less machines get Inductor's scalar kernels
+        assert "transpose_mxn" in code and "exp_u20" in code
+    torch.testing.assert_close(out.cpu(), fn(x, y), atol=2e-6, rtol=1e-6)

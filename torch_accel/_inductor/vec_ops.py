@@ -71,7 +71,10 @@ class AccelVecKernel(CppVecKernel):
     overrides = AccelVecOverrides  # type: ignore[assignment]
 
 
-class AccelTile2DKernel(CppTile2DKernel):
+# Also an AccelVecKernel: Inductor's proxy asserts that a reduction's main kernel, which is the
+# 2D-tiled one when two loops are tiled, is an instance of its vec_kernel_cls (CppTile2DKernel
+# derives from CppVecKernel for the same reason).
+class AccelTile2DKernel(CppTile2DKernel, AccelVecKernel):
     overrides = AccelTile2DOverrides  # type: ignore[assignment]
 
 
