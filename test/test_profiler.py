@@ -140,3 +140,24 @@ def test_legacy_profiler_times_operators_with_accel_events() -> None:
     averages = {e.key: e for e in prof.key_averages()}
     assert averages["aten::mm"].self_device_time_total > 0
     assert averages["aten::matmul"].device_time_total >= averages["aten::mm"].self_device_time_total
+
+
+def test_a_global_observer_records_the_operator_and_not_its_task(tmp_path: Path) -> None:
+    # PyTorch's execution trace observer registers a global RecordFunction callback, which sees
+    # every thread: the stream worker's CPU kernel (add.out, named aten::add) is the device work
+    # of the accel operator, not a second operator, on a second thread.
+    a, b = torch.randn(8, 8, device="accel"), torch.randn(8, 8, device="accel")
+    a + b  # the signature's first call, synchronous, before observing
+    torch.accel.synchronize()
+    path = tmp_path / "et.json"
+    observer = torch.profiler.ExecutionTraceObserver().register_callback(str(path))
+    observer.start()
+    for _ in range(3):
+        c = a + b
+    torch.accel.synchronize()
+    observer.stop()
+    observer.unregister_callback()
+    torch.testing.assert_close(c.cpu(), a.cpu() + b.cpu())
+    names = [n["name"] for n in json.loads(path.read_text())["nodes"]]
+    assert names.count("aten::add") == 3, names
+    assert names.count("[pytorch|profiler|execution_trace|thread]") == 1, names

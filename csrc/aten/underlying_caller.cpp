@@ -131,7 +131,7 @@ std::shared_ptr<CachedResult> run_on_caller(const OpConfig& config, const Schema
       // On the stream's worker, as tasks run (see run_on_stream), not as an operator of its
       // own in a profile (as Work::run).
       run_on_stream(device, config.name, [&] {
-        at::DisableRecordFunctionGuard not_an_operator;
+        NotAnOperator not_an_operator;
         call();
       });
     } else {

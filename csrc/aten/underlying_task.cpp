@@ -141,6 +141,10 @@ void run_on_stream(c10::DeviceIndex device, const char* what, const std::functio
   if (failure) std::rethrow_exception(failure);
 }
 
+NotAnOperator::NotAnOperator() {
+  if (at::hasCallbacks()) off_.emplace();
+}
+
 SerialScope::SerialScope() {
   const OmpThreads& o = omp_threads();
   if (o.set == nullptr || o.get == nullptr) return;
@@ -405,10 +409,7 @@ void Work::run(KernelStorages& storages) const {
   CollectWarnings warnings;
   {
     c10::WarningUtils::WarningHandlerGuard guard(&warnings);
-    // The CPU kernel is the device work of the accel operator that launched this task (the
-    // profiler shows it as that task's kernel event), not an operator of its own: where the task
-    // runs on the launching thread (ACCEL_LAUNCH_BLOCKING), a profiler must not record it.
-    at::DisableRecordFunctionGuard not_an_operator;
+    NotAnOperator not_an_operator;
     op.callBoxed(&stack);
   }
   bool moved = false;  // a result the caller allocated was moved

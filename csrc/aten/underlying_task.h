@@ -6,6 +6,7 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
+#include <ATen/record_function.h>
 
 #include <functional>
 #include <memory>
@@ -125,6 +126,20 @@ bool small_call(const torch::jit::Stack& stack, size_t begin, const CachedResult
 // wake (a 1x1 convolution took 451 us against 135 us with the caller's team gone). The
 // kernel's exception rethrows here, with its type; its warnings go to the caller's handler.
 void run_on_stream(c10::DeviceIndex device, const char* what, const std::function<void()>& kernel);
+
+// While alive, the calling thread records no operator for a profiler: the CPU kernel a task runs
+// is the device work of the accel operator that launched it (the profiler shows it as that task's
+// kernel event), not an operator of its own, also where the task runs on the launching thread
+// (ACCEL_LAUNCH_BLOCKING). Switching RecordFunction off and on rebuilds the thread's callback
+// lists (4,100 instructions a task, a third of a tiny add's task on the worker), so it is
+// switched only while callbacks are registered: without any, no operator is recorded anyway.
+class NotAnOperator {
+ public:
+  NotAnOperator();
+
+ private:
+  std::optional<at::DisableRecordFunctionGuard> off_;
+};
 
 // While alive, the calling thread's OpenMP work and MKL's calls run on one thread.
 class SerialScope {
