@@ -28,11 +28,13 @@ from native_functions import (
     IMPLICIT_KEYS,
     UNDERLYING_KEY,
     NativeFunctions,
+    dispatcher_type,
     is_view,
     linked_variants,
     load_native_functions,
     members_of,
     meta_function,
+    returns_new_or_written_tensors,
     same_inputs,
     signature,
 )
@@ -77,6 +79,7 @@ class Registration:
     dtypes: list[str] = field(default_factory=list)
     reason: str = ""
     signature: str = ""  # native: the C++ declaration
+    typed: str = ""  # underlying: the C++ function type of its typed entry ("" = boxed only)
     entry: str = ""  # the yaml entry it comes from (for docs)
     into: str = ""  # underlying functional/mutable form: the task function writing the results
     widen: dict[str, str] = field(default_factory=dict)  # dtype the CPU lacks: dtype it runs in
@@ -311,6 +314,17 @@ def expand(entry: dict[str, Any], nf: NativeFunctions, torch_dir: Path) -> list[
     return out
 
 
+def typed_entry(r: Registration, nf: NativeFunctions) -> str:
+    """The C++ function type of the typed entry of an underlying operator that can run
+    asynchronously (csrc/aten/typed_kernel.h: its tensor arguments are not copied), else ""."""
+    f = nf.functions[r.name]
+    if r.kernel or "underlying" not in (r.tiers["host"], r.tiers["cuda"]):
+        return ""
+    if r.sync or r.metadata_only or not returns_new_or_written_tensors(f):
+        return ""
+    return dispatcher_type(f)
+
+
 def write_if_changed(path: Path, text: str) -> None:
     if path.exists() and path.read_text() == text:
         return
@@ -359,6 +373,7 @@ def render_cpp(regs: list[Registration], own: list[OwnOperator]) -> tuple[str, s
         *[f"#include <{h}>" for h in headers],
         "",
         '#include "AccelNativeFunctions.h"',
+        '#include "aten/typed_kernel.h"',
         '#include "aten/underlying.h"',
         "",
         "namespace accel::aten {",
@@ -402,6 +417,11 @@ def render_cpp(regs: list[Registration], own: list[OwnOperator]) -> tuple[str, s
         if r.kernel and id(r) not in boxed_ids:
             cpp.append(f"  m.impl({cpp_string(r.name)}, TORCH_FN(accel::aten::{r.kernel}));")
     for i, r in enumerate(boxed):
+        if r.typed:
+            cpp.append(
+                f"  m.impl({cpp_string(r.name)}, make_typed_kernel<{r.typed}>(kConfigs[{i}]));"
+            )
+            continue
         native = (
             f", c10::KernelFunction::makeFromUnboxedFunction(TORCH_FN(accel::aten::{r.kernel}))"
             if r.kernel
@@ -535,6 +555,8 @@ def main(argv: list[str] | None = None) -> int:
         print("\n".join(errors), file=sys.stderr)
         return 1
     regs += default_registrations(nf, set(seen))
+    for r in regs:
+        r.typed = typed_entry(r, nf)
     header, cpp = render_cpp(regs, own)
     out_dir = Path(args.out_dir)
     write_if_changed(out_dir / "AccelNativeFunctions.h", header)

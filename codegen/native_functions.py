@@ -72,6 +72,33 @@ def signature(f: Any, name: str) -> str:
         return DispatcherSignature.from_schema(f.func, symint=False).decl(name=name)
 
 
+def dispatcher_type(f: Any) -> str:
+    """The C++ function type of `f`'s dispatcher signature ("at::Tensor (const at::Tensor &)"),
+    as its kernels are registered: without SymInt, as signature(), and with the tensor-list type
+    of the other kernels (ITensorListRef for structured operators: c10 refuses a kernel whose
+    C++ signature differs from theirs)."""
+    from torchgen import local
+    from torchgen.api.types import DispatcherSignature
+
+    with local.parametrize(
+        use_const_ref_for_mutable_tensors=f.use_const_ref_for_mutable_tensors,
+        use_ilistref_for_tensor_lists=f.part_of_structured_group,
+    ):
+        return DispatcherSignature.from_schema(f.func, symint=False).type()
+
+
+def returns_new_or_written_tensors(f: Any) -> bool:
+    """Whether `f` returns only new tensors (or lists of them) or only tensors it writes in place
+    (out=, in-place): the results a typed entry gets from the asynchronous path or from its own
+    arguments."""
+    returns = f.func.returns
+    if not all(r.type.is_tensor_like() for r in returns):
+        return False
+    written = [r.annotation is not None and r.annotation.is_write for r in returns]
+    views = [r.annotation is not None and not r.annotation.is_write for r in returns]
+    return not any(views) and (all(written) or not any(written))
+
+
 def _norm_decl(decl: str) -> str:
     return re.sub(r"\s*=[^,)]*", "", decl).replace("TORCH_API ", "").strip().rstrip(";")
 

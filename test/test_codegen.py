@@ -123,8 +123,19 @@ def test_one_entry_registers_functional_inplace_and_out(tmp_path: Path) -> None:
     )
     assert result.returncode == 0, result.stderr
     cpp = (tmp_path / "out" / "RegisterAccel.cpp").read_text()
-    for name in ("add.Tensor", "add_.Tensor", "add.out", "relu", "relu_", "sum.dim_IntList"):
-        assert f'm.impl("{name}", make_kernel(' in cpp, name
+    # Underlying operators get a typed entry (csrc/aten/typed_kernel.h) with their dispatcher
+    # signature, in front of the boxed kernel; the error tier only the boxed kernel.
+    typed = {
+        "add.Tensor": "at::Tensor (const at::Tensor &, const at::Tensor &, const at::Scalar &)",
+        "add_.Tensor": "at::Tensor & (at::Tensor &, const at::Tensor &, const at::Scalar &)",
+        "add.out": "at::Tensor & (const at::Tensor &, const at::Tensor &, const at::Scalar &, "
+        "at::Tensor &)",
+        "relu": "at::Tensor (const at::Tensor &)",
+        "relu_": "at::Tensor & (at::Tensor &)",
+    }
+    for name, signature in typed.items():
+        assert f'm.impl("{name}", make_typed_kernel<{signature}>(' in cpp, name
+    assert 'm.impl("sum.dim_IntList", make_kernel(' in cpp
     assert 'm.impl("empty_strided", TORCH_FN(accel::aten::empty_strided));' in cpp
     # The functional add runs its structured out= form straight into the new result.
     assert '"aten::add.Tensor", Tier::Underlying, Tier::Underlying, Tier::Underlying, "", ' in cpp

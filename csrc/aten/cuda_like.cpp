@@ -58,17 +58,12 @@ void for_each_tensor(const torch::jit::Stack& stack, size_t begin, F f) {
   for (size_t i = begin; i < stack.size(); ++i) for_each_tensor_of(stack[i], f);
 }
 
-}  // namespace
+using DtypePairs = std::vector<std::pair<c10::ScalarType, c10::ScalarType>>;
 
-bool widened_call(const OpConfig& config, const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  if (config.widen == nullptr || !host_accessible()) return false;
-  const c10::FunctionSchema& schema = op.schema();
-  const size_t n = schema.arguments().size();
-  const size_t begin = stack->size() - n;
-  // The pairs whose narrow dtype some tensor argument has.
-  const auto table = pairs_of(config.widen);
-  std::vector<std::pair<c10::ScalarType, c10::ScalarType>> active;
-  for_each_tensor(*stack, begin, [&](const at::Tensor& t) {
+// The pairs of `table` whose narrow dtype some tensor argument on stack[begin:] has.
+DtypePairs narrow_pairs(const DtypePairs& table, const torch::jit::Stack& stack, size_t begin) {
+  DtypePairs active;
+  for_each_tensor(stack, begin, [&](const at::Tensor& t) {
     if (!t.defined()) return;
     for (const auto& p : table) {
       if (p.first == t.scalar_type() &&
@@ -77,6 +72,31 @@ bool widened_call(const OpConfig& config, const c10::OperatorHandle& op, torch::
       }
     }
   });
+  return active;
+}
+
+bool promotes_with_numbers(const c10::FunctionSchema& schema) {
+  return schema.name() == "aten::pow" || schema.name() == "aten::pow_";
+}
+
+}  // namespace
+
+bool may_widen(const OpConfig& config, const c10::OperatorHandle& op,
+               const torch::jit::Stack& stack) {
+  if (config.widen == nullptr || !host_accessible()) return false;
+  const c10::FunctionSchema& schema = op.schema();
+  if (promotes_with_numbers(schema)) return true;  // its numbers decide too (widened_call)
+  return !narrow_pairs(pairs_of(config.widen), stack, stack.size() - schema.arguments().size())
+              .empty();
+}
+
+bool widened_call(const OpConfig& config, const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  if (config.widen == nullptr || !host_accessible()) return false;
+  const c10::FunctionSchema& schema = op.schema();
+  const size_t n = schema.arguments().size();
+  const size_t begin = stack->size() - n;
+  const DtypePairs table = pairs_of(config.widen);
+  DtypePairs active = narrow_pairs(table, *stack, begin);
   // pow of a float16 tensor and a complex Python number or a complex32 tensor computes in
   // complex32 (pow(1j, x) of a float16 x; CUDA's kernel takes it): its float16 tensors are
   // widened to complex64 as well, and complex64 results go back to complex32. Not where a
@@ -85,8 +105,8 @@ bool widened_call(const OpConfig& config, const c10::OperatorHandle& op, torch::
   // is converted to the tensors' dtype, and a complex one is refused).
   const std::pair<c10::ScalarType, c10::ScalarType> complex_half{c10::kComplexHalf,
                                                                  c10::kComplexFloat};
-  const bool promotes = schema.name() == "aten::pow" || schema.name() == "aten::pow_";
-  if (promotes && std::find(table.begin(), table.end(), complex_half) != table.end()) {
+  if (promotes_with_numbers(schema) &&
+      std::find(table.begin(), table.end(), complex_half) != table.end()) {
     bool complex_number = false;
     bool half_read = false;
     bool half_written = false;

@@ -23,6 +23,7 @@
 #include "aten/meta_cache.h"
 #include "aten/replay_kernels.h"
 #include "aten/results.h"
+#include "aten/typed_kernel.h"
 #include "aten/underlying_caller.h"
 #include "aten/underlying_task.h"
 #include "device/allocator.h"
@@ -44,7 +45,15 @@ Tier driver_tier(const OpConfig& c) {
   return driver == 1 ? c.cuda : driver == 2 ? c.level_zero : c.host;
 }
 
-class UnderlyingKernel final : public c10::OperatorKernel {
+// "aten::add.out"
+c10::OperatorHandle find_operator(const char* full) {
+  const std::string name(full);
+  const size_t dot = name.find('.');
+  return c10::Dispatcher::singleton().findSchemaOrThrow(
+      name.substr(0, dot).c_str(), dot == std::string::npos ? "" : name.c_str() + dot + 1);
+}
+
+class UnderlyingKernel final : public c10::OperatorKernel, public AsyncPath {
  public:
   UnderlyingKernel(const OpConfig* config, c10::KernelFunction native)
       : config_(config),
@@ -95,6 +104,40 @@ class UnderlyingKernel final : public c10::OperatorKernel {
     } else if (c.sync || !info_.tensor_returns_only || !enqueue(op, stack, device)) {
       call_on_caller(op, stack, device, /*synchronize=*/true);
     }
+  }
+
+  // operator()'s path for the calls it runs asynchronously from a cached signature, alone, and
+  // without touching `stack` (see AsyncPath).
+  bool call_async(const c10::OperatorHandle& op, const torch::jit::Stack& stack,
+                  c10::SmallVectorImpl<c10::IValue>& results) override {
+    const OpConfig& c = *config_;
+    resolve_ops(op);
+    const size_t n = op.schema().arguments().size();
+    // The calls operator() sends elsewhere (cuda_like functions may change any argument: they
+    // keep the boxed kernel).
+    if ((info_.zero_tensor_args && has_zero_tensors(stack, n)) ||
+        driver_tier(c) != Tier::Underlying || c.metadata_only || c.sync ||
+        !info_.tensor_returns_only || info_.has_index_list || info_.has_generator ||
+        may_widen(c, op, stack)) {
+      return false;
+    }
+    const Executor ex = executor();
+    if (g_force_fallback.load(std::memory_order_relaxed) || ex == Executor::None ||
+        (ex == Executor::Host && (c.cuda_like != nullptr || !dtype_allowed(c, op, stack)))) {
+      return false;
+    }
+    const c10::DeviceIndex device = call_device(op, stack, c.name);
+    c10::DeviceGuard guard(c10::Device(kAccel, device));
+    const size_t begin = stack.size() - n;
+    if (unconvertible_scalar(stack, begin)) return false;
+    thread_local std::string key;  // reused: no allocation per call
+    key.clear();
+    if (!encode_call(stack, begin, key_options(), key)) return false;
+    const std::shared_ptr<const CachedResult> shapes = cache_.find(key);
+    if (!shapes || shapes->run_on_caller) return false;
+    resize_written(*shapes, stack, begin);
+    launch_work(op, stack, begin, *shapes, device, results, /*copy_aliased=*/false);
+    return true;
   }
 
  private:
@@ -177,10 +220,7 @@ class UnderlyingKernel final : public c10::OperatorKernel {
 
   static std::optional<c10::OperatorHandle> find_op(const char* full) {
     if (full == nullptr || *full == '\0') return std::nullopt;
-    const std::string name(full);  // "aten::add.out"
-    const size_t dot = name.find('.');
-    return c10::Dispatcher::singleton().findSchemaOrThrow(
-        name.substr(0, dot).c_str(), dot == std::string::npos ? "" : name.c_str() + dot + 1);
+    return find_operator(full);
   }
 
   // The result metadata, the allocation of results and the task. False if the call must run
@@ -194,11 +234,8 @@ class UnderlyingKernel final : public c10::OperatorKernel {
 
     thread_local std::string key;  // reused: no allocation per call
     key.clear();
-    KeyOptions options = key_options_;
-    // Float values stay in the key of arange (they decide its shape) and of random operators
-    // (their checks read them: uniform_'s range; their values rarely change per step).
+    const KeyOptions options = key_options();
     const bool keep_floats = float_shapes_ || info_.has_generator;
-    options.float_values = options.float_values && (keep_floats || !floats_vary_.varies());
     bool has_floats = false;
     const bool cacheable = encode_call(*stack, begin, options, key, &has_floats);
     std::shared_ptr<const CachedResult> shapes = cacheable ? cache_.find(key) : nullptr;
@@ -261,22 +298,45 @@ class UnderlyingKernel final : public c10::OperatorKernel {
       resize_written(*shapes, *stack, begin);
     }
 
-    // Results: arguments written in place (out=, in-place) or new tensors.
+    c10::SmallVector<c10::IValue, 3> results;
+    launch_work(op, *stack, begin, *shapes, device, results, /*copy_aliased=*/true);
+    torch::jit::drop(*stack, n);
+    for (c10::IValue& r : results) stack->push_back(std::move(r));
+    return true;
+  }
+
+  KeyOptions key_options() const {
+    KeyOptions options = key_options_;
+    // Float values stay in the key of arange (they decide its shape) and of random operators
+    // (their checks read them: uniform_'s range; their values rarely change per step).
+    const bool keep_floats = float_shapes_ || info_.has_generator;
+    options.float_values = options.float_values && (keep_floats || !floats_vary_.varies());
+    return options;
+  }
+
+  // Allocates the new results of the call on stack[begin:] (described by `shapes`) and enqueues
+  // its kernel. `results` gets the call's results in order: the new tensors, and for those that
+  // are an argument written in place (out=, in-place) that argument, or None where
+  // `copy_aliased` is false (the caller has it).
+  void launch_work(const c10::OperatorHandle& op, const torch::jit::Stack& stack, size_t begin,
+                   const CachedResult& shapes, c10::DeviceIndex device,
+                   c10::SmallVectorImpl<c10::IValue>& results, bool copy_aliased) {
+    const size_t n = stack.size() - begin;
     const size_t n_returns = info_.return_alias.size();
-    c10::SmallVector<c10::IValue, 3> results(n_returns);
+    results.assign(n_returns, c10::IValue());
     c10::SmallVector<Layout, 3> fresh;  // new results, in order
     for (size_t j = 0; j < n_returns; ++j) {
       if (const auto arg = info_.return_alias[j]) {
-        results[j] = (*stack)[begin + *arg];
+        if (copy_aliased) results[j] = stack[begin + *arg];
         continue;
       }
-      if (!shapes->result_is_list[j]) {
-        at::Tensor t = allocate(shapes->results[j].front());
+      if (!shapes.result_is_list[j]) {
+        at::Tensor t = allocate(shapes.results[j].front());
         fresh.push_back(Layout::of(t));
         results[j] = std::move(t);
       } else {
         std::vector<at::Tensor> ts;
-        for (const TensorMeta& m : shapes->results[j]) {
+        for (const TensorMeta& m : shapes.results[j]) {
           ts.push_back(allocate(m));
           fresh.push_back(Layout::of(ts.back()));
         }
@@ -287,20 +347,20 @@ class UnderlyingKernel final : public c10::OperatorKernel {
     Work work{cpu_op_ ? *cpu_op_ : op,
               std::unique_ptr<WorkBuffers, RecycleBuffers>(take_buffers().release())};
     WorkBuffers& buf = *work.buf;
-    materialize_written(info_, *stack, begin);
+    materialize_written(info_, stack, begin);
     if (functional_op_) {
       // An out= form with several outputs: run the functional form and copy into the outputs
       // (see codegen/gen_accel.py for why it is not called boxed).
       work.op = *functional_op_;
       for (size_t i = 0; i < n; ++i) {
-        if (!info_.out_argument[i]) buf.add().stash((*stack)[begin + i], info_.write_argument[i]);
+        if (!info_.out_argument[i]) buf.add().stash(stack[begin + i], info_.write_argument[i]);
       }
       for (const std::optional<size_t>& arg : info_.return_alias) {
-        buf.copy_into.push_back(Layout::of((*stack)[begin + *arg].toTensor()));
+        buf.copy_into.push_back(Layout::of(stack[begin + *arg].toTensor()));
       }
     } else {
-      for (size_t i = begin; i < stack->size(); ++i) {
-        buf.add().stash((*stack)[i], info_.write_argument[i - begin]);
+      for (size_t i = begin; i < stack.size(); ++i) {
+        buf.add().stash(stack[i], info_.write_argument[i - begin]);
       }
     }
     if (!fresh.empty()) {
@@ -330,10 +390,6 @@ class UnderlyingKernel final : public c10::OperatorKernel {
     } else {
       launch_kernel(device, config_->name, std::move(work));
     }
-
-    torch::jit::drop(*stack, n);
-    for (c10::IValue& r : results) stack->push_back(std::move(r));
-    return true;
   }
 
   // out= arguments the meta pass resized get the same shape on accel. Tensors written in place
@@ -410,6 +466,21 @@ class UnderlyingKernel final : public c10::OperatorKernel {
 torch::CppFunction make_kernel(const OpConfig& config, c10::KernelFunction native) {
   return torch::CppFunction::makeFromBoxedFunctor(
       std::make_unique<UnderlyingKernel>(&config, std::move(native)));
+}
+
+TypedCalls& typed_calls() {
+  thread_local TypedCalls calls;
+  return calls;
+}
+
+c10::OperatorHandle typed::Entry::find(const char* name) {
+  return find_operator(name);
+}
+
+std::pair<c10::BoxedKernel, AsyncPath*> make_underlying(const OpConfig& config) {
+  auto kernel = std::make_unique<UnderlyingKernel>(&config, c10::KernelFunction());
+  AsyncPath* async = kernel.get();
+  return {c10::BoxedKernel::makeFromFunctor(std::move(kernel)), async};
 }
 
 void set_force_fallback(bool force) {

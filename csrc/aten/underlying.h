@@ -15,6 +15,7 @@
 #include <torch/library.h>
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 namespace accel::aten {
@@ -55,6 +56,36 @@ struct OpConfig {
 
 // Runs the call with the dtypes OpConfig::widen names converted (false: nothing to widen).
 bool widened_call(const OpConfig& config, const c10::OperatorHandle& op, torch::jit::Stack* stack);
+// Whether widened_call may convert something in this call.
+bool may_widen(const OpConfig& config, const c10::OperatorHandle& op,
+               const torch::jit::Stack& stack);
+
+// The asynchronous path of an underlying operator's kernel, for its typed entry (typed_kernel.h).
+class AsyncPath {
+ public:
+  virtual ~AsyncPath() = default;
+  // Runs the call whose arguments are the whole of `stack` as the boxed kernel would, where that
+  // runs it asynchronously with result metadata cached for its signature, and returns true with
+  // the call's results in `results`: the new tensors, and None for each result that is an
+  // argument written in place (out=, in-place). False, having run nothing, for every other call
+  // (the first of a signature, one the CPU fallback takes, ...): the boxed kernel runs those.
+  // `stack` is left as it is: its tensors may be borrowed (held without a reference of their
+  // own), so nothing may keep, move or drop them.
+  virtual bool call_async(const c10::OperatorHandle& op, const torch::jit::Stack& stack,
+                          c10::SmallVectorImpl<c10::IValue>& results) = 0;
+};
+
+// The calling thread's calls of typed entries so far: run asynchronously on borrowed arguments,
+// and sent to the boxed kernel (for tests).
+struct TypedCalls {
+  uint64_t borrowed = 0;
+  uint64_t boxed = 0;
+};
+TypedCalls& typed_calls();
+
+// The boxed kernel of an operator of the underlying tier, and its asynchronous path (owned by
+// the kernel).
+std::pair<c10::BoxedKernel, AsyncPath*> make_underlying(const OpConfig& config);
 
 // The boxed kernel registered for an operator of the underlying, cpu_fallback or error tier.
 // `native`: the accel kernel of an operator native on some drivers (their tier Native), which

@@ -113,10 +113,18 @@ BufferPool& buffer_pool() {
 
 }  // namespace
 
+static bool is_zero_tensor(const c10::IValue& v) {
+  return v.isTensor() && v.toTensor()._is_zerotensor();
+}
+
+bool has_zero_tensors(const torch::jit::Stack& stack, size_t n) {
+  return std::any_of(stack.end() - static_cast<std::ptrdiff_t>(n), stack.end(), is_zero_tensor);
+}
+
 void materialize_zero_tensors(torch::jit::Stack& stack, size_t n) {
   for (size_t i = stack.size() - n; i < stack.size(); ++i) {
     c10::IValue& v = stack[i];
-    if (v.isTensor() && v.toTensor()._is_zerotensor()) {
+    if (is_zero_tensor(v)) {
       const at::Tensor& zero = v.toTensor();
       v = at::zeros(zero.sizes(), zero.options());
     }

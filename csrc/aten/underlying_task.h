@@ -58,6 +58,8 @@ struct WorkBuffers {
 // arguments among the last `n` of `stack` become real zeros, as the fallback makes them for every
 // other operator.
 void materialize_zero_tensors(torch::jit::Stack& stack, size_t n);
+// Whether the last `n` arguments on `stack` hold an efficient zero tensor.
+bool has_zero_tensors(const torch::jit::Stack& stack, size_t n);
 
 // Buffers for a call: from a pool of buffers whose tasks are done (see underlying_task.cpp).
 std::unique_ptr<WorkBuffers> take_buffers();

@@ -245,6 +245,14 @@ void init_torch_bindings(py::module_& m, PyObject* capture_error) {
   m.def("_set_force_fallback", &aten::set_force_fallback, py::arg("force"),
         "Sends underlying-tier operators through the CPU fallback (for comparisons).");
   m.def("_get_force_fallback", &aten::force_fallback);
+  m.def(
+      "_typed_calls",
+      [] {
+        const aten::TypedCalls& c = aten::typed_calls();
+        return py::make_tuple(c.borrowed, c.boxed);
+      },
+      "The calling thread's calls of underlying operators' typed entries so far: (run "
+      "asynchronously on borrowed arguments, sent to the boxed kernel).");
   // torch.multiprocessing of accel tensors (torch_accel/accel/ipc.py): what an exporting
   // process pickles, and the storage an importing process makes of it.
   m.def(
