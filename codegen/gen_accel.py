@@ -45,8 +45,8 @@ DRIVERS = ("host", "cuda", "level_zero")
 VARIANTS = ("functional", "inplace", "mutable", "out")
 KEYS = {
     "op", "tier", "kernel", "variants", "drivers", "dtypes", "cpu_op", "sync", "metadata_only",
-    "out_equivalent", "structured_meta", "into", "widen", "cuda_like", "contiguous_results",
-    "reason",
+    "out_equivalent", "structured_meta", "into", "widen", "cuda_like", "cuda_like_when",
+    "contiguous_results", "reason",
 }  # fmt: skip
 # c10::ScalarType values.
 DTYPES = {
@@ -84,6 +84,7 @@ class Registration:
     into: str = ""  # underlying functional/mutable form: the task function writing the results
     widen: dict[str, str] = field(default_factory=dict)  # dtype the CPU lacks: dtype it runs in
     cuda_like: str = ""  # function handling calls CUDA's kernel takes and the CPU's refuses
+    cuda_like_when: str = ""  # whether cuda_like acts on a call ("": it may act on any)
 
 
 # Operators whose CPU kernels make tensors accel cannot hold (quantized, mkldnn) or nested ones:
@@ -208,6 +209,13 @@ def expand(entry: dict[str, Any], nf: NativeFunctions, torch_dir: Path) -> list[
         raise EntryError("'cuda_like' applies to underlying operators")
     if cuda_like and not re.fullmatch(r"[A-Za-z_]\w*", str(cuda_like)):
         raise EntryError(f"'cuda_like' must name a C++ function in accel::aten, not {cuda_like!r}")
+    cuda_like_when = entry.get("cuda_like_when", "")
+    if cuda_like_when and not cuda_like:
+        raise EntryError("'cuda_like_when' says when the 'cuda_like' function acts: give both")
+    if cuda_like_when and not re.fullmatch(r"[A-Za-z_]\w*", str(cuda_like_when)):
+        raise EntryError(
+            f"'cuda_like_when' must name a C++ function in accel::aten, not {cuda_like_when!r}"
+        )
     if sync and metadata_only:
         raise EntryError("'sync' and 'metadata_only' exclude each other")
     reason = entry.get("reason", "")
@@ -306,6 +314,7 @@ def expand(entry: dict[str, Any], nf: NativeFunctions, torch_dir: Path) -> list[
                 into=into if v in ("functional", "mutable") else "",
                 widen=dict(widen),
                 cuda_like=str(cuda_like),
+                cuda_like_when=str(cuda_like_when),
                 dtypes=list(dtypes),
                 reason=reason,
                 entry=op,
@@ -360,6 +369,10 @@ def render_cpp(regs: list[Registration], own: list[OwnOperator]) -> tuple[str, s
         f"bool {name}(const c10::OperatorHandle& op, torch::jit::Stack* stack);"
         for name in sorted({r.cuda_like for r in regs if r.cuda_like})
     ]
+    header += [
+        f"bool {name}(const c10::OperatorHandle& op, const torch::jit::Stack& stack);"
+        for name in sorted({r.cuda_like_when for r in regs if r.cuda_like_when})
+    ]
     header += ["}  // namespace accel::aten", ""]
 
     # Boxed kernels: every non-native operator, and native ones another driver runs otherwise.
@@ -402,14 +415,16 @@ def render_cpp(regs: list[Registration], own: list[OwnOperator]) -> tuple[str, s
             f"{'true' if r.contiguous_results else 'false'}, {mask}ull, {meta}, "
             f"{'&' + r.into if r.into else 'nullptr'}, "
             f"{f'widen_{i}' if r.widen else 'nullptr'}, "
-            f"{'&' + r.cuda_like if r.cuda_like else 'nullptr'}, {cpp_string(r.reason)}}},"
+            f"{'&' + r.cuda_like if r.cuda_like else 'nullptr'}, "
+            f"{'&' + r.cuda_like_when if r.cuda_like_when else 'nullptr'}, "
+            f"{cpp_string(r.reason)}}},"
         )
     if not boxed:
         # C++ has no empty arrays: one unused entry.
         tiers = ", ".join(["Tier::CpuFallback"] * 3)
         cpp.append(
             f'    {{"", {tiers}, "", "", "", false, false, false, 0ull, nullptr, nullptr, nullptr, '
-            'nullptr, ""}},'
+            'nullptr, nullptr, ""}},'
         )
     cpp += ["};", "", "}  // namespace", "", "TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {"]
     boxed_ids = {id(r) for r in boxed}

@@ -81,6 +81,7 @@ MALFORMED = [
     ("{op: mm, tier: underlying, cpu_op: add.Tensor}", "takes other arguments"),
     ("{op: nonzero, tier: underlying, sync: true, metadata_only: true}", "exclude each other"),
     ("{op: add.Tensor, tier: underlying, out_equivalent: true}", "'out_equivalent' is implied"),
+    ("{op: abs, tier: underlying, cuda_like_when: f}", "says when the 'cuda_like' function acts"),
     ("add.Tensor", "each entry must be a mapping"),
     ("{op: accel::f, tier: underlying, schema: 'f(Tensor x) -> Tensor'}", "are native"),
     ("{op: accel::g, tier: native, kernel: g}", "needs its 'schema'"),

@@ -1,8 +1,8 @@
 """The typed entries of underlying operators (csrc/aten/typed_kernel.h): a call whose signature
 was seen before runs asynchronously on the caller's tensors, borrowed rather than copied (a
 copy of a tensor Python holds takes the GIL twice in torch 2.11), with every form of result
-right; every other call takes the boxed kernel, as before (also every call of an operator with a
-yaml `cuda_like` function, such as layer and batch norm: those functions may change arguments)."""
+right; every other call takes the boxed kernel, as before, and so do the calls a yaml `cuda_like`
+function acts on (all calls of an operator whose function has no `cuda_like_when`)."""
 
 from __future__ import annotations
 
@@ -22,6 +22,9 @@ def _inputs(device: str) -> dict[str, torch.Tensor]:
     t = {
         "a": torch.randn(4, 5, generator=g),
         "b": torch.randn(4, 5, generator=g),
+        "w": torch.randn(5, generator=g),
+        "mean": torch.randn(4, 1, generator=g),
+        "rstd": torch.rand(4, 1, generator=g) + 0.5,
         "low": torch.randn(4, 5, generator=g) - 1,
         "high": torch.randn(4, 5, generator=g) + 1,
         "out": torch.empty(4, 5),
@@ -43,6 +46,11 @@ CASES: dict[str, Case] = {
     "tensor_list_argument": lambda t: torch.cat([t["a"], t["b"]], dim=0),
     "optional_tensor_absent": lambda t: torch.clamp(t["a"], min=t["low"]),
     "optional_tensors_present": lambda t: torch.clamp(t["a"], min=t["low"], max=t["high"]),
+    # Operators with a cuda_like function that does nothing to these calls (cuda_like_when).
+    "layer_norm": lambda t: torch.ops.aten.native_layer_norm(t["a"], [5], t["w"], t["w"], 1e-5),
+    "layer_norm_backward": lambda t: torch.ops.aten.native_layer_norm_backward(
+        t["b"], t["a"], [5], t["mean"], t["rstd"], t["w"], t["w"], [True, True, True]
+    ),
 }
 
 
@@ -100,3 +108,15 @@ def test_an_error_in_a_borrowed_call_leaves_the_arguments_intact() -> None:
     assert (sys.getrefcount(a), sys.getrefcount(b)) == counts
     torch.testing.assert_close((a + a).cpu(), a.cpu() * 2)
     torch.testing.assert_close((b + b).cpu(), b.cpu() * 2)
+
+
+def test_a_call_its_cuda_like_function_acts_on_takes_the_boxed_kernel() -> None:
+    # A bfloat16 layer norm: the CPU kernel's statistics are bfloat16, CUDA's (accel's) float.
+    x = torch.randn(4, 5, dtype=torch.bfloat16, device="accel")
+    for _ in range(2):
+        before = torch_accel._C._typed_calls()
+        _, mean, rstd = torch.ops.aten.native_layer_norm(x, [5], None, None, 1e-5)
+        after = torch_accel._C._typed_calls()
+        # (the function calls the operator again, boxed: more than one boxed call)
+        assert after[1] > before[1] and after[0] == before[0]
+        assert mean.dtype == rstd.dtype == torch.float32

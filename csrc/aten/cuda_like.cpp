@@ -237,13 +237,16 @@ void convert_tensors(torch::jit::Stack* stack, std::initializer_list<size_t> pos
   }
 }
 
+bool is_out_form(const c10::FunctionSchema& schema) {
+  const std::string& overload = schema.overload_name();
+  return overload == "out" || (overload.size() > 4 && overload.ends_with("_out"));
+}
+
 bool out_through_functional(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const c10::FunctionSchema& schema = op.schema();
+  if (!is_out_form(schema)) return false;
   std::string overload = schema.overload_name();
-  const bool suffixed =
-      overload.size() > 4 && overload.compare(overload.size() - 4, 4, "_out") == 0;
-  if (overload != "out" && !suffixed) return false;
-  overload = suffixed ? overload.substr(0, overload.size() - 4) : "";
+  overload = overload == "out" ? "" : overload.substr(0, overload.size() - 4);
   const auto& arguments = schema.arguments();
   const size_t begin = stack->size() - arguments.size();
   const c10::OperatorHandle functional =

@@ -74,6 +74,8 @@ void call_again(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool& i
 // functional form returns CUDA's results where the CPU's out= kernel would refuse the out=
 // tensors shaped after them.
 bool out_through_functional(const c10::OperatorHandle& op, torch::jit::Stack* stack);
+// Whether `schema` is an out= form (the overload "out" or "<name>_out").
+bool is_out_form(const c10::FunctionSchema& schema);
 
 // Converts the tensors at these stack positions to `dtype` (None and undefined ones stay).
 void convert_tensors(torch::jit::Stack* stack, std::initializer_list<size_t> positions,

@@ -17,6 +17,7 @@
 #include <ATen/ops/zeros.h>
 #include <c10/util/accumulate.h>
 
+#include <algorithm>
 #include <optional>
 
 #ifdef ACCEL_ATEN_CPU_STUBS
@@ -187,13 +188,21 @@ void native_layer_norm_backward_into(torch::jit::Stack& args,
 // call of a signature gives the CPU kernel's dtypes), then its statistics are converted
 // (values rounded as the CPU kernel rounded them). The out= form writes the functional form's
 // results.
+bool layer_norm_float_statistics_when(const c10::OperatorHandle& op,
+                                      const torch::jit::Stack& stack) {
+  if (is_out_form(op.schema())) return true;
+  const size_t begin = stack.size() - op.schema().arguments().size();
+  return at::isReducedFloatingType(stack[begin].toTensor().scalar_type());
+}
+
 bool layer_norm_float_statistics(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   thread_local bool inside = false;  // the call below comes back here
   if (inside) return false;
   if (out_through_functional(op, stack)) return true;
+  // Else statistics of the input's dtype.
+  if (!layer_norm_float_statistics_when(op, *stack)) return false;
   const size_t begin = stack->size() - op.schema().arguments().size();
   const c10::ScalarType input = (*stack)[begin].toTensor().scalar_type();
-  if (!at::isReducedFloatingType(input)) return false;  // statistics of the input's dtype
   call_again(op, stack, inside);
   convert_tensors(stack, {begin + 1, begin + 2}, at::toOpMathType(input));  // mean, rstd
   return true;
@@ -203,10 +212,30 @@ bool layer_norm_float_statistics(const c10::OperatorHandle& op, torch::jit::Stac
 // output_mask): the CPU kernel takes the statistics only in the dtype it returns them in (see
 // stats_dtype), accel's forward returns float: they are converted back, and the call runs with
 // them.
+namespace {
+
+c10::ScalarType backward_stats_dtype(const torch::jit::Stack& stack, size_t begin) {
+  static const at::Tensor none;
+  auto tensor = [&](size_t i) -> const at::Tensor& {
+    return stack[begin + i].isNone() ? none : stack[begin + i].toTensor();
+  };
+  return stats_dtype(tensor(1), tensor(5), tensor(6));
+}
+
+}  // namespace
+
+bool layer_norm_backward_statistics_when(const c10::OperatorHandle& op,
+                                         const torch::jit::Stack& stack) {
+  const size_t begin = stack.size() - op.schema().arguments().size();
+  const c10::ScalarType want = backward_stats_dtype(stack, begin);
+  return std::any_of(stack.begin() + begin + 3, stack.begin() + begin + 5, [&](const auto& v) {
+    return !v.isNone() && v.toTensor().defined() && v.toTensor().scalar_type() != want;
+  });
+}
+
 bool layer_norm_backward_statistics(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const size_t begin = stack->size() - op.schema().arguments().size();
-  auto tensor = [&](size_t i) { return optional_tensor((*stack)[begin + i]); };
-  convert_tensors(stack, {begin + 3, begin + 4}, stats_dtype(tensor(1), tensor(5), tensor(6)));
+  convert_tensors(stack, {begin + 3, begin + 4}, backward_stats_dtype(*stack, begin));
   return false;  // the call runs as usual, with these statistics
 }
 

@@ -113,8 +113,7 @@ class UnderlyingKernel final : public c10::OperatorKernel, public AsyncPath {
     const OpConfig& c = *config_;
     resolve_ops(op);
     const size_t n = op.schema().arguments().size();
-    // The calls operator() sends elsewhere (cuda_like functions may change any argument: they
-    // keep the boxed kernel).
+    // The calls operator() sends elsewhere (where a cuda_like function may act).
     if ((info_.zero_tensor_args && has_zero_tensors(stack, n)) ||
         driver_tier(c) != Tier::Underlying || c.metadata_only || c.sync ||
         !info_.tensor_returns_only || info_.has_index_list || info_.has_generator ||
@@ -123,7 +122,9 @@ class UnderlyingKernel final : public c10::OperatorKernel, public AsyncPath {
     }
     const Executor ex = executor();
     if (g_force_fallback.load(std::memory_order_relaxed) || ex == Executor::None ||
-        (ex == Executor::Host && (c.cuda_like != nullptr || !dtype_allowed(c, op, stack)))) {
+        (ex == Executor::Host && !dtype_allowed(c, op, stack)) ||
+        (ex == Executor::Host && c.cuda_like != nullptr &&
+         (c.cuda_like_when == nullptr || c.cuda_like_when(op, stack)))) {
       return false;
     }
     const c10::DeviceIndex device = call_device(op, stack, c.name);

@@ -51,6 +51,9 @@ struct OpConfig {
   // Handles the calls CUDA's kernel takes and the CPU's refuses (nansum of complex tensors),
   // returning true; false: the call runs as usual (nullptr: none).
   bool (*cuda_like)(const c10::OperatorHandle& op, torch::jit::Stack* stack);
+  // Whether cuda_like acts on (handles or changes the arguments of) a call (nullptr: it may act
+  // on any, and every call takes the boxed kernel; see AsyncPath).
+  bool (*cuda_like_when)(const c10::OperatorHandle& op, const torch::jit::Stack& stack);
   const char* reason;  // error tier: why the operator is refused
 };
 
