@@ -23,6 +23,8 @@ def _inputs(device: str) -> dict[str, torch.Tensor]:
         "a": torch.randn(4, 5, generator=g),
         "b": torch.randn(4, 5, generator=g),
         "w": torch.randn(5, generator=g),
+        "running_mean": torch.randn(5, generator=g),
+        "running_var": torch.rand(5, generator=g) + 0.5,
         "mean": torch.randn(4, 1, generator=g),
         "rstd": torch.rand(4, 1, generator=g) + 0.5,
         "low": torch.randn(4, 5, generator=g) - 1,
@@ -50,6 +52,20 @@ CASES: dict[str, Case] = {
     "layer_norm": lambda t: torch.ops.aten.native_layer_norm(t["a"], [5], t["w"], t["w"], 1e-5),
     "layer_norm_backward": lambda t: torch.ops.aten.native_layer_norm_backward(
         t["b"], t["a"], [5], t["mean"], t["rstd"], t["w"], t["w"], [True, True, True]
+    ),
+    # Training: the running statistics are updated in place, the results do not read them.
+    "batch_norm_training": lambda t: torch.ops.aten.native_batch_norm(
+        t["a"],
+        t["w"],
+        t["w"],
+        t["running_mean"].clone(),
+        t["running_var"].clone(),
+        True,
+        0.1,
+        1e-5,
+    ),
+    "batch_norm_backward": lambda t: torch.ops.aten.native_batch_norm_backward(
+        t["b"], t["a"], t["w"], None, None, t["w"], t["high"][0], True, 1e-5, [True, True, True]
     ),
 }
 
@@ -108,6 +124,19 @@ def test_an_error_in_a_borrowed_call_leaves_the_arguments_intact() -> None:
     assert (sys.getrefcount(a), sys.getrefcount(b)) == counts
     torch.testing.assert_close((a + a).cpu(), a.cpu() * 2)
     torch.testing.assert_close((b + b).cpu(), b.cpu() * 2)
+
+
+def test_batch_norm_in_eval_mode_takes_the_boxed_kernel() -> None:
+    # Eval mode returns the statistics it normalized with, as CUDA does (the CPU returns none).
+    x, w = torch.randn(4, 5, device="accel"), torch.randn(5, device="accel")
+    mean, var = torch.randn(5, device="accel"), torch.rand(5, device="accel") + 0.5
+    for _ in range(2):
+        before = torch_accel._C._typed_calls()
+        _, save_mean, _ = torch.ops.aten.native_batch_norm(x, w, w, mean, var, False, 0.1, 1e-5)
+        after = torch_accel._C._typed_calls()
+        # (its function computes the statistics with other operators, which may be borrowed)
+        assert after[1] > before[1]
+        torch.testing.assert_close(save_mean.cpu(), mean.cpu())
 
 
 def test_a_call_its_cuda_like_function_acts_on_takes_the_boxed_kernel() -> None:

@@ -251,31 +251,53 @@ bool layer_norm_backward_statistics(const c10::OperatorHandle& op, torch::jit::S
 // The call runs as usual (the first call of a signature gives the CPU kernel's shapes and
 // dtypes), then its statistics are replaced or converted. Their out= forms run the functional
 // form and write its results into the out= tensors.
+namespace {
+
+// Whether the batch norm call on stack[begin:] normalizes with the batch's statistics; nullopt
+// for .no_stats in eval mode (the kernel's error: eval mode needs running statistics).
+std::optional<bool> batch_norm_training(const c10::FunctionSchema& schema,
+                                        const torch::jit::Stack& stack, size_t begin) {
+  const std::string& name = schema.name();
+  if (name == "aten::_batch_norm_with_update") return true;
+  if (schema.overload_name() == "no_stats") {  // no running statistics at all
+    return stack[begin + 3].toBool() ? std::optional<bool>(true) : std::nullopt;
+  }
+  if (name == "aten::_native_batch_norm_legit_no_training" ||
+      name == "aten::_batch_norm_no_update") {
+    return false;
+  }
+  return stack[begin + 5].toBool();
+}
+
+}  // namespace
+
+// In training, the statistics of a half-precision input; in eval mode, always.
+bool batch_norm_statistics_when(const c10::OperatorHandle& op, const torch::jit::Stack& stack) {
+  const c10::FunctionSchema& schema = op.schema();
+  if (is_out_form(schema)) return true;
+  const size_t begin = stack.size() - schema.arguments().size();
+  const std::optional<bool> training = batch_norm_training(schema, stack, begin);
+  if (!training) return false;
+  const c10::ScalarType input = stack[begin].toTensor().scalar_type();
+  return !*training || at::toOpMathType(input) != input;
+}
+
 bool batch_norm_statistics(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   thread_local bool inside = false;  // the call below comes back here
   if (inside) return false;
   if (out_through_functional(op, stack)) return true;
+  // Else the call runs as usual where the CPU's dtypes are CUDA's (training, no half precision).
+  if (!batch_norm_statistics_when(op, *stack)) return false;
   const c10::FunctionSchema& schema = op.schema();
   const std::string& name = schema.name();
-  const std::string& overload = schema.overload_name();
   const size_t n = schema.arguments().size();
   const size_t begin = stack->size() - n;
   auto arg = [&](size_t i) -> const c10::IValue& { return (*stack)[begin + i]; };
   const at::Tensor input = arg(0).toTensor();
-  const bool no_stats = overload == "no_stats";  // no running statistics at all
   const bool no_training = name == "aten::_native_batch_norm_legit_no_training";
-  bool training = false;
-  if (name == "aten::_batch_norm_with_update") {
-    training = true;
-  } else if (no_stats) {
-    training = arg(3).toBool();
-    if (!training) return false;  // the kernel's error: eval mode needs running statistics
-  } else if (!no_training && name != "aten::_batch_norm_no_update") {
-    training = arg(5).toBool();
-  }
+  const bool training = *batch_norm_training(schema, *stack, begin);
   const c10::ScalarType dtype = at::toOpMathType(input.scalar_type());
   if (training) {
-    if (dtype == input.scalar_type()) return false;  // the CPU's dtypes are CUDA's
     call_again(op, stack, inside);
     convert_tensors(stack, {begin + 1, begin + 2}, dtype);  // save_mean, save_invstd
     return true;
@@ -309,15 +331,34 @@ bool batch_norm_statistics(const c10::OperatorHandle& op, torch::jit::Stack* sta
 // in the dtype it returns them in: the parameters' (float for a half input with float
 // parameters), else the input's. Accel's float statistics of a half-precision input in eval
 // mode (above) are converted to it, and the call runs with them.
+namespace {
+
+// The dtype the CPU's backward kernel reads save_mean and save_invstd in.
+c10::ScalarType batch_norm_backward_stats_dtype(const torch::jit::Stack& stack, size_t begin) {
+  static const at::Tensor none;
+  auto tensor = [&](size_t i) -> const at::Tensor& {
+    return stack[begin + i].isNone() ? none : stack[begin + i].toTensor();
+  };
+  const at::Tensor& input = tensor(1);
+  const at::Tensor& param = tensor(2).defined() ? tensor(2) : tensor(3);
+  return at::isReducedFloatingType(input.scalar_type()) && param.defined() ? param.scalar_type()
+                                                                           : input.scalar_type();
+}
+
+}  // namespace
+
+bool batch_norm_backward_statistics_when(const c10::OperatorHandle& op,
+                                         const torch::jit::Stack& stack) {
+  const size_t begin = stack.size() - op.schema().arguments().size();
+  const c10::ScalarType want = batch_norm_backward_stats_dtype(stack, begin);
+  return std::any_of(stack.begin() + begin + 5, stack.begin() + begin + 7, [&](const auto& v) {
+    return !v.isNone() && v.toTensor().defined() && v.toTensor().scalar_type() != want;
+  });
+}
+
 bool batch_norm_backward_statistics(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const size_t begin = stack->size() - op.schema().arguments().size();
-  auto tensor = [&](size_t i) { return optional_tensor((*stack)[begin + i]); };
-  const at::Tensor input = tensor(1);
-  const at::Tensor param = tensor(2).defined() ? tensor(2) : tensor(3);
-  const c10::ScalarType want = at::isReducedFloatingType(input.scalar_type()) && param.defined()
-                                   ? param.scalar_type()
-                                   : input.scalar_type();
-  convert_tensors(stack, {begin + 5, begin + 6}, want);
+  convert_tensors(stack, {begin + 5, begin + 6}, batch_norm_backward_stats_dtype(*stack, begin));
   return false;  // the call runs as usual, with these statistics
 }
 
