@@ -23,6 +23,7 @@ pytestmark = pytest.mark.config_independent
 ROOT = Path(__file__).resolve().parent.parent
 GENERATOR = ROOT / "codegen" / "gen_accel.py"
 TORCH_DIR = Path(torch.__file__).parent
+TYPED_PARTS = 8  # the generator's default, as CMakeLists.txt asks for it
 
 
 @dataclass
@@ -50,6 +51,12 @@ def generate(tmp_path: Path, text: str) -> Generated:
     with contextlib.redirect_stderr(err):
         code = gen_accel.main(_arguments(tmp_path, text))
     return Generated(code, err.getvalue())
+
+
+def typed_parts(tmp_path: Path) -> list[str]:
+    """The generated files of typed entries, in order."""
+    out = tmp_path / "out"
+    return [(out / f"RegisterAccelTyped{k}.cpp").read_text() for k in range(TYPED_PARTS)]
 
 
 def generate_as_script(tmp_path: Path, text: str) -> subprocess.CompletedProcess[str]:
@@ -124,6 +131,7 @@ def test_one_entry_registers_functional_inplace_and_out(tmp_path: Path) -> None:
     )
     assert result.returncode == 0, result.stderr
     cpp = (tmp_path / "out" / "RegisterAccel.cpp").read_text()
+    typed_cpp = typed_parts(tmp_path)
     # Underlying operators get a typed entry (csrc/aten/typed_kernel.h) with their dispatcher
     # signature, in front of the boxed kernel; the error tier only the boxed kernel.
     typed = {
@@ -135,7 +143,8 @@ def test_one_entry_registers_functional_inplace_and_out(tmp_path: Path) -> None:
         "relu_": "at::Tensor & (at::Tensor &)",
     }
     for name, signature in typed.items():
-        assert f'm.impl("{name}", make_typed_kernel<{signature}>(' in cpp, name
+        assert f'm.impl("{name}", make_typed_kernel<{signature}>(' in "".join(typed_cpp), name
+        assert f'm.impl("{name}",' not in cpp, name
     assert 'm.impl("sum.dim_IntList", make_kernel(' in cpp
     assert 'm.impl("empty_strided", TORCH_FN(accel::aten::empty_strided));' in cpp
     # The functional add runs its structured out= form straight into the new result.
@@ -159,7 +168,7 @@ def test_a_native_operator_may_take_another_tier_on_another_driver(tmp_path: Pat
     assert result.returncode == 0, result.stderr
     cpp = (tmp_path / "out" / "RegisterAccel.cpp").read_text()
     assert (
-        'm.impl("_thnn_fused_lstm_cell", make_kernel(kConfigs[0], c10::KernelFunction::'
+        'm.impl("_thnn_fused_lstm_cell", make_kernel(kOperatorConfigs[0], c10::KernelFunction::'
         "makeFromUnboxedFunction(TORCH_FN(accel::aten::_thnn_fused_lstm_cell))));" in cpp
     )
     assert '"aten::_thnn_fused_lstm_cell", Tier::Native, Tier::Underlying, Tier::Native,' in cpp
@@ -197,6 +206,24 @@ def test_the_project_yaml_generates_and_documents_every_tier(tmp_path: Path) -> 
     assert "| `add.out` | underlying |" in docs
     assert "| `copy_` | native |" in docs
     assert "| `nonzero` | underlying |" in docs and "data-dependent result shape" in docs
+    # The typed entries are split into files compiled side by side: each registration in one
+    # of them, never in RegisterAccel.cpp, the registrations of one signature (its template
+    # instances) in one file, the files balanced.
+    cpp = (tmp_path / "out" / "RegisterAccel.cpp").read_text()
+    assert "make_typed_kernel" not in cpp
+    registration = re.compile(r'm\.impl\("([^"]+)", make_typed_kernel<(.*)>\(kOperatorConfigs')
+    names: list[str] = []
+    part_of: dict[str, int] = {}
+    signatures = []
+    for k, part in enumerate(typed_parts(tmp_path)):
+        found = registration.findall(part)
+        names += [name for name, _ in found]
+        for _, signature in found:
+            assert part_of.setdefault(signature, k) == k, signature
+        signatures.append(len({signature for _, signature in found}))
+    assert len(names) == len(set(names)) > 1000
+    assert "add.Tensor" in names and "cat" in names
+    assert max(signatures) - min(signatures) <= 8, signatures
     # The registrations compiled into this build come from the same file.
     torch.accel.reset_fallback_stats()
     a = torch.ones(2, device="accel")
