@@ -35,7 +35,7 @@ void init_distributed_bindings(py::module_& m) {
         TORCH_CHECK_VALUE(accel, "not an accel (accl) backend");
         return accel->inner();
       },
-      "The backend that moves the bytes for an accl backend.");
+      py::arg("backend"), "The backend that moves the bytes for an accl backend.");
   m.def(
       "_distributed_set_group_backend_creator",
       [](py::object create) {
@@ -49,6 +49,7 @@ void init_distributed_bindings(py::module_& m) {
               .cast<c10::intrusive_ptr<c10d::Backend>>();
         });
       },
+      py::arg("create"),
       "Sets the creator called with (store, rank, size, timeout) for the accel backend of a "
       "process group created without one, at its first collective on accel tensors.");
 }

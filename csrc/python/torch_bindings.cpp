@@ -82,10 +82,13 @@ void init_torch_bindings(py::module_& m, PyObject* capture_error) {
         return py::reinterpret_steal<py::object>(THPGenerator_initDefaultGenerator(gen));
       },
       py::arg("device"));
-  m.def("_exchange_device", [](int device) {
-    if (device < 0) return -1;
-    return device::call([&] { return rt::exchange_device(device); });
-  });
+  m.def(
+      "_exchange_device",
+      [](int device) {
+        if (device < 0) return -1;
+        return device::call([&] { return rt::exchange_device(device); });
+      },
+      py::arg("device"));
 
   // torch.accel.utilization, temperature, ... (the driver's sensors) and list_gpu_processes.
   m.def(
@@ -170,19 +173,22 @@ void init_torch_bindings(py::module_& m, PyObject* capture_error) {
         }
       },
       py::arg("event"), py::arg("device"), py::arg("handle") = py::none());
-  m.def("_event_ipc_handle", [](py::handle event) {
-    THPEvent* self = checked_event(event);
-    void* id = self->event.eventId();
-    if (id == nullptr) {
-      throw py::value_error(
-          "ipc_handle: the event is not an interprocess event; create it with "
-          "torch.accel.Event(interprocess=True)");
-    }
-    const rt::IpcEventHandle h = device::call([&] {
-      return rt::event_ipc_handle(rt::Event::from_bits(reinterpret_cast<uintptr_t>(id)));
-    });
-    return py::bytes(reinterpret_cast<const char*>(h.bytes), sizeof(h.bytes));
-  });
+  m.def(
+      "_event_ipc_handle",
+      [](py::handle event) {
+        THPEvent* self = checked_event(event);
+        void* id = self->event.eventId();
+        if (id == nullptr) {
+          throw py::value_error(
+              "ipc_handle: the event is not an interprocess event; create it with "
+              "torch.accel.Event(interprocess=True)");
+        }
+        const rt::IpcEventHandle h = device::call([&] {
+          return rt::event_ipc_handle(rt::Event::from_bits(reinterpret_cast<uintptr_t>(id)));
+        });
+        return py::bytes(reinterpret_cast<const char*>(h.bytes), sizeof(h.bytes));
+      },
+      py::arg("event"));
 
   // torch.accel._sleep (torch.cuda._sleep): occupies the current stream for about `cycles`
   // nanoseconds (a GPU's cycle is about one), so that tests can hold a stream busy.
