@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gc
 import re
+import shutil
 
 import pytest
 import torch
@@ -17,6 +18,8 @@ from torch._inductor.utils import run_and_get_code
 
 import torch_accel
 import torch_accel._inductor
+from torch_accel._inductor.cpp_wrapper import INCLUDE, hash_tree, headers_hash
+from torch_accel._inductor.passes import AccelPostGradPass
 
 ACCEL = torch.device("accel")
 CPP_WRAPPER = {"cpp_wrapper": True}
@@ -86,6 +89,28 @@ def test_cpp_wrapper_launches_kernels_on_the_stream_and_extern_kernels_through_a
     assert "aoti_torch_accel_mm_out(" in code and "aoti_torch_accel_convolution(" in code
     assert "aoti_torch_cpu_" not in code
     assert "cached_torch_device_type_privateuse1" in code
+    # The source names the hash of accel's headers, so Inductor's code cache (keyed by source)
+    # builds it again once they change.
+    assert f"// torch_accel headers {headers_hash()}" in code
+
+
+def test_accels_headers_key_the_wrappers_and_inductors_cache_entries(tmp_path):
+    # Inductor keys a compiled wrapper by its source and command only: after a change of accel's
+    # headers (an upgrade of torch_accel), its code cache served wrappers built against the old
+    # ones, with or without the FX-graph cache.
+    tree = tmp_path / "include"
+    shutil.copytree(INCLUDE, tree)
+    before = hash_tree(tree)
+    assert before == hash_tree(INCLUDE) == headers_hash()
+    launcher = tree / "torch_accel_aoti.h"
+    original = launcher.read_text()
+    launcher.write_text(original + "// changed\n")
+    assert hash_tree(tree) != before
+    launcher.write_text(original)
+    assert hash_tree(tree) == before
+    launcher.rename(tree / "moved.h")  # the same bytes under another name
+    assert hash_tree(tree) != before
+    assert headers_hash() in AccelPostGradPass().uuid()
 
 
 @cpp_kernels

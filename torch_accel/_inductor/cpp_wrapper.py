@@ -26,11 +26,18 @@ torch_accel/include, added to ``CPLUS_INCLUDE_PATH`` (for the compilers Inductor
 the first accel C++ wrapper is generated. The C shim and the launcher live in libtorch_accel,
 which Python loaded with local symbol scope; it gets global scope then, so that the libraries
 Inductor compiles resolve them when they load.
+
+Inductor keys a compiled wrapper by its source and compile command, not by the headers it
+includes: after an upgrade of torch_accel that changed them (the launcher's or the shim's
+signatures), its code cache served wrappers built against the old ones. Each wrapper's source
+names the hash of accel's headers (``headers_hash``), and so does the FX-graph cache key of
+accel's entries (passes.py).
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 import re
 from pathlib import Path
@@ -53,6 +60,21 @@ _PREPARE = "\nfrom torch_accel._inductor.cpp_wrapper import prepare\nprepare()"
 # The device index of AOTInductor's allocations: its model's (a CPU model's, -1).
 _MODEL_DEVICE = "cached_torch_device_type_privateuse1, this->device_idx_"
 _CURRENT_DEVICE = "cached_torch_device_type_privateuse1, torch_accel_aoti::current_device()"
+
+
+def hash_tree(root: Path) -> str:
+    """A hash of the files under ``root``: their paths relative to it and their contents."""
+    digest = hashlib.sha256()
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        digest.update(path.relative_to(root).as_posix().encode() + b"\0")
+        digest.update(path.read_bytes() + b"\0")
+    return digest.hexdigest()[:32]
+
+
+@functools.cache
+def headers_hash() -> str:
+    """The hash of the headers accel's C++ wrappers include (torch_accel/include)."""
+    return hash_tree(INCLUDE)
 
 
 @functools.cache
@@ -96,6 +118,9 @@ class AccelCppWrapper(CppWrapperCpu):
 
     def write_header(self) -> None:
         super().write_header()
+        if not V.graph.is_const_graph:
+            # In the C++ source (after the includes): a change of accel's headers is one of it.
+            self.header.writeline(f"// torch_accel headers {headers_hash()}")
         if not V.graph.aot_mode:
             # The module may come from Inductor's FX-graph cache, in a process that generated no
             # accel C++ wrapper yet: it prepares before it compiles or loads the C++ part.

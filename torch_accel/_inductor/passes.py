@@ -4,8 +4,9 @@ accel operators onto the device.
 
 Inductor's FX-graph and AOTAutograd caches do not include the registered code generators: an
 entry compiled for another backend (or another version of this one) would be served to accel.
-The pass's ``uuid()`` (the hash of this package's sources, the torch_accel version and the
-language of the kernels, C++ or Triton) enters the cache key, so accel's entries are accel's own.
+The pass's ``uuid()`` (the hash of this package's sources and of accel's C++ headers, the
+torch_accel version and the language of the kernels, C++ or Triton) enters the cache key, so
+accel's entries are accel's own.
 
 A pointwise operator lowers onto the device of its first input unless another input is a GPU
 tensor (2.11's rule, and accel is not a GPU to Inductor): ``s * x`` with a 0-dim CPU ``s`` and an
@@ -91,12 +92,14 @@ class AccelPostGradPass(CustomGraphModulePass):
 
     def uuid(self) -> Any:
         from torch_accel._inductor import fusion_patterns, kernels
+        from torch_accel._inductor.cpp_wrapper import headers_hash
         from torch_accel._inductor.decompositions import KEEP_WHOLE
 
         language = kernels()
         return (
             torch_accel.__version__,
             get_hash_for_files(_SOURCES),
+            headers_hash(),  # what C++ wrappers include: an entry's code names it too
             KEEP_WHOLE,
             fusion_patterns.cache_key(),
             _vector_isa() if language == "cpp" else "",
