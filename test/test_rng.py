@@ -97,6 +97,44 @@ def test_dropout_masks_are_reproducible_and_scaled():
     assert torch.equal(torch.nn.functional.dropout(x, 0.25, training=False).cpu(), x.cpu())
 
 
+@pytest.mark.parametrize(
+    "shape, dtype",  # below and above the serial limit, and a reduced precision
+    [((7, 5), torch.float32), ((512, 256), torch.float32), ((300, 200), torch.bfloat16)],
+)
+def test_dropout_of_a_contiguous_input_is_one_task_with_the_operators_numbers(shape, dtype):
+    # On the host executor a contiguous input's dropout is one task (mask drawn, input scaled);
+    # a strided one runs the operators (empty, bernoulli_, mul, mul_). Same seed, same numbers.
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    x = torch.randn(*shape, dtype=dtype).to("accel")
+    strided = x.t().contiguous().t()
+    assert not strided.is_contiguous()
+    runs = {}
+    for name, t in (("one task", x), ("operators", strided)):
+        torch.accel.manual_seed(3)
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1]) as prof:
+            out, mask = torch.ops.aten.native_dropout(t, 0.3, True)
+            torch.accel.synchronize()
+        kernels = [e.name for e in prof.events() if e.device_type == DeviceType.PrivateUse1]
+        runs[name] = (out.cpu(), mask.cpu(), kernels)
+    assert runs["one task"][2] == ["aten::native_dropout"]
+    assert "aten::bernoulli_.float" in runs["operators"][2]
+    assert torch.equal(runs["one task"][0], runs["operators"][0])
+    assert torch.equal(runs["one task"][1], runs["operators"][1])
+    kept = runs["one task"][1].float().mean().item()
+    assert abs(kept - 0.7) < (0.1 if shape == (7, 5) else 0.01)
+    torch.testing.assert_close(runs["one task"][0], (x.cpu() * runs["one task"][1]) / 0.7)
+
+
+def test_dropout_of_integers_raises_at_the_call_as_on_the_cpu():
+    # The operators raise it (an integer tensor cannot be scaled in place), not a task later.
+    for device in ("cpu", "accel"):
+        with pytest.raises(RuntimeError, match="can't be cast to the desired output type Long"):
+            torch.nn.functional.dropout(torch.ones(4, 4, dtype=torch.int64, device=device), 0.5)
+    assert torch.accel.synchronize() is None  # nothing left to fail
+
+
 def test_explicit_generators_and_offsets():
     g = torch.Generator(device="accel")
     assert g.device == torch.device("accel:0")
