@@ -104,8 +104,11 @@ def test_dropout_masks_are_reproducible_and_scaled():
 def test_dropout_of_a_contiguous_input_is_one_task_with_the_operators_numbers(shape, dtype):
     # On the host executor a contiguous input's dropout is one task (mask drawn, input scaled);
     # a strided one runs the operators (empty, bernoulli_, mul, mul_). Same seed, same numbers.
+    # (Elsewhere both run the operators: the same numbers still.)
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
+
+    import torch_accel
 
     x = torch.randn(*shape, dtype=dtype).to("accel")
     strided = x.t().contiguous().t()
@@ -118,8 +121,9 @@ def test_dropout_of_a_contiguous_input_is_one_task_with_the_operators_numbers(sh
             torch.accel.synchronize()
         kernels = [e.name for e in prof.events() if e.device_type == DeviceType.PrivateUse1]
         runs[name] = (out.cpu(), mask.cpu(), kernels)
-    assert runs["one task"][2] == ["aten::native_dropout"]
-    assert "aten::bernoulli_.float" in runs["operators"][2]
+    if torch_accel.executor()[0] == "host":
+        assert runs["one task"][2] == ["aten::native_dropout"]
+        assert "aten::bernoulli_.float" in runs["operators"][2]
     assert torch.equal(runs["one task"][0], runs["operators"][0])
     assert torch.equal(runs["one task"][1], runs["operators"][1])
     kept = runs["one task"][1].float().mean().item()
