@@ -158,6 +158,12 @@ def default_registrations(nf: NativeFunctions, listed: set[str]) -> list[Registr
     return out
 
 
+def check_function_name(key: str, value: Any) -> None:
+    """Raises unless `value` (the entry's `key`, if given) names a C++ function in accel::aten."""
+    if value and not re.fullmatch(r"[A-Za-z_]\w*", str(value)):
+        raise EntryError(f"'{key}' must name a C++ function in accel::aten, not {value!r}")
+
+
 def expand(entry: dict[str, Any], nf: NativeFunctions, torch_dir: Path) -> list[Registration]:
     functions = nf.functions
     unknown = set(entry) - KEYS
@@ -207,15 +213,11 @@ def expand(entry: dict[str, Any], nf: NativeFunctions, torch_dir: Path) -> list[
     cuda_like = entry.get("cuda_like", "")
     if cuda_like and tier != "underlying":
         raise EntryError("'cuda_like' applies to underlying operators")
-    if cuda_like and not re.fullmatch(r"[A-Za-z_]\w*", str(cuda_like)):
-        raise EntryError(f"'cuda_like' must name a C++ function in accel::aten, not {cuda_like!r}")
+    check_function_name("cuda_like", cuda_like)
     cuda_like_when = entry.get("cuda_like_when", "")
     if cuda_like_when and not cuda_like:
         raise EntryError("'cuda_like_when' says when the 'cuda_like' function acts: give both")
-    if cuda_like_when and not re.fullmatch(r"[A-Za-z_]\w*", str(cuda_like_when)):
-        raise EntryError(
-            f"'cuda_like_when' must name a C++ function in accel::aten, not {cuda_like_when!r}"
-        )
+    check_function_name("cuda_like_when", cuda_like_when)
     if sync and metadata_only:
         raise EntryError("'sync' and 'metadata_only' exclude each other")
     reason = entry.get("reason", "")
@@ -246,8 +248,7 @@ def expand(entry: dict[str, Any], nf: NativeFunctions, torch_dir: Path) -> list[
         raise EntryError(f"{article} {tier} entry needs a 'reason' users will read")
     if tier != "underlying" and (not structured_meta or into):
         raise EntryError("'structured_meta' and 'into' apply to underlying operators")
-    if into and not re.fullmatch(r"[A-Za-z_]\w*", str(into)):
-        raise EntryError(f"'into' must name a C++ function in accel::aten, not {into!r}")
+    check_function_name("into", into)
     if into and cpu_op:
         raise EntryError("'into' and 'cpu_op' exclude each other")
     if tier != "underlying" and (cpu_op or sync or metadata_only or dtypes or out_equivalent):
