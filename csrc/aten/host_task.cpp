@@ -73,6 +73,14 @@ bool Layout::changed_in(const at::Tensor& v) const {
          v.sizes() != c10::IntArrayRef(sizes) || v.strides() != c10::IntArrayRef(strides);
 }
 
+bool stream_capturing(c10::DeviceIndex device) {
+  // The device's flag first: it spares the current stream's lookup outside captures.
+  return device::call([&] {
+    return rt::device_is_capturing(device) &&
+           rt::stream_capture_id(rt::current_stream(device)) != 0;
+  });
+}
+
 void refuse_capture(c10::DeviceIndex device, const char* what, const char* why) {
   device::call([&] { rt::capture_refuse(rt::current_stream(device), what, why); });
 }

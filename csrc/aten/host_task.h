@@ -65,6 +65,9 @@ bool host_accessible();
 // Throws NotImplementedError naming `what` unless the driver's device memory is host memory.
 void require_host_accessible(const char* what);
 
+// Whether the current stream of `device` is capturing a graph.
+bool stream_capturing(c10::DeviceIndex device);
+
 // If the current stream of `device` is capturing a graph: invalidates the capture and raises
 // torch_accel.CaptureError saying that `what` cannot be captured, and why.
 void refuse_capture(c10::DeviceIndex device, const char* what, const char* why);

@@ -45,9 +45,20 @@ Rows rows_of(const at::Tensor& input, size_t normalized_ndim) {
   return {c10::multiply_integers(sizes.begin(), split), c10::multiply_integers(split, sizes.end())};
 }
 
-// An optional tensor argument: undefined for None.
-at::Tensor optional_tensor(const c10::IValue& v) {
-  return v.isNone() ? at::Tensor() : v.toTensor();
+// An optional tensor argument: undefined for None. By reference, so that a borrowed argument (a
+// typed entry's: typed_kernel.h) is not copied.
+const at::Tensor& optional_tensor(const c10::IValue& v) {
+  static const at::Tensor none;
+  return v.isNone() ? none : v.toTensor();
+}
+
+// Whether the statistics stack[first] and stack[first + 1] (None or tensors) are of another
+// dtype than `want` (the one the CPU's backward kernel reads).
+bool statistics_not_in(const torch::jit::Stack& stack, size_t first, c10::ScalarType want) {
+  return std::any_of(stack.begin() + first, stack.begin() + first + 2, [&](const c10::IValue& v) {
+    const at::Tensor& t = optional_tensor(v);
+    return t.defined() && t.scalar_type() != want;
+  });
 }
 
 at::Tensor contiguous_or_undefined(const c10::IValue& v) {
@@ -215,10 +226,7 @@ bool layer_norm_float_statistics(const c10::OperatorHandle& op, torch::jit::Stac
 namespace {
 
 c10::ScalarType backward_stats_dtype(const torch::jit::Stack& stack, size_t begin) {
-  static const at::Tensor none;
-  auto tensor = [&](size_t i) -> const at::Tensor& {
-    return stack[begin + i].isNone() ? none : stack[begin + i].toTensor();
-  };
+  auto tensor = [&](size_t i) -> const at::Tensor& { return optional_tensor(stack[begin + i]); };
   return stats_dtype(tensor(1), tensor(5), tensor(6));
 }
 
@@ -227,10 +235,7 @@ c10::ScalarType backward_stats_dtype(const torch::jit::Stack& stack, size_t begi
 bool layer_norm_backward_statistics_when(const c10::OperatorHandle& op,
                                          const torch::jit::Stack& stack) {
   const size_t begin = stack.size() - op.schema().arguments().size();
-  const c10::ScalarType want = backward_stats_dtype(stack, begin);
-  return std::any_of(stack.begin() + begin + 3, stack.begin() + begin + 5, [&](const auto& v) {
-    return !v.isNone() && v.toTensor().defined() && v.toTensor().scalar_type() != want;
-  });
+  return statistics_not_in(stack, begin + 3, backward_stats_dtype(stack, begin));  // mean, rstd
 }
 
 bool layer_norm_backward_statistics(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
@@ -335,10 +340,7 @@ namespace {
 
 // The dtype the CPU's backward kernel reads save_mean and save_invstd in.
 c10::ScalarType batch_norm_backward_stats_dtype(const torch::jit::Stack& stack, size_t begin) {
-  static const at::Tensor none;
-  auto tensor = [&](size_t i) -> const at::Tensor& {
-    return stack[begin + i].isNone() ? none : stack[begin + i].toTensor();
-  };
+  auto tensor = [&](size_t i) -> const at::Tensor& { return optional_tensor(stack[begin + i]); };
   const at::Tensor& input = tensor(1);
   const at::Tensor& param = tensor(2).defined() ? tensor(2) : tensor(3);
   return at::isReducedFloatingType(input.scalar_type()) && param.defined() ? param.scalar_type()
@@ -350,10 +352,8 @@ c10::ScalarType batch_norm_backward_stats_dtype(const torch::jit::Stack& stack, 
 bool batch_norm_backward_statistics_when(const c10::OperatorHandle& op,
                                          const torch::jit::Stack& stack) {
   const size_t begin = stack.size() - op.schema().arguments().size();
-  const c10::ScalarType want = batch_norm_backward_stats_dtype(stack, begin);
-  return std::any_of(stack.begin() + begin + 5, stack.begin() + begin + 7, [&](const auto& v) {
-    return !v.isNone() && v.toTensor().defined() && v.toTensor().scalar_type() != want;
-  });
+  // save_mean, save_invstd
+  return statistics_not_in(stack, begin + 5, batch_norm_backward_stats_dtype(stack, begin));
 }
 
 bool batch_norm_backward_statistics(const c10::OperatorHandle& op, torch::jit::Stack* stack) {

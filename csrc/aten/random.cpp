@@ -32,8 +32,7 @@ bool one_task(const at::Tensor& input) {
       !c10::isFloatingType(input.scalar_type())) {
     return false;
   }
-  const c10::DeviceIndex device = input.device().index();
-  return device::call([&] { return rt::stream_capture_id(rt::current_stream(device)); }) == 0;
+  return !stream_capturing(input.device().index());
 }
 
 }  // namespace

@@ -237,11 +237,10 @@ class UnderlyingKernel final : public c10::OperatorKernel, public AsyncPath {
     thread_local std::string key;  // reused: no allocation per call
     key.clear();
     const KeyOptions options = key_options();
-    const bool keep_floats = float_shapes_ || info_.has_generator;
     bool has_floats = false;
     const bool cacheable = encode_call(*stack, begin, options, key, &has_floats);
     std::shared_ptr<const CachedResult> shapes = cacheable ? cache_.find(key) : nullptr;
-    if (!shapes && cacheable && has_floats && options.float_values && !keep_floats) {
+    if (!shapes && cacheable && has_floats && options.float_values && !keeps_floats()) {
       // A miss keyed on float values: where they keep changing (a learning rate), key calls
       // on their types instead, so they stay asynchronous.
       thread_local std::string type_key;
@@ -307,12 +306,13 @@ class UnderlyingKernel final : public c10::OperatorKernel, public AsyncPath {
     return true;
   }
 
+  // Float values stay in the key of arange (they decide its shape) and of random operators
+  // (their checks read them: uniform_'s range; their values rarely change per step).
+  bool keeps_floats() const { return float_shapes_ || info_.has_generator; }
+
   KeyOptions key_options() const {
     KeyOptions options = key_options_;
-    // Float values stay in the key of arange (they decide its shape) and of random operators
-    // (their checks read them: uniform_'s range; their values rarely change per step).
-    const bool keep_floats = float_shapes_ || info_.has_generator;
-    options.float_values = options.float_values && (keep_floats || !floats_vary_.varies());
+    options.float_values = options.float_values && (keeps_floats() || !floats_vary_.varies());
     return options;
   }
 
@@ -384,7 +384,7 @@ class UnderlyingKernel final : public c10::OperatorKernel, public AsyncPath {
     }
     work.serial = small_work(buf, info_.serial);
     std::optional<rt::Task> direct;
-    if (executor() == Executor::Host && capturing(device) && stream_capturing(device)) {
+    if (executor() == Executor::Host && stream_capturing(device)) {
       direct = replay_elementwise(work);
     }
     if (direct) {
@@ -435,9 +435,6 @@ class UnderlyingKernel final : public c10::OperatorKernel, public AsyncPath {
 
   static bool capturing(c10::DeviceIndex device) {
     return device::call([&] { return rt::device_is_capturing(device); });
-  }
-  static bool stream_capturing(c10::DeviceIndex device) {
-    return device::call([&] { return rt::stream_capture_id(rt::current_stream(device)) != 0; });
   }
 
   // The synchronous path (underlying_caller.h).
