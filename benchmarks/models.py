@@ -9,7 +9,8 @@ little over them):
 * torchvision ResNet-18 and timm ConvNeXt-Atto and ViT-Tiny (batch 8, 64x64 images; ViT at
   img_size=64), in training mode (BatchNorm statistics updated);
 * transformers GPT-2 and BERT at small sizes (2 layers, width 256, batch 8, 128 tokens; built
-  from configs, never downloaded), with their own language-model loss;
+  from configs, never downloaded), with their own language-model loss; GPT-2 also with a
+  sequence length new at every step (dynamic padding: every call is the first of its shapes);
 * transformers' ``generate()`` with GPT-2 (4 layers, width 256, 2 prompts of 16 tokens, 48 new
   tokens, greedy, KV cache): decoding multiplies two rows by each weight, small work where a
   kernel's threads cost more than they save.
@@ -21,7 +22,7 @@ threads than there are cores, so every parallel region of the CPU's kernels wake
 threads: GPT-2's generate() took 222 ms on the CPU next to accel, 95 ms alone). Prints a table
 and writes JSON (default benchmarks/results/models.json).
 
-    python benchmarks/models.py [--json PATH]
+    python benchmarks/models.py [--json PATH] [CASE ...]
 """
 
 from __future__ import annotations
@@ -90,7 +91,11 @@ def inference(build: Callable[[], nn.Module]) -> Make:
     return make
 
 
-def language(kind: str) -> Make:
+def language(kind: str, new_lengths: bool = False) -> Make:
+    """A training step of a small transformers model on 8 sequences of 128 tokens, or with
+    ``new_lengths`` of a length no earlier step used (127, 126, ...: batches padded to their
+    longest sequence, so that every operator's first call of a signature is in the timing)."""
+
     def make(device: str) -> Callable[[], None]:
         import transformers
 
@@ -111,7 +116,22 @@ def language(kind: str) -> Make:
                 m.p = 0.0
         ids = torch.randint(0, 8192, (8, 128))
         inputs = {"input_ids": ids, "labels": ids}
-        return training_step(model, inputs, lambda out, _: out.loss, None, device)
+        if not new_lengths:
+            return training_step(model, inputs, lambda out, _: out.loss, None, device)
+        on_device = ids.to(device)
+        length = [ids.shape[1]]
+        model.to(device).train()
+        opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+
+        def step() -> None:
+            length[0] = length[0] - 1 if length[0] > 16 else ids.shape[1]
+            batch = on_device[:, : length[0]]
+            loss = model(input_ids=batch, labels=batch).loss
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+
+        return step
 
     return make
 
@@ -160,6 +180,7 @@ CASES: dict[str, Make] = {
     "vit_tiny_infer": inference(timm_model("vit_tiny_patch16_224", img_size=64)),
     "gpt2_small_train": language("gpt2"),
     "bert_small_train": language("bert"),
+    "gpt2_small_train_new_lengths": language("gpt2", new_lengths=True),
     "gpt2_generate": generation,
 }
 GOALS = dict.fromkeys(CASES, 0.9)

@@ -144,7 +144,13 @@ def report(
     reported and the others still run."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--json", type=Path, default=default_json)
+    parser.add_argument("cases", nargs="*", help="run only these cases (default: all)")
     args = parser.parse_args()
+    unknown = sorted(set(args.cases) - {name for name, _ in cases})
+    if unknown:
+        parser.error(f"no such case: {', '.join(unknown)}")
+    if args.cases:
+        cases = [(name, fn) for name, fn in cases if name in args.cases]
     base_label, measured_label, ratio_label = labels
     width = max(len(name) for name, _ in cases) + 1
     print(f"torch {torch.__version__}, accel driver {torch.accel.get_device_properties().driver}")

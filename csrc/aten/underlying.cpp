@@ -268,6 +268,20 @@ class UnderlyingKernel final : public c10::OperatorKernel, public AsyncPath {
         }
         return false;
       }
+      if (!capturing(device) && exact_first_call()) {
+        // The first call of a signature whose C++ meta function is its CPU kernel's own (a
+        // structured kernel's): its results are known exactly, so it runs as later calls will,
+        // straight into accel memory, and waits for its task, whose errors raise here with
+        // their type. (The CPU's functional kernel below would allocate the results in CPU
+        // memory, to be copied into accel memory: twice the traffic for large results.)
+        c10::SmallVector<c10::IValue, 3> results;
+        computed->run_on_caller = launch_work(op, *stack, begin, *computed, device, results,
+                                              /*copy_aliased=*/true, /*wait=*/true);
+        if (cacheable) cache_.insert(miss_key, std::move(computed));
+        torch::jit::drop(*stack, n);
+        for (c10::IValue& r : results) stack->push_back(std::move(r));
+        return true;
+      }
       if (!capturing(device)) {
         // The first call of a signature runs on the caller: its errors are raised here, at the
         // call, like CUDA's argument checks, and its actual results are what later calls
@@ -316,13 +330,23 @@ class UnderlyingKernel final : public c10::OperatorKernel, public AsyncPath {
     return options;
   }
 
+  // Whether a first call (not captured) may run as later calls do (see enqueue): the meta
+  // function is the CPU kernel's (the host executor's), and no argument is written (the CPU
+  // kernel's own call leaves out= and in-place arguments as they were when it raises).
+  bool exact_first_call() const {
+    return config_->meta != nullptr && !info_.has_write_arguments &&
+           executor() == Executor::Host;
+  }
+
   // Allocates the new results of the call on stack[begin:] (described by `shapes`) and enqueues
   // its kernel. `results` gets the call's results in order: the new tensors, and for those that
   // are an argument written in place (out=, in-place) that argument, or None where
-  // `copy_aliased` is false (the caller has it).
-  void launch_work(const c10::OperatorHandle& op, const torch::jit::Stack& stack, size_t begin,
+  // `copy_aliased` is false (the caller has it). `wait`: waits for the kernel (host executor),
+  // whose error then raises here with its type; returns whether the kernel warned.
+  bool launch_work(const c10::OperatorHandle& op, const torch::jit::Stack& stack, size_t begin,
                    const CachedResult& shapes, c10::DeviceIndex device,
-                   c10::SmallVectorImpl<c10::IValue>& results, bool copy_aliased) {
+                   c10::SmallVectorImpl<c10::IValue>& results, bool copy_aliased,
+                   bool wait = false) {
     const size_t n = stack.size() - begin;
     const size_t n_returns = info_.return_alias.size();
     results.assign(n_returns, c10::IValue());
@@ -383,6 +407,12 @@ class UnderlyingKernel final : public c10::OperatorKernel, public AsyncPath {
       }
     }
     work.serial = small_work(buf, info_.serial);
+    if (wait) {
+      return run_on_stream(device, config_->name, [&] {
+        KernelStorages storages;
+        work.run_waited(storages);
+      });
+    }
     std::optional<rt::Task> direct;
     if (executor() == Executor::Host && stream_capturing(device)) {
       direct = replay_elementwise(work);
@@ -392,6 +422,7 @@ class UnderlyingKernel final : public c10::OperatorKernel, public AsyncPath {
     } else {
       launch_kernel(device, config_->name, std::move(work));
     }
+    return false;
   }
 
   // out= arguments the meta pass resized get the same shape on accel. Tensors written in place

@@ -131,7 +131,7 @@ void materialize_zero_tensors(torch::jit::Stack& stack, size_t n) {
   }
 }
 
-void run_on_stream(c10::DeviceIndex device, const char* what, const std::function<void()>& kernel) {
+bool run_on_stream(c10::DeviceIndex device, const char* what, const std::function<void()>& kernel) {
   std::exception_ptr failure;
   CollectWarnings warnings;
   // The task refers to this frame: it has run once the synchronize below returns (a stream
@@ -147,6 +147,7 @@ void run_on_stream(c10::DeviceIndex device, const char* what, const std::functio
   device::call([&] { rt::stream_synchronize(rt::current_stream(device)); }, what);
   for (const c10::Warning& w : warnings.list) c10::WarningUtils::get_warning_handler()->process(w);
   if (failure) std::rethrow_exception(failure);
+  return !warnings.list.empty();
 }
 
 NotAnOperator::NotAnOperator() {
