@@ -412,13 +412,47 @@ def test_first_call_errors_of_structured_kernels_raise_at_the_call(no_fallback: 
     # A structured kernel's first call waits for its task: an error its kernel finds (gather's
     # index bounds, read from the data) raises at the call with the CPU's type and message, the
     # signature is not cached (its next call is a first call again), and the device stays usable.
+    # Once a call of its family (the same arguments but for their shapes) ran without an error,
+    # new shapes run asynchronously: such an error then comes at the next synchronization, as
+    # a CUDA kernel's does. Another dtype is another family.
     x = torch.randn(4, 3)
     on = x.to("accel")
     bad = torch.tensor([[5, 0, 1]], device="accel")
     for _ in range(2):
-        message = "index 5 is out of bounds for dimension 0 with size 4"
-        with pytest.raises(RuntimeError, match=message):
+        with pytest.raises(
+            RuntimeError, match="index 5 is out of bounds for dimension 0 with size 4"
+        ):
             torch.gather(on, 0, bad)  # no synchronization: raised by the call itself
     index = torch.tensor([[3, 0, 1]])
     assert_same(torch.gather(on, 0, index.to("accel")), torch.gather(x, 0, index))
     assert_same(on.exp(), x.exp())
+    wide = torch.tensor([[1, 0, 2], [5, 1, 0]], device="accel")  # a new shape, a bad index
+    if not LAUNCH_BLOCKING:
+        result = torch.gather(on, 0, wide)  # the family ran: no wait, no error yet
+        with pytest.raises(RuntimeError, match="index 5 is out of bounds for dimension 0"):
+            result.cpu()
+    with pytest.raises(RuntimeError, match="index 5 is out of bounds for dimension 0 with size 4"):
+        torch.gather(on.double(), 0, wide)  # float64: a family of its own, at the call
+    assert_same(torch.gather(on, 0, wide.clamp(max=3)), torch.gather(x, 0, wide.cpu().clamp(max=3)))
+
+
+def test_new_shapes_of_a_structured_kernel_run_asynchronously_once_its_family_ran() -> None:
+    # Dynamic shapes (batches padded to their longest sequence, a growing KV cache) make most
+    # calls the first of their shapes. A structured kernel's results are known from its meta
+    # function, and what its kernel checks beyond it depends on the data: once a call of the
+    # family ran at the call, later first calls need not wait for their kernel.
+    import torch_accel
+
+    if torch_accel.executor()[0] != "host":
+        pytest.skip("the host executor's first calls")
+    big = torch.randn(1024, 1024, device="accel")
+    expected = big.cpu()[:1000] @ big.cpu()
+    assert_same(big[:1000] @ big, expected)  # the family's first call: waited for
+    s = torch.accel.Stream()
+    with torch.accel.stream(s):
+        y = big[:999] @ big  # a new shape of that family: long enough to still be running
+        running = not s.query()
+    if not LAUNCH_BLOCKING:
+        assert running  # the call returned before its kernel finished
+    s.synchronize()
+    assert_same(y, big.cpu()[:999] @ big.cpu())

@@ -112,8 +112,15 @@ class KeyWriter {
     key_.push_back(t.device().type() == kAccel ? 'A' : 'C');
     const int64_t dim = t.dim();
     put_int(dim);
-    put(t.sizes().data(), sizeof(int64_t) * dim);
-    put(t.strides().data(), sizeof(int64_t) * dim);
+    if (options_.layouts) {
+      put(t.sizes().data(), sizeof(int64_t) * dim);
+      put(t.strides().data(), sizeof(int64_t) * dim);
+    } else {
+      key_.push_back(static_cast<char>(
+          t.is_contiguous() | (t.is_contiguous(c10::MemoryFormat::ChannelsLast) << 1) |
+          (t.is_contiguous(c10::MemoryFormat::ChannelsLast3d) << 2) |
+          (t.is_non_overlapping_and_dense() << 3) | ((t.numel() == 0) << 4)));
+    }
     key_.push_back(static_cast<char>(t.scalar_type()));
     // Wrapped Python numbers take part in type promotion differently from 0-dim tensors.
     key_.push_back(static_cast<char>(t.is_conj() | (t.is_neg() << 1) |
@@ -248,6 +255,17 @@ std::array<Recent, kRecentSlots>& recent() {
 }
 
 }  // namespace
+
+bool Families::contains(const std::string& family) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return families_.count(family) != 0;
+}
+
+void Families::insert(const std::string& family) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (families_.size() >= kMaxFamilies) families_.clear();  // bounded, like the cache
+  families_.insert(family);
+}
 
 std::shared_ptr<const CachedResult> MetaCache::find(const std::string& key) {
   // A few recent hits per thread, checked without the lock (a training step calls each

@@ -21,6 +21,7 @@
 #include <optional>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 namespace accel::aten {
@@ -62,6 +63,10 @@ struct KeyOptions {
   bool float_values = true;
   // Which tensors share storage, and where (operators that write: overlap is an error there).
   bool aliasing = false;
+  // Tensors are described by their sizes and strides when true, else by their number of
+  // dimensions and the kind of their layout only (contiguous, channels-last, dense, empty): the
+  // key of a family of calls that differ in shapes alone (Families).
+  bool layouts = true;
 };
 
 // The cache key of the call whose arguments are stack[begin:]; false if some argument cannot be
@@ -84,6 +89,21 @@ class FloatVariation {
   std::atomic<bool> varies_{false};
   std::mutex mutex_;
   std::unordered_map<std::string, std::vector<std::string>> seen_;
+};
+
+// Per operator: the families of calls (keys without layouts, KeyOptions::layouts) of which a
+// call ran at the call without an error or a warning: a first call of a new shape in such a
+// family need not wait for its kernel (its argument checks are the meta function's, which runs
+// at every first call; what the kernel checks depends on the data, as a CUDA kernel's does).
+class Families {
+ public:
+  bool contains(const std::string& family);
+  void insert(const std::string& family);
+
+ private:
+  static constexpr size_t kMaxFamilies = 1024;
+  std::mutex mutex_;
+  std::unordered_set<std::string> families_;
 };
 
 class MetaCache {

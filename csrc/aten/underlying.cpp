@@ -198,6 +198,7 @@ class UnderlyingKernel final : public c10::OperatorKernel, public AsyncPath {
             (unannotated_stats && (a.name() == "running_mean" || a.name() == "running_var")));
         info_.out_argument.push_back(info_.write_argument.back() && a.is_out());
         info_.has_write_arguments = info_.has_write_arguments || info_.write_argument.back();
+        info_.has_out_arguments = info_.has_out_arguments || info_.out_argument.back();
         const c10::TypePtr& t = a.type();
         info_.has_generator = info_.has_generator || is_generator_argument(a);
         info_.has_index_list =
@@ -240,6 +241,7 @@ class UnderlyingKernel final : public c10::OperatorKernel, public AsyncPath {
     bool has_floats = false;
     const bool cacheable = encode_call(*stack, begin, options, key, &has_floats);
     std::shared_ptr<const CachedResult> shapes = cacheable ? cache_.find(key) : nullptr;
+    KeyOptions keyed = options;  // what `key` describes
     if (!shapes && cacheable && has_floats && options.float_values && !keeps_floats()) {
       // A miss keyed on float values: where they keep changing (a learning rate), key calls
       // on their types instead, so they stay asynchronous.
@@ -250,6 +252,7 @@ class UnderlyingKernel final : public c10::OperatorKernel, public AsyncPath {
       encode_call(*stack, begin, by_type, type_key);
       if (floats_vary_.varies(type_key, key)) {
         key = type_key;
+        keyed.float_values = false;
         shapes = cache_.find(key);
       }
     }
@@ -268,21 +271,33 @@ class UnderlyingKernel final : public c10::OperatorKernel, public AsyncPath {
         }
         return false;
       }
-      if (!capturing(device) && exact_first_call()) {
+      const bool exact = !capturing(device) && exact_first_call();
+      std::string family;  // the call's key without its layouts (exact calls)
+      if (exact) {
+        KeyOptions by_family = keyed;
+        by_family.layouts = false;
+        if (!cacheable || !encode_call(*stack, begin, by_family, family)) family.clear();
+      }
+      if (exact && (family.empty() || !families_.contains(family))) {
         // The first call of a signature whose C++ meta function is its CPU kernel's own (a
         // structured kernel's): its results are known exactly, so it runs as later calls will,
         // straight into accel memory, and waits for its task, whose errors raise here with
         // their type. (The CPU's functional kernel below would allocate the results in CPU
-        // memory, to be copied into accel memory: twice the traffic for large results.)
+        // memory, to be copied into accel memory: twice the traffic for large results.) Once
+        // a call of its family (the same arguments but for their shapes) ran without an error
+        // or a warning, the family's new shapes run asynchronously, as cached calls do: what
+        // the kernel may still refuse depends on the data (gather's indices), and such errors
+        // come at the next synchronization, as a CUDA kernel's do.
         c10::SmallVector<c10::IValue, 3> results;
         computed->run_on_caller = launch_work(op, *stack, begin, *computed, device, results,
                                               /*copy_aliased=*/true, /*wait=*/true);
+        if (!computed->run_on_caller && !family.empty()) families_.insert(family);
         if (cacheable) cache_.insert(miss_key, std::move(computed));
         torch::jit::drop(*stack, n);
         for (c10::IValue& r : results) stack->push_back(std::move(r));
         return true;
       }
-      if (!capturing(device)) {
+      if (!exact && !capturing(device)) {
         // The first call of a signature runs on the caller: its errors are raised here, at the
         // call, like CUDA's argument checks, and its actual results are what later calls
         // allocate (meta functions do not always describe what the CPU kernel returns: batch
@@ -305,7 +320,8 @@ class UnderlyingKernel final : public c10::OperatorKernel, public AsyncPath {
         return true;
       }
       resize_written(*computed, *stack, begin);
-      // During graph capture nothing may synchronize: trust the meta functions.
+      // During graph capture nothing may synchronize, and a known family's exact results need
+      // not wait: trust the meta functions.
       if (cacheable) cache_.insert(miss_key, computed);
       shapes = std::move(computed);
     } else {
@@ -331,11 +347,11 @@ class UnderlyingKernel final : public c10::OperatorKernel, public AsyncPath {
   }
 
   // Whether a first call (not captured) may run as later calls do (see enqueue): the meta
-  // function is the CPU kernel's (the host executor's), and no argument is written (the CPU
-  // kernel's own call leaves out= and in-place arguments as they were when it raises).
+  // function is the CPU kernel's (the host executor's), and there is no out= argument (the CPU
+  // kernel's own call leaves one as it was when it raises; later calls resize it before their
+  // task). In-place calls write where the CPU kernel would.
   bool exact_first_call() const {
-    return config_->meta != nullptr && !info_.has_write_arguments &&
-           executor() == Executor::Host;
+    return config_->meta != nullptr && !info_.has_out_arguments && executor() == Executor::Host;
   }
 
   // Allocates the new results of the call on stack[begin:] (described by `shapes`) and enqueues
@@ -484,6 +500,7 @@ class UnderlyingKernel final : public c10::OperatorKernel, public AsyncPath {
   SchemaInfo info_;          // set by resolve_ops
   KeyOptions key_options_;   // set by resolve_ops
   FloatVariation floats_vary_;
+  Families families_;  // of exact first calls that ran at the call (see enqueue)
   MetaCache cache_;
   std::once_flag resolved_;
   std::optional<c10::OperatorHandle> cpu_op_;

@@ -25,6 +25,7 @@ struct SchemaInfo {
   std::vector<bool> out_argument;                   // per argument: an out= tensor
   bool tensor_returns_only = true;                  // results are tensors or tensor lists
   bool has_write_arguments = false;
+  bool has_out_arguments = false;
   bool has_generator = false;
   bool has_index_list = false;    // a Tensor?[] argument (indices)
   bool zero_tensor_args = false;  // ATen passes efficient zero tensors through (dot, vdot)
