@@ -271,7 +271,8 @@ class UnderlyingKernel final : public c10::OperatorKernel, public AsyncPath {
         }
         return false;
       }
-      const bool exact = !capturing(device) && exact_first_call();
+      const bool capture = capturing(device);
+      const bool exact = !capture && exact_first_call();
       std::string family;  // the call's key without its layouts (exact calls)
       if (exact) {
         KeyOptions by_family = keyed;
@@ -297,7 +298,7 @@ class UnderlyingKernel final : public c10::OperatorKernel, public AsyncPath {
         for (c10::IValue& r : results) stack->push_back(std::move(r));
         return true;
       }
-      if (!exact && !capturing(device)) {
+      if (!exact && !capture) {
         // The first call of a signature runs on the caller: its errors are raised here, at the
         // call, like CUDA's argument checks, and its actual results are what later calls
         // allocate (meta functions do not always describe what the CPU kernel returns: batch
