@@ -311,6 +311,24 @@ def test_batch_norm_statistics_written_into_a_lazy_clone_leave_its_source_alone(
         torch.testing.assert_close(lazy_var.cpu(), x.var(0) * 0.5 + 0.5)
 
 
+def test_a_kernel_returning_its_argument_returns_the_accel_argument(no_fallback: None) -> None:
+    """dequantize's schema says its result is new, but for a float tensor the CPU's (and
+    CUDA's) kernel returns the tensor itself. Found by torchao's optimizer states: accel copied
+    that result "from the host", reading accel memory as the host's, and raised."""
+    x = torch.arange(6.0)
+    assert x.dequantize() is x  # the CPU's behaviour
+    x_accel = x.to("accel")
+    for _ in range(3):  # the first call of the signature, then the later ones
+        assert x_accel.dequantize() is x_accel
+    strided = x_accel[1::2]  # a view of its own storage: the same view back
+    assert strided.dequantize() is strided
+    half = x_accel.half()
+    new = half.dequantize()  # converted: a new float tensor
+    assert new.dtype == torch.float32 and new.data_ptr() != half.data_ptr()
+    assert_same(new, x)
+    assert_same(x_accel + 1, x + 1)  # the device stays usable
+
+
 def test_copy_on_write_inputs_that_are_only_read_stay_shared(no_fallback: None) -> None:
     """Found by PyTorch's test_ops.py (test_cow_input): a CPU index (its upload to accel asked
     for the pointer to write), to_sparse's dense input (operators that run their CPU kernel

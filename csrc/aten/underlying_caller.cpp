@@ -28,6 +28,36 @@ void materialize_written(const SchemaInfo& info, const torch::jit::Stack& stack,
   }
 }
 
+namespace {
+
+// The accel tensors among a call's arguments, with the views the kernel got of them.
+using Viewed = c10::SmallVector<std::pair<at::Tensor, at::Tensor>, 4>;  // (view, accel tensor)
+
+// A result the kernel made over an argument's memory where the schema calls it new (a float
+// tensor's dequantize() returns the tensor itself, as CUDA's kernel does): the accel argument
+// itself, or an accel tensor over its memory. Copying such a result "to accel" would read accel
+// memory as the host's.
+std::optional<at::Tensor> over_argument(const at::Tensor& r, const Viewed& viewed) {
+  if (!r.defined() || !r.has_storage()) return std::nullopt;
+  for (const auto& [view, accel] : viewed) {
+    if (r.unsafeGetTensorImpl() == view.unsafeGetTensorImpl()) return accel;
+  }
+  for (const auto& [view, accel] : viewed) {
+    if (!view.has_storage() || !r.storage().is_alias_of(view.storage())) continue;
+    auto impl = c10::make_intrusive<c10::TensorImpl>(
+        c10::Storage(accel.storage()), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+        r.dtype());
+    impl->set_sizes_and_strides(r.sizes(), r.strides(), r.storage_offset());
+    at::Tensor out(std::move(impl));
+    if (r.is_conj()) out._set_conj(true);
+    if (r.is_neg()) out._set_neg(true);
+    return out;
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
 std::shared_ptr<CachedResult> run_on_caller(const OpConfig& config, const SchemaInfo& info,
                                             const c10::OperatorHandle& kernel,
                                             const c10::OperatorHandle& op, torch::jit::Stack* stack,
@@ -80,15 +110,20 @@ std::shared_ptr<CachedResult> run_on_caller(const OpConfig& config, const Schema
   };
   torch::jit::Stack cpu;
   cpu.reserve(n);
+  Viewed viewed;
   for (size_t i = begin; i < stack->size(); ++i) {
     const c10::IValue& v = (*stack)[i];
     write = info.write_argument[i - begin];
     if (v.isTensor() && is_accel(v.toTensor())) {
       cpu.emplace_back(view(v.toTensor()));
+      viewed.emplace_back(cpu.back().toTensor(), v.toTensor());
       if (info.write_argument[i - begin]) written_views[i - begin] = cpu.back().toTensor();
     } else if (v.isTensorList()) {
       std::vector<at::Tensor> ts;
-      for (const at::Tensor& t : v.toTensorVector()) ts.push_back(is_accel(t) ? view(t) : t);
+      for (const at::Tensor& t : v.toTensorVector()) {
+        ts.push_back(is_accel(t) ? view(t) : t);
+        if (is_accel(t)) viewed.emplace_back(ts.back(), t);
+      }
       cpu.emplace_back(std::move(ts));
     } else if (is_optional_tensor_list(v)) {
       c10::List<std::optional<at::Tensor>> ts;
@@ -182,15 +217,25 @@ std::shared_ptr<CachedResult> run_on_caller(const OpConfig& config, const Schema
       seen->result_is_list.push_back(false);
     } else if (r.isTensor()) {
       const at::Tensor& t = r.toTensor();
-      results.emplace_back(
-          to_accel(config.contiguous_results && t.defined() ? t.contiguous() : t, config.name));
+      if (std::optional<at::Tensor> same = over_argument(t, viewed)) {
+        results.emplace_back(std::move(*same));
+        seen->run_on_caller = true;  // later calls return the argument too, not a copy
+      } else {
+        results.emplace_back(to_accel(
+            config.contiguous_results && t.defined() ? t.contiguous() : t, config.name));
+      }
       seen->results.push_back({TensorMeta::of(results.back().toTensor())});
       seen->result_is_list.push_back(false);
     } else if (r.isTensorList()) {
       std::vector<at::Tensor> ts;
       std::vector<TensorMeta> ms;
       for (const at::Tensor& t : r.toTensorVector()) {
-        ts.push_back(to_accel(t, config.name));
+        if (std::optional<at::Tensor> same = over_argument(t, viewed)) {
+          ts.push_back(std::move(*same));
+          seen->run_on_caller = true;
+        } else {
+          ts.push_back(to_accel(t, config.name));
+        }
         ms.push_back(TensorMeta::of(ts.back()));
       }
       seen->results.push_back(std::move(ms));
