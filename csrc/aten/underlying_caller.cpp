@@ -221,8 +221,8 @@ std::shared_ptr<CachedResult> run_on_caller(const OpConfig& config, const Schema
         results.emplace_back(std::move(*same));
         seen->run_on_caller = true;  // later calls return the argument too, not a copy
       } else {
-        results.emplace_back(to_accel(
-            config.contiguous_results && t.defined() ? t.contiguous() : t, config.name));
+        results.emplace_back(
+            to_accel(config.contiguous_results && t.defined() ? t.contiguous() : t, config.name));
       }
       seen->results.push_back({TensorMeta::of(results.back().toTensor())});
       seen->result_is_list.push_back(false);
