@@ -495,6 +495,29 @@ def test_indexing_matches_eager(name: str, fn) -> None:
 
 
 @helpers.cpp_kernels_only
+def test_true_division_by_a_constant_gives_eagers_quotients() -> None:
+    # Inductor multiplies by the reciprocal on every device but the CPU (pytorch#157959): one
+    # rounding step off eager in about half of the elements. Accel's C++ kernels divide, as the
+    # CPU's compiled code does (torch_accel/_inductor/decompositions.py).
+    x = torch.randn(64, 2048, generator=torch.Generator().manual_seed(0))
+    cases = {
+        "div": lambda t: t / 448.0,
+        "true_divide": lambda t: torch.true_divide(t, 3.0),
+        "div_mode_none": lambda t: torch.div(t, 7.0, rounding_mode=None),
+        "prims_div": lambda t: torch.ops.prims.div(t, 0.7),
+        "scalar_by_tensor": lambda t: 3.0 / t,
+        "integers": lambda t: (t * 10).long() / 3,
+        "floor_mode": lambda t: torch.div(t, 7.0, rounding_mode="floor"),
+        "integer_truncation": lambda t: torch.ops.prims.div((t * 10).long(), 3),
+    }
+    for name, fn in cases.items():
+        expected = fn(x)
+        got = torch.compile(fn)(x.to(ACCEL)).cpu()
+        assert got.dtype == expected.dtype, name
+        assert torch.equal(got, expected), (name, (got != expected).sum().item())
+
+
+@helpers.cpp_kernels_only
 def test_accel_kernels_are_vectorized_like_the_cpus() -> None:
     # Inductor answers "triton" for accel's backend unless accel's scheduling says "cpp" while
     # it generates code: the vectorized kernel of an embedding then failed (indirect_assert).

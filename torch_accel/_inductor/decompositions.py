@@ -29,6 +29,16 @@ fixed by #191861 after 2.11): DeBERTa's gradients came out wrong on accel, and t
 the rule corrupts its heap. Accel's sum scatters follow the CPU's rule: the lowering-table
 entries are wrapped, other devices keep theirs. (``index_put`` with ``accumulate=True`` takes
 the atomic path on the CPU as well, and is exposed to the same bug on both.)
+
+Division: Inductor turns a division by a constant into a product with its reciprocal on every
+device but the CPU (``div_prim``; the CPU was exempted for precision, pytorch/pytorch#157959),
+which rounds differently from eager's quotient in about half of the elements (``x / 448.0``:
+71,298 of 131,072 floats one step off, where the CPU's compiled code gives eager's values;
+quantization codes computed from such a scale then flip). Accel's C++ kernels are the CPU's
+code, so with them (the host driver) a true division stays a division, as eager's and the
+CPU's: the lowering-table entries of ``prims.div``, ``aten.div``, ``aten.true_divide`` and
+``aten.div.Tensor_mode`` without a rounding mode are wrapped, other devices and Triton kernels
+keep Inductor's rule (CUDA's).
 """
 
 from __future__ import annotations
@@ -153,11 +163,63 @@ def _wrap_lowerings(packet: str, wrap: Any) -> None:
             lowering.lowerings[overload] = wrap(lowering.lowerings[overload])
 
 
+def _true_division_on_accel_cpp(operands: tuple[Any, ...]) -> bool:
+    """Whether a division's operands (IR nodes or numbers) are on accel with C++ kernels."""
+    from torch._inductor import ir
+
+    from torch_accel._inductor import kernels
+
+    for x in operands:
+        if isinstance(x, ir.IRNode):
+            device = x.get_device()
+            if device is not None and device.type == "accel":
+                return kernels() == "cpp"
+    return False
+
+
+def _accel_division(original: Any, packet: str) -> Any:
+    """Wraps the lowering of a true division: on accel with C++ kernels, a quotient (see the
+    module's docstring), after the promotions and broadcasting the lowering itself applies."""
+    from torch._inductor import lowering
+    from torch._inductor.virtualized import ops
+    from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND
+
+    promotion = (
+        ELEMENTWISE_TYPE_PROMOTION_KIND.DEFAULT
+        if packet == "prims.div"
+        else ELEMENTWISE_TYPE_PROMOTION_KIND.INT_TO_FLOAT
+    )
+
+    def division(a: Any, b: Any, *args: Any, **kwargs: Any) -> Any:
+        rounding_mode = kwargs.get("rounding_mode", args[0] if args else None)
+        if rounding_mode is not None or not _true_division_on_accel_cpp((a, b)):
+            return original(a, b, *args, **kwargs)
+        (x, y), _ = lowering.transform_args([a, b], {}, True, promotion, False)
+        if all(lowering.is_boolean_type(t) or lowering.is_integer_type(t) for t in (x, y)):
+            return original(a, b, *args, **kwargs)  # prims.div of integers: truncation
+        x, y = lowering.promote_constants((x, y), type_promotion_kind=promotion)
+        return lowering.make_pointwise(lambda u, v: ops.truediv(u, v))(x, y)
+
+    return division
+
+
+def _wrap_division_lowerings() -> None:
+    from torch._inductor import lowering
+
+    for packet in ("div", "true_divide"):
+        _wrap_lowerings(packet, functools.partial(_accel_division, packet=packet))
+    div = torch.ops.prims.div.default
+    lowering.lowerings[div] = _accel_division(lowering.lowerings[div], "prims.div")
+
+
 def apply_lowerings() -> None:
-    """Lowers ``cat`` and sum scatters on accel as on the CPU (idempotent)."""
+    """Lowers ``cat``, sum scatters and true divisions on accel as on the CPU (idempotent)."""
     if "cat" not in _applied:
         _wrap_lowerings("cat", _accel_cat)
         _applied.add("cat")
+    if "div" not in _applied:
+        _wrap_division_lowerings()
+        _applied.add("div")
     if "scatter" not in _applied:
         for packet in _SUM_SCATTERS:
             _wrap_lowerings(packet, functools.partial(_accel_sum_scatter, packet=packet))
