@@ -146,6 +146,48 @@ def test_lazy_modules_moved_before_first_forward(make, shape) -> None:
     assert out.shape == expected.shape
 
 
+class _Wrapper(torch.Tensor):
+    """A wrapper subclass (as torchao's NF4Tensor) that handles a few operators, records each
+    operator that reaches it, and refuses the others."""
+
+    seen: list[str] = []
+
+    @staticmethod
+    def __new__(cls, inner: torch.Tensor) -> _Wrapper:
+        return torch.Tensor._make_wrapper_subclass(
+            cls, inner.shape, dtype=inner.dtype, device=inner.device
+        )
+
+    def __init__(self, inner: torch.Tensor) -> None:
+        self.inner = inner
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN206
+        cls.seen.append(str(func))
+        aten = torch.ops.aten
+        if func in (aten._to_copy.default, aten.detach.default):
+            return _Wrapper(func(args[0].inner, *args[1:], **(kwargs or {})))
+        raise NotImplementedError(f"{func} reached the subclass")
+
+
+@pytest.mark.parametrize("device", ["cpu", "accel"])
+def test_wrapper_subclass_parameters_move_as_on_the_cpu(device: str) -> None:
+    """PyTorch answers _has_compatible_shallow_copy_type at the autograd key, above the Python
+    key; accel's kernel was at its backend key alone, so the question reached a wrapper
+    subclass's __torch_dispatch__ on accel, and Module.to("accel") of torchao's NF4 (QLoRA)
+    parameters failed (found by a torchtune sweep)."""
+    _Wrapper.seen = []
+    w = _Wrapper(torch.zeros(3, device=device))
+    assert torch._has_compatible_shallow_copy_type(w, w)
+    assert _Wrapper.seen == []
+    m = nn.Linear(3, 3)
+    m.weight = nn.Parameter(_Wrapper(torch.ones(3, 3)), requires_grad=False)
+    weight = m.weight
+    m.to(device)
+    assert m.weight is weight and m.weight.device.type == device
+    assert "aten._has_compatible_shallow_copy_type.default" not in _Wrapper.seen
+
+
 def test_shallow_copy_compatibility() -> None:
     cpu = torch.zeros(2)
     acc = torch.zeros(2, device="accel")

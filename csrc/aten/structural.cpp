@@ -237,3 +237,12 @@ void record_stream(at::Tensor& self, c10::Stream stream) {
 }
 
 }  // namespace accel::aten
+
+// _has_compatible_shallow_copy_type at the autograd key too. PyTorch's kernel is a composite one,
+// which answers at a tensor's autograd key, above the Python key; with accel's backend kernel
+// alone, a wrapper subclass on accel (torchao's NF4Tensor) met the call in its
+// __torch_dispatch__, and Module.to("accel") of such parameters failed where .to("cpu") works.
+TORCH_LIBRARY_IMPL(aten, AutogradPrivateUse1, m) {
+  m.impl("_has_compatible_shallow_copy_type",
+         TORCH_FN(accel::aten::_has_compatible_shallow_copy_type));
+}
