@@ -142,21 +142,7 @@ class Converter {
           c10::TensorImpl::VIEW, *base, nt->get_nested_sizes(), nt->get_nested_strides(),
           nt->get_storage_offsets());
     }
-    if (!r.is_nested()) {
-      const c10::DispatchKeySet keys(c10::DispatchKey::PrivateUse1);
-      auto impl = base == nullptr
-                      ? c10::make_intrusive<c10::TensorImpl>(c10::Storage(storage), keys, r.dtype())
-                      : c10::make_intrusive<c10::TensorImpl>(
-                            c10::TensorImpl::VIEW, c10::Storage(storage),
-                            keys | c10::getAutogradRelatedKeySetFromBackend(
-                                       c10::BackendComponent::PrivateUse1Bit),
-                            r.dtype());
-      impl->set_sizes_and_strides(r.sizes(), r.strides(), r.storage_offset());
-      at::Tensor out(std::move(impl));
-      if (r.is_conj()) out._set_conj(true);
-      if (r.is_neg()) out._set_neg(true);
-      return out;
-    }
+    if (!r.is_nested()) return accel_tensor_over(storage, r, /*view=*/base != nullptr);
     const at::Tensor buffer =
         whole_buffer(storage, c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), r.dtype());
     return nested_over(buffer, *at::native::get_nested_tensor_impl(r));

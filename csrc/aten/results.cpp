@@ -38,6 +38,21 @@ void write_result(const at::Tensor& dst, const at::Tensor& src, const char* what
       what);
 }
 
+at::Tensor accel_tensor_over(c10::Storage storage, const at::Tensor& like, bool view) {
+  const c10::DispatchKeySet keys(c10::DispatchKey::PrivateUse1);
+  auto impl =
+      view ? c10::make_intrusive<c10::TensorImpl>(c10::TensorImpl::VIEW, std::move(storage),
+                                                  keys | c10::getAutogradRelatedKeySetFromBackend(
+                                                             c10::BackendComponent::PrivateUse1Bit),
+                                                  like.dtype())
+           : c10::make_intrusive<c10::TensorImpl>(std::move(storage), keys, like.dtype());
+  impl->set_sizes_and_strides(like.sizes(), like.strides(), like.storage_offset());
+  at::Tensor out(std::move(impl));
+  if (like.is_conj()) out._set_conj(true);
+  if (like.is_neg()) out._set_neg(true);
+  return out;
+}
+
 at::Tensor to_accel(const at::Tensor& r, const char* what) {
   if (!r.defined()) return r;
   TORCH_CHECK_NOT_IMPLEMENTED(r.layout() == c10::Layout::Strided && !r.is_quantized(), what,

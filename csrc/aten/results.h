@@ -19,6 +19,11 @@ void adopt_layout(const at::Tensor& t, const TensorMeta& m);
 // tensor `dst`: from the host (waiting), or device to device in stream order (cuda).
 void write_result(const at::Tensor& dst, const at::Tensor& src, const char* what);
 
+// An accel tensor over `storage` (accel memory) laid out as `like`, a kernel's result over the
+// same memory: its dtype, sizes, strides, offset, conjugate and negative bits. `view`: a view's
+// impl (with autograd's keys), as ATen's view kernels make.
+at::Tensor accel_tensor_over(c10::Storage storage, const at::Tensor& like, bool view = false);
+
 // An accel copy of a result of the executor's kernel (its layout where it is dense:
 // channels-last stays so).
 at::Tensor to_accel(const at::Tensor& r, const char* what);

@@ -43,15 +43,9 @@ std::optional<at::Tensor> over_argument(const at::Tensor& r, const Viewed& viewe
     if (r.unsafeGetTensorImpl() == view.unsafeGetTensorImpl()) return accel;
   }
   for (const auto& [view, accel] : viewed) {
-    if (!view.has_storage() || !r.storage().is_alias_of(view.storage())) continue;
-    auto impl = c10::make_intrusive<c10::TensorImpl>(
-        c10::Storage(accel.storage()), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
-        r.dtype());
-    impl->set_sizes_and_strides(r.sizes(), r.strides(), r.storage_offset());
-    at::Tensor out(std::move(impl));
-    if (r.is_conj()) out._set_conj(true);
-    if (r.is_neg()) out._set_neg(true);
-    return out;
+    if (view.has_storage() && r.storage().is_alias_of(view.storage())) {
+      return accel_tensor_over(accel.storage(), r);
+    }
   }
   return std::nullopt;
 }
