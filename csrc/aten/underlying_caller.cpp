@@ -90,6 +90,7 @@ std::shared_ptr<CachedResult> run_on_caller(const OpConfig& config, const Schema
   std::vector<at::Tensor> written_views(n);  // the CPU views of written accel tensors
   materialize_written(info, *stack, begin);
   bool write = false;  // whether the argument being viewed is written
+  Viewed viewed;
   const auto view = [&](const at::Tensor& t) {
     const Layout l = Layout::of(t, write);
     if (host && std::find(accessed.begin(), accessed.end(), l.base) == accessed.end()) {
@@ -100,24 +101,20 @@ std::shared_ptr<CachedResult> run_on_caller(const OpConfig& config, const Schema
     // Operators that only inspect their arguments may look at requires_grad too (the
     // attention backend choice does).
     if (config.metadata_only && t.requires_grad()) v.set_requires_grad(true);
+    viewed.emplace_back(v, t);
     return v;
   };
   torch::jit::Stack cpu;
   cpu.reserve(n);
-  Viewed viewed;
   for (size_t i = begin; i < stack->size(); ++i) {
     const c10::IValue& v = (*stack)[i];
     write = info.write_argument[i - begin];
     if (v.isTensor() && is_accel(v.toTensor())) {
       cpu.emplace_back(view(v.toTensor()));
-      viewed.emplace_back(cpu.back().toTensor(), v.toTensor());
       if (info.write_argument[i - begin]) written_views[i - begin] = cpu.back().toTensor();
     } else if (v.isTensorList()) {
       std::vector<at::Tensor> ts;
-      for (const at::Tensor& t : v.toTensorVector()) {
-        ts.push_back(is_accel(t) ? view(t) : t);
-        if (is_accel(t)) viewed.emplace_back(ts.back(), t);
-      }
+      for (const at::Tensor& t : v.toTensorVector()) ts.push_back(is_accel(t) ? view(t) : t);
       cpu.emplace_back(std::move(ts));
     } else if (is_optional_tensor_list(v)) {
       c10::List<std::optional<at::Tensor>> ts;
@@ -199,7 +196,15 @@ std::shared_ptr<CachedResult> run_on_caller(const OpConfig& config, const Schema
     seen->written[i] = TensorMeta::of(t);
   }
   // The results: a written argument's accel tensor itself (its view was written in place),
-  // else accel copies of the CPU results.
+  // else the accel tensor over the argument a result lies in (over_argument), else accel copies
+  // of the CPU results.
+  const auto accel_result = [&](const at::Tensor& t, bool contiguous) {
+    if (std::optional<at::Tensor> same = over_argument(t, viewed)) {
+      seen->run_on_caller = true;  // later calls return the argument too, not a copy
+      return std::move(*same);
+    }
+    return to_accel(contiguous && t.defined() ? t.contiguous() : t, config.name);
+  };
   c10::SmallVector<c10::IValue, 3> results;
   for (size_t j = 0; j < cpu.size(); ++j) {
     const std::optional<size_t> alias =
@@ -210,26 +215,14 @@ std::shared_ptr<CachedResult> run_on_caller(const OpConfig& config, const Schema
       seen->results.push_back({TensorMeta::of(results.back().toTensor())});
       seen->result_is_list.push_back(false);
     } else if (r.isTensor()) {
-      const at::Tensor& t = r.toTensor();
-      if (std::optional<at::Tensor> same = over_argument(t, viewed)) {
-        results.emplace_back(std::move(*same));
-        seen->run_on_caller = true;  // later calls return the argument too, not a copy
-      } else {
-        results.emplace_back(
-            to_accel(config.contiguous_results && t.defined() ? t.contiguous() : t, config.name));
-      }
+      results.emplace_back(accel_result(r.toTensor(), config.contiguous_results));
       seen->results.push_back({TensorMeta::of(results.back().toTensor())});
       seen->result_is_list.push_back(false);
     } else if (r.isTensorList()) {
       std::vector<at::Tensor> ts;
       std::vector<TensorMeta> ms;
       for (const at::Tensor& t : r.toTensorVector()) {
-        if (std::optional<at::Tensor> same = over_argument(t, viewed)) {
-          ts.push_back(std::move(*same));
-          seen->run_on_caller = true;
-        } else {
-          ts.push_back(to_accel(t, config.name));
-        }
+        ts.push_back(accel_result(t, false));
         ms.push_back(TensorMeta::of(ts.back()));
       }
       seen->results.push_back(std::move(ms));
