@@ -94,6 +94,16 @@ def _register() -> None:
     from torch_accel.distributed import tensor_sharding
 
     _import_hook.after_import("torch.distributed.tensor", tensor_sharding.register)
+    # Lightning: the "accel" accelerator and accel's strategies in its registries, once the
+    # connectors of Fabric and of the Trainer are imported (they import the registries). Not on
+    # "lightning.fabric" or the modules of Fabric and Trainer: those import torch, and with it
+    # torch_accel, before they have finished importing.
+    from torch_accel import lightning
+
+    _import_hook.after_import("lightning.fabric.connector", lightning.register_fabric)
+    _import_hook.after_import(
+        "lightning.pytorch.trainer.connectors.accelerator_connector", lightning.register_trainer
+    )
 
 
 _register()
