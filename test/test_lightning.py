@@ -86,42 +86,45 @@ def test_accel_is_in_lightnings_registries() -> None:
 
 
 LIGHTNING_FIRST = """
-import lightning
+import sys
+
+class Watch:
+    # Lightning modules imported (first found) while accel's classes are being made.
+    found = []
+
+    def find_spec(self, name, path, target=None):
+        frame = sys._getframe(1)
+        while frame is not None:
+            if "torch_accel/lightning" in frame.f_code.co_filename:
+                if name.split(".")[0] in ("lightning", "lightning_fabric", "pytorch_lightning"):
+                    self.found.append(name)
+                break
+            frame = frame.f_back
+        return None
+
+sys.meta_path.insert(0, Watch())
+import {package}
 import torch_accel
 from lightning.fabric.accelerators import ACCELERATOR_REGISTRY
 from lightning.fabric.strategies import STRATEGY_REGISTRY
 from lightning.pytorch.accelerators import AcceleratorRegistry
 from lightning.pytorch.strategies import StrategyRegistry
+from pytorch_lightning.strategies import StrategyRegistry as StandaloneStrategies
 print("accel" in ACCELERATOR_REGISTRY, "ddp_accel" in STRATEGY_REGISTRY,
-      "accel" in AcceleratorRegistry, "single_accel" in StrategyRegistry)
+      "accel" in AcceleratorRegistry, "single_accel" in StrategyRegistry,
+      "ddp_spawn_accel" in StandaloneStrategies, Watch.found)
 """
 
 
-def _imported_under(importtime: str, parent: str) -> list[str]:
-    """The modules that ``-X importtime`` shows imported while ``parent`` was importing (listed
-    before it, indented deeper)."""
-    rows = [line.split("|")[-1] for line in importtime.splitlines() if line.count("|") == 2]
-    names = [(len(row) - len(row.lstrip()), row.strip()) for row in rows]
-    at = next(i for i, (_, name) in enumerate(names) if name == parent)
-    children = []
-    for depth, name in reversed(names[:at]):
-        if depth <= names[at][0]:
-            break
-        children.append(name)
-    return children
-
-
-def test_registration_waits_for_lightnings_registries(run_python) -> None:
+@pytest.mark.parametrize("package", ["lightning", "pytorch_lightning"])
+def test_registration_waits_for_lightnings_registries(run_python, package: str) -> None:
     """A program that imports Lightning before torch: Lightning imports torch (and through its
     autoload torch_accel) halfway through its own modules. accel registers once Lightning has
     imported the registries, and imports none of Lightning's modules itself (registering as
     torch_accel loads imported them in the middle of Lightning's own imports)."""
-    result = run_python(LIGHTNING_FIRST, PYTHONPROFILEIMPORTTIME="1")
+    result = run_python(LIGHTNING_FIRST.format(package=package))
     assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.split() == ["True"] * 4
-    for accel in ("torch_accel.lightning.fabric", "torch_accel.lightning.trainer"):
-        imported = _imported_under(result.stderr, accel)
-        assert not [name for name in imported if name.startswith("lightning")], accel
+    assert result.stdout.split() == ["True"] * 5 + ["[]"]
 
 
 def test_trainer_trains_on_the_chosen_accel_device_as_on_the_cpu() -> None:
@@ -277,3 +280,39 @@ def test_models_move_back_to_the_same_parameters() -> None:
     first = dict(module.named_parameters())
     _fit(module, accelerator="accel", strategy="single_accel", devices=1)
     assert all(p is first[name] for name, p in module.named_parameters())
+
+
+def test_standalone_packages_train_on_accel() -> None:
+    """pytorch_lightning and lightning_fabric, the standalone packages, have classes of their
+    own; accel registers its own for them too."""
+    pl = pytest.importorskip("pytorch_lightning")
+    lightning_fabric = pytest.importorskip("lightning_fabric")
+
+    class Standalone(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = nn.Sequential(nn.Linear(8, 32), nn.GELU(), nn.Linear(32, 1))
+            self.autocast: list[bool] = []
+
+        def training_step(self, batch: tuple[torch.Tensor, ...], index: int) -> torch.Tensor:
+            self.autocast.append(torch.is_autocast_enabled("accel"))
+            return nn.functional.mse_loss(self.net(batch[0]).float(), batch[1])
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    def fit(**flags: object) -> Standalone:
+        torch.manual_seed(0)
+        module = Standalone()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            pl.Trainer(max_epochs=1, **QUIET, **flags).fit(module, _loader())
+        return module
+
+    cpu = fit(accelerator="cpu", devices=1)
+    accel = fit(accelerator="accel", strategy="single_accel", devices=[1], precision="bf16-mixed")
+    assert accel.autocast == [True] * 4
+    _assert_same_parameters(cpu, accel, rtol=2e-2, atol=2e-3)
+    fabric = lightning_fabric.Fabric(accelerator="accel", strategy="single_accel", devices=[1])
+    assert fabric.device == torch.device("accel", 1)
+    assert type(fabric.strategy).__module__ == "torch_accel.lightning.standalone_fabric"

@@ -100,10 +100,7 @@ def _register() -> None:
     # torch_accel, before they have finished importing.
     from torch_accel import lightning
 
-    _import_hook.after_import("lightning.fabric.connector", lightning.register_fabric)
-    _import_hook.after_import(
-        "lightning.pytorch.trainer.connectors.accelerator_connector", lightning.register_trainer
-    )
+    lightning.register(_import_hook.after_import)
 
 
 _register()

@@ -2,14 +2,14 @@
 
 Lightning lists its accelerators and strategies in registries that other packages may extend
 (``AcceleratorRegistry.register``, ``StrategyRegistry.register``); torch_accel registers there
-once the modules of ``Fabric`` and ``Trainer`` are imported (``torch_accel/__init__.py``), without
-importing Lightning itself.
+once a package's connector is imported (``MODULES``), without importing Lightning itself.
 
 - ``accelerator="accel"``: accel devices for the Trainer and for Fabric (``devices=N`` or a list
   of indices, ``"auto"`` for all of them).
 - ``strategy="ddp_accel"`` (``ddp_spawn_accel``, ``ddp_fork_accel``): DDP over accel devices.
   Lightning's own DDP strategies create a ``torch.cuda.Stream`` for any device but the CPU; the
-  Trainer's accel accelerator refuses them with an error that names these.
+  Trainer's accel accelerator refuses them with an error that names these (Fabric's accelerator
+  has no hook that sees the strategy: there the error is torch.cuda's).
 - ``strategy="single_accel"``: one accel device. Lightning's automatic strategy picks a device
   for one CUDA or MPS device only and puts any other accelerator's single device on the CPU
   (``_choose_strategy`` in its accelerator connector); accel's accelerator refuses that device
@@ -19,12 +19,17 @@ importing Lightning itself.
   accelerator gives every strategy the same plugin for ``"accel"`` when it sets up, and Fabric's
   accel strategies do so as they receive it.
 
-Only the unified ``lightning`` package is served, not the standalone ``pytorch_lightning`` and
-``lightning_fabric`` packages (their classes are distinct).
+The unified ``lightning`` package and the standalone ``pytorch_lightning`` and
+``lightning_fabric`` have distinct classes: each gets its own (``_fabric.build``,
+``_trainer.build``; ``fabric``, ``trainer``, ``standalone_fabric``, ``standalone_trainer``).
 """
 
 from __future__ import annotations
 
+import functools
+import importlib
+from collections.abc import Callable
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -37,16 +42,41 @@ SINGLE_DEVICE_STRATEGY = "single_accel"
 DDP_STRATEGIES = (("ddp_accel", "popen"), ("ddp_spawn_accel", "spawn"), ("ddp_fork_accel", "fork"))
 
 
-def register_fabric() -> None:
-    from torch_accel.lightning import fabric
+# accel's module for each Lightning package, made once the module that imports the package's
+# registries (its connector) has been imported: the unified package's and the standalone ones'.
+MODULES = {
+    "lightning.fabric.connector": "torch_accel.lightning.fabric",
+    "lightning.pytorch.trainer.connectors.accelerator_connector": "torch_accel.lightning.trainer",
+    "lightning_fabric.connector": "torch_accel.lightning.standalone_fabric",
+    "pytorch_lightning.trainer.connectors.accelerator_connector": (
+        "torch_accel.lightning.standalone_trainer"
+    ),
+}
 
-    fabric.register()
+
+def register(after_import: Callable[[str, Callable[[], None]], None]) -> None:
+    """Makes accel's classes for each Lightning package right after its connector's import."""
+    for trigger, module in MODULES.items():
+        after_import(trigger, functools.partial(importlib.import_module, module))
 
 
-def register_trainer() -> None:
-    from torch_accel.lightning import trainer
+def bind(module: str, *classes: type) -> SimpleNamespace:
+    """Names ``classes`` (made in a function) as attributes of ``module``, where pickle finds
+    them."""
+    for cls in classes:
+        cls.__module__ = module
+        cls.__qualname__ = cls.__name__
+    return SimpleNamespace(**{cls.__name__: cls for cls in classes})
 
-    trainer.register()
+
+def fill_registries(accelerators: Any, strategies: Any, classes: SimpleNamespace) -> None:
+    """Puts accel's accelerator and strategies in a Lightning package's registries."""
+    if ACCELERATOR not in accelerators:
+        classes.AccelAccelerator.register_accelerators(accelerators)
+    if SINGLE_DEVICE_STRATEGY not in strategies:
+        classes.SingleAccelStrategy.register_strategies(strategies)
+    if DDP_STRATEGIES[0][0] not in strategies:
+        classes.DDPAccelStrategy.register_strategies(strategies)
 
 
 def parse_devices(devices: Any, error: type[Exception]) -> list[int]:
@@ -115,6 +145,8 @@ class OneDevice:
 
     strategy_name = SINGLE_DEVICE_STRATEGY
 
+    error: type[Exception]  # the package's MisconfigurationException
+
     def __init__(self, device: Any = None, **kwargs: Any) -> None:
         super().__init__(device="cpu" if device is None else device, **kwargs)  # type: ignore[call-arg]
         self._devices = [] if device is None else single_device([torch.device(device)], ValueError)
@@ -125,9 +157,7 @@ class OneDevice:
 
     @parallel_devices.setter
     def parallel_devices(self, devices: list[torch.device]) -> None:
-        from lightning.fabric.utilities.exceptions import MisconfigurationException
-
-        self._devices = single_device(devices, MisconfigurationException)
+        self._devices = single_device(devices, self.error)
 
     @property
     def root_device(self) -> torch.device:
