@@ -117,3 +117,39 @@ def test_internal_overlap_is_refused():
     dst = torch.zeros(1, device="accel").expand(4)
     with pytest.raises(RuntimeError, match="more than one element"):
         dst.copy_(torch.arange(4.0))
+
+
+def test_foreach_copy_between_devices_copies_each_tensor_like_cuda():
+    """_foreach_copy_ of lists on several devices copies tensor by tensor, as CUDA's kernel does
+    (tensordict's updates, FSDP2's copy-out and EMA weights take it); the CPU's kernel, which
+    accel runs for lists on one device, takes one device."""
+    torch.manual_seed(0)
+    shapes = [(3,), (2, 5), (4, 1, 2), ()]
+    src = [torch.randn(s) for s in shapes]
+    cases = [
+        ([torch.zeros(s) for s in shapes], [t.to("accel") for t in src]),  # accel -> CPU
+        ([torch.zeros(s, device="accel") for s in shapes], src),  # CPU -> accel
+        ([torch.zeros(s, device="accel:0") for s in shapes], [t.to("accel:1") for t in src]),
+        # mixed: some sources on the CPU, some on accel:1, into accel:0 (float64 to float32)
+        (
+            [torch.zeros(s, device="accel:0") for s in shapes],
+            [t.double().to("accel:1" if i % 2 else "cpu") for i, t in enumerate(src)],
+        ),
+        ([torch.zeros(s, device="accel") for s in shapes], [t.to("accel") for t in src]),
+    ]
+    for dst, sources in cases:
+        before = [d.device for d in dst]
+        torch._foreach_copy_(dst, sources)
+        assert [d.device for d in dst] == before
+        for d, s in zip(dst, src, strict=True):
+            torch.testing.assert_close(d.cpu(), s, rtol=0, atol=0)
+    pinned = [t.pin_memory() for t in src]
+    dst = [torch.zeros(s, device="accel") for s in shapes]
+    torch._foreach_copy_(dst, pinned, non_blocking=True)
+    torch.accel.synchronize()
+    for d, s in zip(dst, src, strict=True):
+        assert_same(d, s)
+    with pytest.raises(RuntimeError, match="same number of tensors, got 2 and 1"):
+        torch._foreach_copy_([torch.zeros(1), torch.zeros(1)], [torch.ones(1, device="accel")])
+    with pytest.raises(RuntimeError, match="same number of tensors, got 2 and 1"):
+        torch._foreach_copy_([torch.zeros(1, device="accel")] * 2, [torch.ones(1, device="accel")])

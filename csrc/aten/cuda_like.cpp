@@ -410,4 +410,50 @@ bool foreach_pow_complex_half(const c10::OperatorHandle& op, torch::jit::Stack* 
   return true;
 }
 
+namespace {
+
+// Whether the tensors of _foreach_copy_'s two lists are not all on one device.
+bool lists_span_devices(const torch::jit::Stack& stack, size_t begin) {
+  std::optional<c10::Device> device;
+  bool spans = false;
+  for (size_t i = begin; i < begin + 2; ++i) {
+    for_each_tensor_of(stack[i], [&](const at::Tensor& t) {
+      if (!device) {
+        device = t.device();
+      } else if (t.device() != *device) {
+        spans = true;
+      }
+    });
+  }
+  return spans;
+}
+
+}  // namespace
+
+// _foreach_copy_ between lists on several devices (a CPU list into an accel one, accel:1's into
+// accel:0's): CUDA's kernel copies those tensor by tensor as copy_ does (its slow path); the
+// CPU's kernel, which accel runs, takes one device. Lists on one device take the usual path.
+bool foreach_copy_across_devices_when(const c10::OperatorHandle& op,
+                                      const torch::jit::Stack& stack) {
+  return lists_span_devices(stack, stack.size() - op.schema().arguments().size());
+}
+
+bool foreach_copy_across_devices(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const size_t n = op.schema().arguments().size();
+  const size_t begin = stack->size() - n;
+  if (!lists_span_devices(*stack, begin)) return false;
+  const std::vector<at::Tensor> self = (*stack)[begin].toTensorVector();
+  const std::vector<at::Tensor> src = (*stack)[begin + 1].toTensorVector();
+  TORCH_CHECK(self.size() == src.size(),
+              "Tensor lists must have the same number of tensors, got ", self.size(), " and ",
+              src.size());
+  const bool non_blocking = (*stack)[begin + 2].toBool();
+  for (size_t i = 0; i < self.size(); ++i) {
+    at::Tensor dst = self[i];
+    dst.copy_(src[i], non_blocking);
+  }
+  torch::jit::drop(*stack, n);
+  return true;
+}
+
 }  // namespace accel::aten
