@@ -153,3 +153,37 @@ def test_foreach_copy_between_devices_copies_each_tensor_like_cuda():
         torch._foreach_copy_([torch.zeros(1), torch.zeros(1)], [torch.ones(1, device="accel")])
     with pytest.raises(RuntimeError, match="same number of tensors, got 2 and 1"):
         torch._foreach_copy_([torch.zeros(1, device="accel")] * 2, [torch.ones(1, device="accel")])
+
+
+def test_foreach_lists_on_several_devices_run_tensor_by_tensor_like_cuda():
+    """_foreach_ lists whose tensors sit on several devices (each index on one device) run each
+    tensor's operator on its own device, as CUDA's kernels do on their slow path (PyTorch's
+    test_foreach.py checks this for CUDA only: *_tensors_on_different_devices)."""
+    torch.manual_seed(0)
+    devices = ["accel:0", "cpu", "accel:1"]
+    a = [torch.randn(4, 3) for _ in devices]
+    b = [torch.randn(4, 3) for _ in devices]
+    c = [torch.rand(4, 3) + 0.5 for _ in devices]
+
+    def on(ts):
+        return [t.to(d, copy=True) for t, d in zip(ts, devices, strict=True)]
+
+    results = torch._foreach_add(on(a), on(b), alpha=2.0)
+    for r, x, y, d in zip(results, a, b, devices, strict=True):
+        assert r.device == torch.device(d)
+        torch.testing.assert_close(r.cpu(), x + 2.0 * y, rtol=0, atol=0)
+    written = on(a)
+    torch._foreach_addcdiv_(written, on(b), on(c), value=0.5)
+    for w, x, y, z in zip(written, a, b, c, strict=True):
+        torch.testing.assert_close(w.cpu(), torch.addcdiv(x, y, z, value=0.5), rtol=0, atol=0)
+    written = on(a)
+    torch._foreach_mul_(written, [2.0, 3.0, 4.0])
+    for w, x, k in zip(written, a, [2.0, 3.0, 4.0], strict=True):
+        torch.testing.assert_close(w.cpu(), x * k, rtol=0, atol=0)
+    norms = torch._foreach_norm(on(a))
+    assert [n.device for n in norms] == [torch.device(d) for d in devices]
+    for n, x in zip(norms, a, strict=True):
+        torch.testing.assert_close(n.cpu(), torch.linalg.vector_norm(x))
+    # an index whose tensors are on two devices is refused as the operator alone refuses it
+    with pytest.raises(RuntimeError, match="same device.*accel:0 and cpu"):
+        torch._foreach_add([torch.ones(3, device="accel"), torch.ones(2)], [torch.ones(3)] * 2)

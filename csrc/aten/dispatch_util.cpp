@@ -95,6 +95,27 @@ c10::DeviceIndex call_device(const c10::OperatorHandle& op, const torch::jit::St
   return scan.device ? *scan.device : device::current_device();
 }
 
+bool foreach_lists_span_devices(const c10::OperatorHandle& op, const torch::jit::Stack& stack) {
+  const auto& args = op.schema().arguments();
+  const size_t begin = stack.size() - args.size();
+  std::optional<c10::Device> device;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const c10::IValue& v = stack[begin + i];
+    if (!v.isTensorList() || args[i].name() == "scalars") continue;
+    const c10::AliasInfo* alias = args[i].alias_info();
+    const bool written = alias != nullptr && alias->isWrite();
+    for (const at::Tensor& t : v.toTensorList()) {
+      if (!t.defined() || (t.device().is_cpu() && t.dim() == 0 && !written)) continue;
+      if (!device) {
+        device = t.device();
+      } else if (t.device() != *device) {
+        return true;
+      }
+    }
+  }
+  return false;
+}
+
 bool is_generator_argument(const c10::Argument& a) {
   const c10::TypePtr& t = a.type();
   if (t->kind() == c10::TypeKind::GeneratorType) return true;

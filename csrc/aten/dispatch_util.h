@@ -33,6 +33,12 @@ inline bool is_accel(const at::Tensor& t) {
 c10::DeviceIndex call_device(const c10::OperatorHandle& op, const torch::jit::Stack& stack,
                              std::string_view name);
 
+// Whether the tensor lists of a _foreach_ call hold tensors of several devices (0-dim CPU
+// tensors read as scalars, and the `scalars` tensor, aside): CUDA's kernels then run the call
+// tensor by tensor (their slow path, which is the CPU's kernel), each tensor's operator on
+// that tensor's device.
+bool foreach_lists_span_devices(const c10::OperatorHandle& op, const torch::jit::Stack& stack);
+
 // Whether an argument of a schema is a Generator or Generator?.
 bool is_generator_argument(const c10::Argument& a);
 

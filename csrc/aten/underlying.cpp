@@ -87,6 +87,12 @@ class UnderlyingKernel final : public c10::OperatorKernel, public AsyncPath {
     // cuda_like and dtypes describe what the CPU's kernels refuse: the host executor's concern.
     const Executor ex = executor();
     if (c.cuda_like != nullptr && ex == Executor::Host && c.cuda_like(op, stack)) return;
+    // _foreach_ lists on several devices: the CPU's kernel runs each tensor's operator on that
+    // tensor's device, as CUDA's slow path does (CUDA's kernels take such lists themselves).
+    if (foreach_ && ex == Executor::Host && foreach_lists_span_devices(op, *stack)) {
+      op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
+      return;
+    }
     if (g_force_fallback.load(std::memory_order_relaxed) || ex == Executor::None ||
         (ex == Executor::Host && !dtype_allowed(c, op, *stack))) {
       cpu_fallback(fallback_op, stack);
@@ -118,7 +124,7 @@ class UnderlyingKernel final : public c10::OperatorKernel, public AsyncPath {
     if ((info_.zero_tensor_args && has_zero_tensors(stack, n)) ||
         driver_tier(c) != Tier::Underlying || c.metadata_only || c.sync ||
         !info_.tensor_returns_only || info_.has_index_list || info_.has_generator ||
-        may_widen(c, op, stack)) {
+        may_widen(c, op, stack) || (foreach_ && foreach_lists_span_devices(op, stack))) {
       return false;
     }
     const Executor ex = executor();
