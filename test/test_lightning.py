@@ -8,6 +8,7 @@ precision) are refused with an error that names accel's strategies, or replaced.
 
 from __future__ import annotations
 
+import os
 import warnings
 
 import pytest
@@ -20,6 +21,20 @@ from lightning.pytorch.accelerators import AcceleratorRegistry  # noqa: E402
 from lightning.pytorch.strategies import StrategyRegistry  # noqa: E402
 
 from torch_accel.lightning import trainer as accel_trainer  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _lightnings_process_state() -> object:
+    """Lightning changes the process as CUDA users expect: the accelerator makes the device it
+    sets up current (as torch.cuda.set_device), and its launchers and seeding set environment
+    variables (MASTER_PORT, PL_GLOBAL_SEED). Restored after each test for the tests after."""
+    device = torch.accel.current_device()
+    environ = dict(os.environ)
+    yield
+    torch.accel.set_device(device)
+    os.environ.clear()
+    os.environ.update(environ)
+
 
 QUIET = dict(
     logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False
