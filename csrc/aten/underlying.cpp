@@ -87,9 +87,9 @@ class UnderlyingKernel final : public c10::OperatorKernel, public AsyncPath {
     // cuda_like and dtypes describe what the CPU's kernels refuse: the host executor's concern.
     const Executor ex = executor();
     if (c.cuda_like != nullptr && ex == Executor::Host && c.cuda_like(op, stack)) return;
-    // _foreach_ lists on several devices: the CPU's kernel runs each tensor's operator on that
-    // tensor's device, as CUDA's slow path does (CUDA's kernels take such lists themselves).
-    if (foreach_ && ex == Executor::Host && foreach_lists_span_devices(op, *stack)) {
+    // _foreach_ lists on several devices: the CPU's kernel, a loop over the tensors, runs each
+    // tensor's operator on that tensor's device (and driver), as CUDA's slow path does.
+    if (foreach_ && foreach_lists_span_devices(op, *stack)) {
       op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
       return;
     }
