@@ -170,14 +170,20 @@ class OneDevice:
         strategy_registry.register(cls.strategy_name, cls, description=cls.__doc__)
 
 
-def register_ddp_strategies(cls: type, strategy_registry: Any) -> None:
-    for name, start_method in DDP_STRATEGIES:
-        strategy_registry.register(
-            name,
-            cls,
-            description=f"DDP on accel devices, start_method {start_method!r}",
-            start_method=start_method,
-        )
+class DDPOnAccel:
+    """The part of accel's DDP strategies that Fabric's and the Trainer's share (put before
+    their ``DDPStrategy``): one registry name per start method (``DDP_STRATEGIES``). Each still
+    gives DDP no device_ids through its package's own method name."""
+
+    @classmethod
+    def register_strategies(cls, strategy_registry: Any) -> None:
+        for name, start_method in DDP_STRATEGIES:
+            strategy_registry.register(
+                name,
+                cls,
+                description=f"DDP on accel devices, start_method {start_method!r}",
+                start_method=start_method,
+            )
 
 
 def on_accel(plugin: Any, mixed_precision: type) -> Any:

@@ -72,17 +72,13 @@ def build(package: str, module: str) -> SimpleNamespace:
 
         precision = precision_on_accel(strategies.SingleDeviceStrategy)
 
-    class DDPAccelStrategy(strategies.DDPStrategy):
+    class DDPAccelStrategy(common.DDPOnAccel, strategies.DDPStrategy):
         """DDP over accel devices (see ``DDP_STRATEGIES``)."""
 
         precision = precision_on_accel(strategies.DDPStrategy)
 
         def _determine_ddp_device_ids(self) -> list[int] | None:
             return None
-
-        @classmethod
-        def register_strategies(cls, strategy_registry: Any) -> None:
-            common.register_ddp_strategies(cls, strategy_registry)
 
     classes = common.bind(module, AccelAccelerator, SingleAccelStrategy, DDPAccelStrategy)
     common.fill_registries(accelerators.ACCELERATOR_REGISTRY, strategies.STRATEGY_REGISTRY, classes)

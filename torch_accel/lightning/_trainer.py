@@ -46,15 +46,11 @@ def build(package: str, fabric: SimpleNamespace, module: str) -> SimpleNamespace
 
         error = error_type
 
-    class DDPAccelStrategy(strategies.DDPStrategy):
+    class DDPAccelStrategy(common.DDPOnAccel, strategies.DDPStrategy):
         """DDP over accel devices (see ``DDP_STRATEGIES``)."""
 
         def determine_ddp_device_ids(self) -> list[int] | None:
             return None
-
-        @classmethod
-        def register_strategies(cls, strategy_registry: Any) -> None:
-            common.register_ddp_strategies(cls, strategy_registry)
 
     classes = common.bind(module, AccelAccelerator, SingleAccelStrategy, DDPAccelStrategy)
     common.fill_registries(accelerators.AcceleratorRegistry, strategies.StrategyRegistry, classes)
