@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
@@ -93,6 +95,43 @@ def test_non_blocking_pinned_copies_are_correct_after_synchronize():
         back.copy_(dev, non_blocking=True)
     s.synchronize()
     torch.testing.assert_close(back, src * 2)
+
+
+@pytest.mark.parametrize("convert", ["dtype", "layout", "conjugate"])
+def test_non_blocking_converting_upload_reads_the_pinned_source_in_stream_order(convert) -> None:
+    # test_cuda.py's test_copy_non_blocking_type_conversion: a non-blocking download into pinned
+    # memory, then a non-blocking upload of it that converts. The upload must read what the
+    # download wrote: CUDA converts on the device for non-blocking copies.
+    shape = (2, 3, 4, 5)
+    values = torch.arange(120.0).view(shape) + (1j if convert == "conjugate" else 0)
+    a = values.to("accel")
+    b = torch.zeros(shape, dtype=a.dtype, pin_memory=True)
+    dst = {
+        "dtype": lambda: torch.empty(shape, dtype=torch.long, device="accel"),
+        "layout": lambda: torch.empty(shape, device="accel").to(memory_format=torch.channels_last),
+        "conjugate": lambda: torch.empty(shape, dtype=torch.complex64, device="accel"),
+    }[convert]()
+    torch.accel._sleep(100_000_000)  # the stream is busy for 0.1 s, then downloads
+    b.copy_(a, non_blocking=True)
+    src = b.conj() if convert == "conjugate" else b
+    dst.copy_(src, non_blocking=True)
+    want = values.conj() if convert == "conjugate" else values
+    assert torch.equal(dst.cpu(), want.to(dst.dtype))
+
+
+def test_non_blocking_converting_download_into_pinned_memory_does_not_wait() -> None:
+    a = torch.arange(1 << 16, dtype=torch.float32, device="accel")
+    out = torch.zeros(1 << 16, dtype=torch.float64, pin_memory=True)
+    torch.accel._sleep(100_000_000)
+    out.copy_(a, non_blocking=True)  # converted on the device, then downloaded, both queued
+    blocking = os.environ.get("ACCEL_LAUNCH_BLOCKING", "") not in ("", "0")
+    assert torch.accel.current_stream().query() == blocking  # launch-blocking ran it all
+    torch.accel.synchronize()
+    assert torch.equal(out, torch.arange(1 << 16, dtype=torch.float64))
+    pageable = torch.zeros(1 << 16, dtype=torch.float64)
+    torch.accel._sleep(50_000_000)
+    pageable.copy_(a, non_blocking=True)  # pageable memory: waits, as CUDA's
+    assert torch.equal(pageable, torch.arange(1 << 16, dtype=torch.float64))
 
 
 def test_dataloader_pins_batches_for_accel():

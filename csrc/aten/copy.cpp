@@ -68,6 +68,17 @@ at::Tensor accel_contiguous_like(const at::Tensor& like, c10::DeviceIndex device
   return t;
 }
 
+// An accel tensor on `device` with the dtype, lazy bits and dense layout of `like` (dense `like`
+// only): the bytes of one copy into the other as they are.
+at::Tensor accel_with_layout_of(const at::Tensor& like, c10::DeviceIndex device) {
+  at::Tensor t =
+      at::empty_strided(like.sizes(), like.strides(),
+                        at::TensorOptions().dtype(like.scalar_type()).device(kAccel, device));
+  if (like.is_conj()) t._set_conj(true);
+  if (like.is_neg()) t._set_neg(true);
+  return t;
+}
+
 void memcpy_on(rt::Stream stream, void* dst, const void* src, size_t bytes, rt::CopyKind kind,
                const char* what) {
   device::call([&] { rt::memcpy_async(dst, src, bytes, kind, stream); }, what);
@@ -165,6 +176,16 @@ void copy_host_to_accel(const at::Tensor& dst, const at::Tensor& src, bool non_b
   if (!non_blocking) warn_or_error_on_sync("copy_ (host to accel)", "a blocking copy");
   c10::DeviceGuard guard(dst.device());
   const rt::Stream stream = device::call([&] { return rt::current_stream(dst.device().index()); });
+  if (non_blocking && !same_bytes(dst, src) && src.is_non_overlapping_and_dense()) {
+    // A non-blocking copy that converts (dtype, layout, conjugate or negative bits) converts on
+    // the device, as CUDA's does: src's bytes go up as they are, in stream order, and a copy
+    // within accel converts them. Converting on the host would read a pinned source before the
+    // work queued to write it (a non-blocking download into it) has run.
+    at::Tensor staged = accel_with_layout_of(src, dst.device().index());
+    copy_host_to_accel(staged, src, /*non_blocking=*/true);
+    copy_within_accel(dst, staged);
+    return;
+  }
   at::Tensor host = src;
   if (!same_bytes(dst, src) && dst.is_non_overlapping_and_dense()) {
     // Convert on the host into dst's exact byte layout, then move the bytes.
@@ -198,6 +219,14 @@ void copy_accel_to_host(const at::Tensor& dst, const at::Tensor& src, bool non_b
               rt::CopyKind::DeviceToHost, "copy_");
     if (pinned) device::call([&] { rt::host_record_stream(dst.data_ptr(), stream); });
     if (!non_blocking || !pinned) synchronize(stream);
+    return;
+  }
+  if (non_blocking && dst.is_non_overlapping_and_dense()) {
+    // As CUDA's: converted on the device first, in stream order, then downloaded as it is (not
+    // waiting where dst is pinned).
+    at::Tensor converted = accel_with_layout_of(dst, src.device().index());
+    copy_within_accel(converted, src);
+    copy_accel_to_host(dst, converted, /*non_blocking=*/true);
     return;
   }
   // Download src's bytes as they are (gathering first if src has gaps), convert on the host.
