@@ -227,6 +227,42 @@ def test_pools_are_shared_and_memory_returns_after_reset() -> None:
     assert torch.accel.memory_reserved() == before
 
 
+def test_recapture_after_reset_may_write_a_tensor_of_the_old_pool() -> None:
+    # test_cuda.py's test_graph_capture_reset_recapture: the first capture's output, kept after
+    # reset(), is written by the second capture and then dropped during it. Its pool has no
+    # holder then; as CUDA's, its memory stays cached until empty_cache (the host driver
+    # released it at once, and the replay wrote to unmapped memory: the process crashed).
+    s = torch.accel.Stream()
+    with torch.accel.stream(s):
+        a = torch.full((1000,), 1.0, device=ACCEL)
+        g = torch.accel.AccelGraph()
+        g.capture_begin()
+        b = a
+        for _ in range(10):
+            b = b + 1
+        g.capture_end()
+    torch.accel.current_stream().wait_stream(s)
+    g.replay()
+    assert b.sum().item() == 11000
+    g.reset()
+    reserved = torch.accel.memory_reserved()
+    with torch.accel.stream(s):
+        g.capture_begin()
+        b.fill_(2.0)
+        for _ in range(10):
+            b = b + 2
+        g.capture_end()
+    torch.accel.current_stream().wait_stream(s)
+    g.replay()
+    assert b.sum().item() == 22000
+    assert torch.accel.memory_reserved() >= reserved  # the old pool's memory is still there
+    del b
+    g.reset()
+    torch.accel.synchronize()
+    torch.accel.empty_cache()
+    assert torch.accel.memory_reserved() < reserved
+
+
 def test_destroyed_graph_raises_on_use() -> None:
     g = torch.accel.AccelGraph()
     g.destroy()

@@ -289,9 +289,6 @@ void CachingAllocator::capture_ended() {
   std::vector<Block*> blocks;
   blocks.swap(deferred_frees_);
   for (Block* b : blocks) insert_events(b);
-  if (rt_.capturing_anywhere()) return;
-  // Private pools released while captures were underway give their memory back now.
-  release_free_segments([](const BlockPool& p) { return p.is_private && *p.use_count == 0; });
 }
 
 void CachingAllocator::free_block(Block* b) {
@@ -334,12 +331,10 @@ void CachingAllocator::free_block(Block* b) {
     release_segment(b);
     return;
   }
-  // A private pool nobody holds gives its memory back as soon as a segment is free (after the
-  // captures underway end, capture_ended, if there are any).
-  if (pool.is_private && *pool.use_count == 0 && !b->is_split() && !rt_.capturing_anywhere()) {
-    release_segment(b);
-    maybe_drop_private_pool(&pool);
-  }
+  // A block of a private pool nobody holds stays cached, as CUDA's: a graph captured later may
+  // still write to it (a tensor of an earlier capture's pool used in a new capture, then freed),
+  // so its segment goes back to the driver at empty_cache or when an allocation runs out of
+  // memory, not at once.
 }
 
 bool CachingAllocator::segment_is_free(const Block* head) const {
@@ -390,12 +385,15 @@ void CachingAllocator::use_pool(PoolId id) {
   ++*pool.use_count;
 }
 
-void CachingAllocator::release_pool(PoolId id) {
+void CachingAllocator::release_pool(PoolId id, bool empty_now) {
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = private_pools_.find(id);
   if (it == private_pools_.end() || it->second->use_count == 0) return;
   if (--it->second->use_count > 0) return;
-  if (rt_.capturing_anywhere()) return;  // capture_ended gives the memory back
+  // Nobody holds the pool: empty_cache and out-of-memory retries may release its free segments
+  // (as CUDA's graph_pools_freeable). A MemPool let go releases those free now (CUDA's
+  // ~MemPool empties its pool's cache); not during a capture, which frees nothing.
+  if (!empty_now || rt_.capturing_anywhere()) return;
   release_free_segments([&](const BlockPool& p) { return p.is_private && p.id == id; });
 }
 

@@ -22,7 +22,8 @@
 //
 // Graph captures allocate from private pools (PoolId), kept apart from the default pool so that
 // addresses baked into a graph stay valid for every replay. A private pool lives while a graph
-// or capture holds it; then its cached segments are released.
+// or capture holds it; then, as CUDA's, its free segments go back to the driver at empty_cache
+// or when an allocation runs out of memory (at once for a MemPool let go: CUDA's ~MemPool).
 #pragma once
 
 #include <array>
@@ -88,8 +89,10 @@ class CachingAllocator {
   void reset_accumulated_stats();
 
   // Private pools (graphs, MemPool).
-  void use_pool(PoolId id);      // a capture, graph or MemPool holds the pool
-  void release_pool(PoolId id);  // ... and lets it go
+  void use_pool(PoolId id);  // a capture, graph or MemPool holds the pool
+  // ... and lets it go; empty_now: a MemPool's last holder, whose pool's free segments go back
+  // to the driver at once (a graph's wait for empty_cache or an out-of-memory retry)
+  void release_pool(PoolId id, bool empty_now = false);
   void create_pool(PoolId id, MemPoolOptions options);  // a held pool with these options
   int pool_use_count(PoolId id);
   // Allocations of `thread` on streams that are not capturing go to `id` (held meanwhile).

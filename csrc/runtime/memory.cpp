@@ -202,7 +202,7 @@ PoolId mem_pool_create(int device, MemPoolOptions options) {
 
 void mem_pool_release(int device, PoolId pool) {
   Runtime& rt = Runtime::get();
-  rt.device_state(device, "mem_pool_release").allocator->release_pool(pool);
+  rt.device_state(device, "mem_pool_release").allocator->release_pool(pool, /*empty_now=*/true);
 }
 
 int mem_pool_use_count(int device, PoolId pool) {

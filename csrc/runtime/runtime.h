@@ -173,6 +173,9 @@ struct MemPoolOptions {
 };
 // A new pool on `device`, held once by the caller.
 ACCEL_RT_API PoolId mem_pool_create(int device = -1, MemPoolOptions options = {});
+// Lets the caller's hold go; with no holder left, the pool's free segments go back to the
+// driver now, the others once their blocks are free, at empty_cache or an out-of-memory retry
+// (CUDA's ~MemPool).
 ACCEL_RT_API void mem_pool_release(int device, PoolId pool);
 ACCEL_RT_API int mem_pool_use_count(int device, PoolId pool);
 // From now on, allocations of the calling thread on `device` (on streams that are not
