@@ -333,8 +333,36 @@ def test_graphed_functions_and_chained_callables() -> None:
     (torch.nn.functional.linear(h_ref, lin.weight, lin.bias).sum() + s_ref).backward()
     torch.testing.assert_close(grads[0], a_ref.grad.cpu())
     torch.testing.assert_close(grads[1], lin.weight.grad.cpu())
-    with pytest.raises(TypeError, match="expected 2 tensor arguments"):
+    with pytest.raises(TypeError, match=r"structured as its sample_args \(2 tensors"):
         g_fn(a)
+
+
+def test_graphed_callables_take_nested_arguments() -> None:
+    # test_cuda.py's test_graph_make_graphed_callables variants pass ({"x": x},)-style samples:
+    # torch.cuda flattens them (pytree), and so does accel.
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(5, 3).to(ACCEL)
+
+    def fn(inputs: dict, pair: tuple) -> dict:
+        return {"y": lin(inputs["x"]) * pair[0], "z": pair[1].sum()}
+
+    sample = ({"x": torch.randn(4, 5, device=ACCEL, requires_grad=True)},
+              (torch.randn(4, 3, device=ACCEL), torch.randn(2, device=ACCEL)))  # fmt: skip
+    graphed = torch.accel.make_graphed_callables(fn, sample)
+    x = torch.randn(4, 5, device=ACCEL, requires_grad=True)
+    scale, v = torch.randn(4, 3, device=ACCEL), torch.randn(2, device=ACCEL)
+    out = graphed({"x": x}, (scale, v))
+    assert set(out) == {"y", "z"}
+    out["y"].sum().backward()
+    x_ref = x.detach().clone().requires_grad_()
+    lin.weight.grad = None
+    want = lin(x_ref) * scale
+    want.sum().backward()
+    torch.testing.assert_close(out["y"].detach().cpu(), want.detach().cpu())
+    torch.testing.assert_close(out["z"].cpu(), v.sum().cpu())
+    torch.testing.assert_close(x.grad.cpu(), x_ref.grad.cpu())
+    with pytest.raises(TypeError, match="structured as its sample_args"):
+        graphed(x, (scale, v))
 
 
 def test_graphed_dropout_draws_per_call() -> None:

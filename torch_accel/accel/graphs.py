@@ -243,11 +243,13 @@ def _flat_tensors(values: Any, what: str) -> tuple[list[torch.Tensor], Any]:
 class _Graphed:
     """One callable's forward and backward graphs, and what replays them."""
 
-    def __init__(self, fn: Any, args: tuple[torch.Tensor, ...], allow_unused: bool) -> None:
+    def __init__(self, fn: Any, args: tuple[Any, ...], allow_unused: bool) -> None:
         self.fn = fn
-        self.static_inputs = args
+        self.args = args  # as the callable takes them (nested structures of tensors too)
+        leaves, self.args_spec = _flat_tensors(args, "sample_args")
+        self.static_inputs = tuple(leaves)
         self.params = tuple(fn.parameters()) if isinstance(fn, torch.nn.Module) else ()
-        self.differentiable = [t for t in args + self.params if t.requires_grad]
+        self.differentiable = [t for t in self.static_inputs + self.params if t.requires_grad]
         self.allow_unused = allow_unused
         self.fwd = AccelGraph()
         self.bwd = AccelGraph()
@@ -267,13 +269,13 @@ class _Graphed:
 
     def warm_up(self, iters: int) -> None:
         for _ in range(iters):
-            outputs, _ = _flat_tensors(self.fn(*self.static_inputs), "outputs")
+            outputs, _ = _flat_tensors(self.fn(*self.args), "outputs")
             grads = [torch.ones_like(o) for o in outputs if o.requires_grad]
             self._backward(outputs, grads)
 
     def capture_forward(self, pool: tuple[int, int]) -> None:
         with graph(self.fwd, pool=pool):
-            outputs = self.fn(*self.static_inputs)
+            outputs = self.fn(*self.args)
         self.outputs, self.spec = _flat_tensors(outputs, "outputs")
         self.grad_outputs = [torch.empty_like(o) if o.requires_grad else None for o in self.outputs]
 
@@ -317,13 +319,14 @@ class _Graphed:
                 )
                 return graphed.returned
 
-        def run(*args: torch.Tensor) -> Any:
-            if len(args) != len(graphed.static_inputs):
+        def run(*args: Any) -> Any:
+            leaves, spec = torch.utils._pytree.tree_flatten(args)
+            if spec != graphed.args_spec:
                 raise TypeError(
-                    f"graphed callable: expected {len(graphed.static_inputs)} tensor arguments "
-                    f"(as in its sample_args), got {len(args)}"
+                    f"graphed callable: expected arguments structured as its sample_args "
+                    f"({len(graphed.static_inputs)} tensors: {graphed.args_spec}), got {spec}"
                 )
-            out = Replay.apply(*args, *graphed.params)
+            out = Replay.apply(*leaves, *graphed.params)
             return torch.utils._pytree.tree_unflatten(list(out), graphed.spec)
 
         return run
@@ -338,13 +341,14 @@ def make_graphed_callables(
 ) -> Any:
     """Graphed versions of callables (modules or functions), as torch.cuda's.
 
-    Each callable runs ``num_warmup_iters`` times on ``sample_args`` (a tuple of tensors per
-    callable), then its forward and its backward are captured into two graphs, which all the
-    callables' graphs share one memory pool (``pool``, or a new one): forwards in order,
-    backwards in reverse order. Calling the result copies its arguments into the captured inputs
-    and replays the forward graph; backward replays the backward graph. The arguments must have
-    the sample's shapes, dtypes and devices, and which of them require grad. A module keeps its
-    own ``forward`` for calls in the other training mode than at capture.
+    Each callable runs ``num_warmup_iters`` times on ``sample_args`` (a tuple of arguments per
+    callable: tensors, or nested tuples, lists and dicts of tensors), then its forward and its
+    backward are captured into two graphs, which all the callables' graphs share one memory
+    pool (``pool``, or a new one): forwards in order, backwards in reverse order. Calling the
+    result copies its arguments into the captured inputs and replays the forward graph; backward
+    replays the backward graph. The arguments must have the sample's structure, shapes, dtypes
+    and devices, and which of them require grad. A module keeps its own ``forward`` for calls in
+    the other training mode than at capture.
     """
     single = not isinstance(callables, tuple)
     if single:
@@ -354,7 +358,6 @@ def make_graphed_callables(
     parts = []
     for fn, args in zip(callables, sample_args, strict=True):
         args = tuple(args) if isinstance(args, (tuple, list)) else (args,)
-        _flat_tensors(args, "sample_args")
         if isinstance(fn, torch.nn.Module) and (fn._backward_hooks or fn._forward_hooks):
             raise RuntimeError(
                 "make_graphed_callables: modules with registered hooks cannot be graphed (the "
