@@ -25,6 +25,28 @@ def test_record_synchronize_query_and_elapsed_time():
     assert start.elapsed_time(end) == pytest.approx(-end.elapsed_time(start))
 
 
+def test_a_completed_last_event_leaves_its_stream_idle():
+    # test_cuda.py's test_stream_event_nogil and test_events_wait: once the last work recorded on
+    # a stream has completed, the stream is idle (cudaStreamQuery), and a synchronized stream's
+    # events are complete. The event used to complete before its stream counted the marker done.
+    x = torch.ones(1000, device="accel")
+    s = torch.accel.current_stream()
+    side = torch.accel.Stream()
+    busy_after_event = busy_event_after_stream = 0
+    for _ in range(500):
+        x.add_(1)
+        e = torch.accel.Event()
+        e.record(s)
+        e.synchronize()
+        busy_after_event += not s.query()
+        with torch.accel.stream(side):
+            x.add_(1)
+            e2 = side.record_event()
+        side.synchronize()
+        busy_event_after_stream += not e2.query()
+    assert (busy_after_event, busy_event_after_stream) == (0, 0)
+
+
 def test_elapsed_time_errors_name_the_problem():
     untimed = torch.accel.Event()
     timed = torch.accel.Event(enable_timing=True)

@@ -338,6 +338,9 @@ class HostDriver final : public Driver {
       version = ev->issue_record();
       ev->capture.reset();
       ev->capture_frontier.clear();
+      // (the task enqueued below is the stream's next one)
+      ev->record_stream = s->weak_from_this();
+      ev->record_task = s->submitted.load(std::memory_order_seq_cst) + 1;
     }
     s->enqueue_locked(Task([ev = std::move(ev), version] { ev->complete(version); }), nullptr,
                       slock);
@@ -387,7 +390,7 @@ class HostDriver final : public Driver {
     check_capture_safe("event_query");
     HostEvent* ev = as_event(event);
     std::lock_guard<std::mutex> lock(ev->m);
-    return ev->completed() >= ev->last_record();
+    return ev->completed() >= ev->last_record() && ev->stream_passed();
   }
 
   void event_synchronize(DriverEvent event) override {
@@ -399,6 +402,14 @@ class HostDriver final : public Driver {
       version = ev->last_record();
     }
     ev->wait_for(version);
+    // The record's stream counts its task done right after the task completed the event.
+    for (;;) {
+      {
+        std::lock_guard<std::mutex> lock(ev->m);
+        if (ev->last_record() != version || ev->stream_passed()) break;
+      }
+      std::this_thread::yield();
+    }
   }
 
   float event_elapsed_ms(DriverEvent start, DriverEvent end) override {

@@ -97,6 +97,11 @@ void HostStream::enqueue_locked(Task task, const char* label, std::unique_lock<s
   if (wake) cv_work.notify_one();
 }
 
+bool HostEvent::stream_passed() const {
+  const std::shared_ptr<HostStream> s = record_stream.lock();
+  return s == nullptr || s->completed.load(std::memory_order_seq_cst) >= record_task;
+}
+
 void HostStream::run_inline(Task& task) {
   std::lock_guard<std::recursive_mutex> lock(inline_mutex);
   submitted.fetch_add(1, std::memory_order_seq_cst);

@@ -81,6 +81,8 @@ struct Capture {
   uint32_t add_node(Task task, std::vector<uint32_t> deps, const char* label);
 };
 
+struct HostStream;
+
 struct HostEvent {
   int device = 0;
   bool timing = false;
@@ -89,6 +91,14 @@ struct HostEvent {
   uint64_t recorded = 0;  // records issued
   uint64_t done = 0;      // highest record completed
   std::chrono::steady_clock::time_point stamp{};
+  // The stream of the latest record and that record's task number there: the event counts as
+  // complete once the stream counted the task done too, so that the stream is idle after the
+  // event's synchronize when the event was its last work, as CUDA's (the task itself completes
+  // the event just before). Empty for records of another process (interprocess events).
+  std::weak_ptr<HostStream> record_stream;
+  uint64_t record_task = 0;
+  // Whether the latest record's stream counted its task done (under m).
+  bool stream_passed() const;
   // Set when last recorded on a capturing stream.
   std::weak_ptr<Capture> capture;
   std::vector<uint32_t> capture_frontier;
@@ -121,7 +131,7 @@ extern thread_local HostStream* tls_worker_stream;
 bool protects_memory(const HostDriver* driver);
 void access_all_memory(HostDriver* driver, bool begin);
 
-struct HostStream {
+struct HostStream : std::enable_shared_from_this<HostStream> {
   HostDriver* driver = nullptr;
   int device = 0;
   int priority = 0;
