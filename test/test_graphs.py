@@ -122,6 +122,7 @@ def test_work_that_cannot_be_captured_names_itself(work, names: str) -> None:
 
 
 def test_random_operators_draw_fresh_numbers_on_every_replay() -> None:
+    torch.accel.init()  # default_generators fills at initialization, as torch.cuda's
     torch.accel.manual_seed(0)
     gen = torch.accel.default_generators[0]
     x = torch.ones(4000, device=ACCEL)
@@ -162,6 +163,36 @@ def test_random_operators_draw_fresh_numbers_on_every_replay() -> None:
     own.manual_seed(7)
     g2.replay()
     assert torch.equal(u.cpu(), v1)
+
+
+@pytest.mark.parametrize(
+    ("op", "args", "valid"),
+    [
+        ("exponential_", (), lambda t: (t > 0).all()),  # Gumbel sampling's
+        ("cauchy_", (), lambda t: torch.isfinite(t).all()),
+        ("geometric_", (0.3,), lambda t: ((t >= 1) & (t == t.round())).all()),
+        ("log_normal_", (), lambda t: (t > 0).all()),
+    ],
+)
+def test_random_operators_whose_meta_is_a_reference_capture_and_do_not_wait(op, args, valid):
+    # test_cuda.py's test_graph_rng_distributions: their meta functions (PyTorch's Python
+    # references) refuse a generator argument, and the calls ran on the calling thread once the
+    # stream drained: synchronizing in eager mode and refused in a capture.
+    x = torch.empty(2000, device=ACCEL)
+    torch.accel.set_sync_debug_mode("error")
+    try:
+        getattr(x, op)(*args)  # no synchronization
+    finally:
+        torch.accel.set_sync_debug_mode("default")
+    g = torch.accel.AccelGraph()
+    with torch.accel.graph(g):
+        getattr(x, op)(*args)
+    draws = []
+    for _ in range(2):
+        g.replay()
+        draws.append(x.cpu().clone())
+    assert not torch.equal(draws[0], draws[1])
+    assert all(valid(d) for d in draws)
 
 
 def test_the_cpu_fallback_cannot_be_captured(fallback_mode, force_fallback) -> None:

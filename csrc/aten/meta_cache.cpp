@@ -317,9 +317,16 @@ std::shared_ptr<CachedResult> meta_results(const c10::OperatorHandle& op,
   const auto& schema_args = op.schema().arguments();
   std::vector<std::optional<TensorMeta>> kept(stack.size() - begin);
   for (size_t i = begin; i < stack.size(); ++i) {
+    const size_t k = i - begin;
+    // Generators go to the meta function as None: it draws nothing, and the Python references
+    // that are the meta functions of exponential_, cauchy_, geometric_ and log_normal_ refuse a
+    // generator ("generator is not supported in refs"), which made those calls synchronous.
+    if (k < schema_args.size() && is_generator_argument(schema_args[k])) {
+      args.emplace_back();
+      continue;
+    }
     c10::IValue m;
     if (!to_meta(stack[i], &m)) return nullptr;
-    const size_t k = i - begin;
     if (k < schema_args.size() && schema_args[k].is_out() && m.isTensor()) {
       const at::Tensor& t = m.toTensor();
       if (t.defined() && t.is_meta() && t.numel() > 0 && !t.is_conj() && !t.is_neg()) {
