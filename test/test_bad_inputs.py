@@ -268,3 +268,36 @@ def test_pickling_for_another_process_leaves_cpu_sharing_and_torch_save_alone() 
     assert again.device == x.device and torch.equal(again.cpu(), x.cpu())
     assert again.data_ptr() != x.data_ptr()  # a copy
     assert (x + 1).cpu().tolist() == [1.0, 2.0, 3.0, 4.0]
+
+
+LINALG_ERRORS = {
+    # name: (call, bad input) after a first call on a good input (the signature's first call
+    # waits for its kernel anyway); the data errors raise at the call, as on the CPU and CUDA
+    "cholesky": (torch.cholesky, -torch.eye(4)),
+    "eigh": (torch.linalg.eigh, torch.full((4, 4), float("nan"))),
+    "svd": (torch.linalg.svd, torch.full((4, 4), float("nan"))),
+    "inv_ex": (lambda a: torch.linalg.inv_ex(a, check_errors=True), torch.zeros(4, 4)),
+    "cholesky_ex": (lambda a: torch.linalg.cholesky_ex(a, check_errors=True), -torch.eye(4)),
+}
+
+
+@pytest.mark.parametrize("name", LINALG_ERRORS)
+def test_linear_algebra_data_errors_raise_at_the_call(name: str) -> None:
+    # PyTorch's test_proxy_tensor.py (make_fx of cholesky) saw garbage returned and AccelError
+    # at the next synchronization: the kernels check LAPACK's info inside the stream task.
+    call, bad = LINALG_ERRORS[name]
+    good = 4 * torch.eye(4) + 0.1
+    got = call(good.to(ACCEL))
+    want = call(good)
+    as_tuple = lambda r: r if isinstance(r, tuple) else (r,)  # noqa: E731
+    for g, w in zip(as_tuple(got), as_tuple(want), strict=True):
+        torch.testing.assert_close(g.cpu(), w)
+    with pytest.raises(torch.linalg.LinAlgError) as cpu_error:
+        call(bad)
+    with pytest.raises(torch.linalg.LinAlgError) as accel_error:
+        call(bad.to(ACCEL))
+    assert str(accel_error.value) == str(cpu_error.value)
+    _usable()
+    if name.endswith("_ex"):  # without check_errors: no wait, the info tells
+        info = getattr(torch.linalg, name)(bad.to(ACCEL))[1]
+        assert info.item() != 0

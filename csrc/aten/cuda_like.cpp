@@ -9,6 +9,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/native/Resize.h>
 #include <ATen/ops/_embedding_bag_forward_only.h>
+#include <ATen/ops/_linalg_check_errors.h>
 #include <ATen/ops/cumsum.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/index_add.h>
@@ -407,6 +408,42 @@ bool foreach_pow_complex_half(const c10::OperatorHandle& op, torch::jit::Stack* 
   }
   torch::jit::drop(*stack, n);
   if (!in_place) stack->emplace_back(std::move(results));
+  return true;
+}
+
+namespace {
+
+std::optional<size_t> check_errors_position(const c10::OperatorHandle& op,
+                                            const torch::jit::Stack& stack) {
+  const auto& args = op.schema().arguments();
+  const size_t begin = stack.size() - args.size();
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i].name() == "check_errors") return begin + i;
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+// linalg_inv_ex and linalg_cholesky_ex (and their out= forms) with check_errors=True: their CPU
+// kernels raise from inside the stream task, so the error surfaced at the next synchronization.
+// CUDA's read the info on the host (_linalg_check_errors) and raise at the call: the call runs
+// without the check, in stream order, then the info is checked here, as CUDA does.
+bool linalg_ex_check_errors_when(const c10::OperatorHandle& op, const torch::jit::Stack& stack) {
+  const std::optional<size_t> at = check_errors_position(op, stack);
+  return at && stack[*at].isBool() && stack[*at].toBool();
+}
+
+bool linalg_ex_check_errors(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  if (!linalg_ex_check_errors_when(op, *stack)) return false;
+  const size_t begin = stack->size() - op.schema().arguments().size();
+  const at::Tensor input = (*stack)[begin].toTensor();
+  (*stack)[*check_errors_position(op, *stack)] = false;
+  op.callBoxed(stack);
+  const at::Tensor info = stack->back().toTensor();  // (result, info)
+  const bool inverse = op.schema().name() == "aten::linalg_inv_ex";
+  at::_linalg_check_errors(info, inverse ? "linalg.inv_ex" : "linalg.cholesky_ex",
+                           input.dim() == 2);
   return true;
 }
 
