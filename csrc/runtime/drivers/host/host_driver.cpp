@@ -389,8 +389,14 @@ class HostDriver final : public Driver {
   bool event_query(DriverEvent event) override {
     check_capture_safe("event_query");
     HostEvent* ev = as_event(event);
-    std::lock_guard<std::mutex> lock(ev->m);
-    return ev->completed() >= ev->last_record() && ev->stream_passed();
+    uint64_t version;
+    {
+      std::lock_guard<std::mutex> lock(ev->m);
+      version = ev->last_record();
+      if (ev->completed() < version) return false;
+    }
+    wait_stream_passed(ev, version);  // (a stream that waited on the event may be past it)
+    return true;
   }
 
   void event_synchronize(DriverEvent event) override {
@@ -402,11 +408,16 @@ class HostDriver final : public Driver {
       version = ev->last_record();
     }
     ev->wait_for(version);
-    // The record's stream counts its task done right after the task completed the event.
+    wait_stream_passed(ev, version);
+  }
+
+  // A completed record's stream counts its marker task done right after the task completed the
+  // event: waits for that, so that the stream is idle afterwards if the event was its last work.
+  static void wait_stream_passed(HostEvent* ev, uint64_t version) {
     for (;;) {
       {
         std::lock_guard<std::mutex> lock(ev->m);
-        if (ev->last_record() != version || ev->stream_passed()) break;
+        if (ev->last_record() != version || ev->stream_passed()) return;
       }
       std::this_thread::yield();
     }
