@@ -49,31 +49,24 @@ size_t nbytes_of(const at::Tensor& t) {
   return static_cast<size_t>(t.numel()) * t.itemsize();
 }
 
-// A CPU tensor with the dtype, lazy bits and dense layout of `like` (dense `like` only).
-at::Tensor cpu_like(const at::Tensor& like, bool pinned = false) {
-  at::Tensor t =
-      at::empty_strided(like.sizes(), like.strides(),
-                        at::TensorOptions().dtype(like.scalar_type()).pinned_memory(pinned));
+// A new tensor with the dtype, lazy bits and dense layout of `like` (dense `like` only), made
+// with `options` (device, pinning): the bytes of one copy into the other as they are.
+at::Tensor empty_with_layout_of(const at::Tensor& like, at::TensorOptions options) {
+  at::Tensor t = at::empty_strided(like.sizes(), like.strides(), options.dtype(like.scalar_type()));
   if (like.is_conj()) t._set_conj(true);
   if (like.is_neg()) t._set_neg(true);
   return t;
+}
+
+// A CPU tensor with the dtype, lazy bits and dense layout of `like` (dense `like` only).
+at::Tensor cpu_like(const at::Tensor& like, bool pinned = false) {
+  return empty_with_layout_of(like, at::TensorOptions().pinned_memory(pinned));
 }
 
 // An accel tensor on `device` with the dtype and lazy bits of `like`, contiguous.
 at::Tensor accel_contiguous_like(const at::Tensor& like, c10::DeviceIndex device) {
   at::Tensor t =
       at::empty(like.sizes(), at::TensorOptions().dtype(like.scalar_type()).device(kAccel, device));
-  if (like.is_conj()) t._set_conj(true);
-  if (like.is_neg()) t._set_neg(true);
-  return t;
-}
-
-// An accel tensor on `device` with the dtype, lazy bits and dense layout of `like` (dense `like`
-// only): the bytes of one copy into the other as they are.
-at::Tensor accel_with_layout_of(const at::Tensor& like, c10::DeviceIndex device) {
-  at::Tensor t =
-      at::empty_strided(like.sizes(), like.strides(),
-                        at::TensorOptions().dtype(like.scalar_type()).device(kAccel, device));
   if (like.is_conj()) t._set_conj(true);
   if (like.is_neg()) t._set_neg(true);
   return t;
@@ -181,7 +174,7 @@ void copy_host_to_accel(const at::Tensor& dst, const at::Tensor& src, bool non_b
     // the device, as CUDA's does: src's bytes go up as they are, in stream order, and a copy
     // within accel converts them. Converting on the host would read a pinned source before the
     // work queued to write it (a non-blocking download into it) has run.
-    at::Tensor staged = accel_with_layout_of(src, dst.device().index());
+    at::Tensor staged = empty_with_layout_of(src, at::TensorOptions().device(dst.device()));
     copy_host_to_accel(staged, src, /*non_blocking=*/true);
     copy_within_accel(dst, staged);
     return;
@@ -224,7 +217,7 @@ void copy_accel_to_host(const at::Tensor& dst, const at::Tensor& src, bool non_b
   if (non_blocking && dst.is_non_overlapping_and_dense()) {
     // As CUDA's: converted on the device first, in stream order, then downloaded as it is (not
     // waiting where dst is pinned).
-    at::Tensor converted = accel_with_layout_of(dst, src.device().index());
+    at::Tensor converted = empty_with_layout_of(dst, at::TensorOptions().device(src.device()));
     copy_within_accel(converted, src);
     copy_accel_to_host(dst, converted, /*non_blocking=*/true);
     return;

@@ -13,7 +13,6 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/_scaled_mm.h>
 #include <ATen/ops/mm.h>
-#include <ATen/ops/repeat_interleave.h>
 #include <c10/core/ScalarType.h>
 #include <c10/util/Exception.h>
 
@@ -67,18 +66,14 @@ std::optional<std::pair<Scaling, Scaling>> joint_scaling(const at::Tensor& a, co
   return std::nullopt;
 }
 
-// `scale` (per block of `rows` x `cols` elements) repeated to one per element of an
-// (outer x inner) matrix given as the scale's layout (first or second matrix).
+// `scale` (laid out as scales_as says for `s` and `second`) repeated to one per element of the
+// matrix it scales, (outer x inner) for the first, its transpose for the second.
 at::Tensor per_element(const at::Tensor& scale, Scaling s, bool second, int64_t outer,
                        int64_t inner) {
   at::Tensor t = second ? scale.t() : scale;  // (outer blocks, inner blocks)
   if (s == Scaling::Block128x128) t = t.repeat_interleave(128, 0).narrow(0, 0, outer);
   t = t.repeat_interleave(128, 1).narrow(1, 0, inner);
   return second ? t.t() : t;
-}
-
-bool is_float8(c10::ScalarType t) {
-  return c10::isFloat8Type(t);
 }
 
 void check_call(const at::Tensor& a, const at::Tensor& b, const at::Tensor& scale_a,
@@ -88,7 +83,7 @@ void check_call(const at::Tensor& a, const at::Tensor& b, const at::Tensor& scal
               a.dim(), "-d and ", b.dim(), "-d tensors");
   TORCH_CHECK(a.size(1) == b.size(0), "_scaled_mm: mat1 and mat2 shapes cannot be multiplied (",
               a.size(0), "x", a.size(1), " and ", b.size(0), "x", b.size(1), ")");
-  TORCH_CHECK(is_float8(a.scalar_type()) && is_float8(b.scalar_type()),
+  TORCH_CHECK(c10::isFloat8Type(a.scalar_type()) && c10::isFloat8Type(b.scalar_type()),
               "_scaled_mm: expected float8 matrices, got ", a.scalar_type(), " and ",
               b.scalar_type());
   TORCH_CHECK_VALUE(
@@ -233,9 +228,8 @@ void check_recipes(const at::Tensor& self, const at::Tensor& mat2, at::TensorLis
                    at::IntArrayRef recipe_b, at::IntArrayRef swizzle_b,
                    at::IntArrayRef contraction_dim) {
   TORCH_CHECK(self.dim() == 2 && mat2.dim() == 2,
-              "_scaled_mm_v2: both inputs must be matrices, "
-              "got ",
-              self.dim(), "-d and ", mat2.dim(), "-d tensors");
+              "_scaled_mm_v2: both inputs must be matrices, got ", self.dim(), "-d and ",
+              mat2.dim(), "-d tensors");
   TORCH_CHECK_NOT_IMPLEMENTED(
       self.scalar_type() != at::kFloat4_e2m1fn_x2 && mat2.scalar_type() != at::kFloat4_e2m1fn_x2,
       "_scaled_mm_v2: float4 matrices are not supported on accel");

@@ -91,10 +91,10 @@ struct HostEvent {
   uint64_t recorded = 0;  // records issued
   uint64_t done = 0;      // highest record completed
   std::chrono::steady_clock::time_point stamp{};
-  // The stream of the latest record and that record's task number there: the event counts as
-  // complete once the stream counted the task done too, so that the stream is idle after the
-  // event's synchronize when the event was its last work, as CUDA's (the task itself completes
-  // the event just before). Empty for records of another process (interprocess events).
+  // The stream of the latest record and that record's task number there. The task completes
+  // the event just before the stream counts it done; event_query and event_synchronize, once the
+  // record completed, wait for that count, so that the stream is idle afterwards when the event
+  // was its last work, as CUDA's. Empty for records of another process (interprocess events).
   std::weak_ptr<HostStream> record_stream;
   uint64_t record_task = 0;
   // Whether the latest record's stream counted its task done (under m).
