@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 
 import pytest
@@ -14,6 +15,7 @@ MiB = 1 << 20
 
 
 def _fresh(device: int) -> None:
+    gc.collect()  # tensors earlier tests left in reference cycles free now, not mid-test
     torch.accel.synchronize(device)
     torch.accel.empty_cache()
     torch.accel.reset_peak_memory_stats(device)
