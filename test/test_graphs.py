@@ -218,6 +218,28 @@ def test_invalidated_manual_capture_reports_at_capture_end() -> None:
     torch.testing.assert_close((x + 1).cpu(), torch.full((3,), 2.0))
 
 
+def test_reads_on_the_host_from_another_stream_during_a_capture_are_refused_unqueued() -> None:
+    # Global mode forbids waiting on any stream. The refused copies must not run later into
+    # host memory the caller has let go: item() on the default stream during a capture on a
+    # side stream used to queue its copy first and corrupt the heap at exit.
+    s = torch.accel.Stream()
+    x = torch.full((4,), 7.0, device=ACCEL)
+    dst = torch.zeros(4)
+    g = torch.accel.AccelGraph()
+    with torch.accel.stream(s):
+        g.capture_begin()
+    with pytest.raises(torch_accel.CaptureError, match="pageable host memory"):
+        dst.copy_(x)
+    with pytest.raises(torch_accel.CaptureError, match=r"Tensor.item\(\)"):
+        x.sum().item()
+    with torch.accel.stream(s):
+        with pytest.raises(torch_accel.CaptureError, match="invalidated"):
+            g.capture_end()
+    torch.accel.synchronize()
+    assert torch.equal(dst, torch.zeros(4))  # the refused copy never ran
+    assert x.sum().item() == 28.0
+
+
 def test_global_mode_refuses_a_synchronize_from_another_thread() -> None:
     for mode, refused in (("global", True), ("thread_local", False), ("relaxed", False)):
         capture_error, error, replay_matches_eager = capture_while_another_thread_runs(

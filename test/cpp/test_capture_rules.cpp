@@ -102,6 +102,27 @@ TEST_F(CaptureRulesTest, TheAllocatorMakesNoForbiddenCallDuringCapture) {
   stream_destroy(other);
 }
 
+// A copy into pageable host memory waits for its stream, which another stream's global capture
+// forbids: the runtime refuses it before queueing the copy. Queued first, the copy would run
+// after the refusal, into memory the caller had freed while unwinding (Tensor.item() on the
+// default stream during a capture on another corrupted the heap).
+TEST_F(CaptureRulesTest, ACopyThatMustWaitIsRefusedBeforeItIsQueued) {
+  const Stream other = default_stream(0);
+  float* dev = static_cast<float*>(rt::malloc(4 * sizeof(float), other));
+  const float ones[4] = {1, 1, 1, 1};
+  rt::memcpy(dev, ones, sizeof(ones), CopyKind::HostToDevice);
+  float out[4] = {0, 0, 0, 0};
+  graph_capture_begin(g_, s_, {}, CaptureMode::Global);
+  EXPECT_RT_ERROR(memcpy_async(out, dev, sizeof(out), CopyKind::DeviceToHost, other), CaptureError,
+                  "memcpy_async to pageable host memory");
+  EXPECT_RT_ERROR(rt::memcpy(out, dev, sizeof(out), CopyKind::DeviceToHost), CaptureError,
+                  "memcpy(");
+  EXPECT_RT_ERROR(graph_capture_end(g_), CaptureError, "invalidated by memcpy_async");
+  stream_synchronize(other);
+  for (float v : out) EXPECT_EQ(v, 0.0f);  // neither copy ran
+  rt::free(dev);
+}
+
 TEST_F(CaptureRulesTest, AnotherThreadsCacheMissFollowsTheCaptureMode) {
   empty_cache(0);
   auto alloc_from_thread = [] {
