@@ -277,7 +277,7 @@ class UnderlyingKernel final : public c10::OperatorKernel, public AsyncPath {
         }
         return false;
       }
-      const bool capture = capturing(device);
+      const bool capture = capturing_anywhere();
       const bool exact = !capture && exact_first_call();
       std::string family;  // the call's key without its layouts (exact calls)
       if (exact) {
@@ -487,8 +487,15 @@ class UnderlyingKernel final : public c10::OperatorKernel, public AsyncPath {
     }
   }
 
-  static bool capturing(c10::DeviceIndex device) {
-    return device::call([&] { return rt::device_is_capturing(device); });
+  // While any device captures, a first call does not wait for its task: a capture in global
+  // mode forbids waiting on every stream, and the call itself is asynchronous.
+  static bool capturing_anywhere() {
+    return device::call([] {
+      for (int d = 0, n = rt::device_count(); d < n; ++d) {
+        if (rt::device_is_capturing(d)) return true;
+      }
+      return false;
+    });
   }
 
   // The synchronous path (underlying_caller.h).

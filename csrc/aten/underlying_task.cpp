@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cmath>
 #include <exception>
+#include <future>
 #include <limits>
 #include <mutex>
 #include <stdexcept>
@@ -136,15 +137,32 @@ bool run_on_stream(c10::DeviceIndex device, const char* what, const std::functio
   CollectWarnings warnings;
   // The task refers to this frame: it has run once the synchronize below returns (a stream
   // synchronize waits for every task before it reports a failure), and it throws nothing.
-  launch(device, what, [&] {
-    c10::WarningUtils::WarningHandlerGuard guard(&warnings);
-    try {
-      kernel();
-    } catch (...) {
-      failure = std::current_exception();
+  // A synchronize that a capture elsewhere forbids (global mode) is refused without waiting:
+  // the frame then outlives the task by waiting for its own signal (the stream is not
+  // capturing, the callers refused that, so the task runs).
+  auto ran = std::make_shared<std::promise<void>>();
+  std::future<void> task_ran = ran->get_future();
+  launch(device, what, [&, ran] {
+    {
+      c10::WarningUtils::WarningHandlerGuard guard(&warnings);
+      try {
+        kernel();
+      } catch (...) {
+        failure = std::current_exception();
+      }
     }
+    ran->set_value();
   });
-  device::call([&] { rt::stream_synchronize(rt::current_stream(device)); }, what);
+  device::call(
+      [&] {
+        try {
+          rt::stream_synchronize(rt::current_stream(device));
+        } catch (const rt::CaptureError&) {
+          task_ran.wait();
+          throw;
+        }
+      },
+      what);
   for (const c10::Warning& w : warnings.list) c10::WarningUtils::get_warning_handler()->process(w);
   if (failure) std::rethrow_exception(failure);
   return !warnings.list.empty();
