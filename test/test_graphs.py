@@ -335,6 +335,34 @@ def test_recapture_after_reset_may_write_a_tensor_of_the_old_pool() -> None:
     assert torch.accel.memory_reserved() < reserved
 
 
+@pytest.mark.parametrize("name", ["SGD", "Adagrad"])
+def test_fused_optimizer_steps_without_a_meta_kernel_capture_and_replay(name: str) -> None:
+    # torch has no Meta kernel for _fused_sgd_ and _fused_adagrad_: they synchronized and
+    # could not be captured. Replays step as eager steps do (values against the CPU's).
+    kwargs = {"lr": 0.1, "fused": True}
+    if name == "SGD":
+        kwargs["momentum"] = 0.9
+    torch.manual_seed(0)
+    ref = torch.nn.Parameter(torch.randn(6, 5))
+    param = torch.nn.Parameter(ref.detach().to(ACCEL))
+    grads = [torch.randn(6, 5) for _ in range(4)]
+    ref_opt = getattr(torch.optim, name)([ref], **kwargs)
+    opt = getattr(torch.optim, name)([param], **kwargs)
+    param.grad = grads[0].to(ACCEL)
+    static_grad = param.grad
+    opt.step()  # eager first steps (momentum buffers, Adagrad's state) outside the capture
+    g = torch.accel.AccelGraph()
+    with torch.accel.graph(g):
+        opt.step()
+    for grad in grads:
+        ref.grad = grad
+        ref_opt.step()
+    for grad in grads[1:]:
+        static_grad.copy_(grad)
+        g.replay()
+    torch.testing.assert_close(param.detach().cpu(), ref.detach(), rtol=1e-5, atol=1e-6)
+
+
 def test_destroyed_graph_raises_on_use() -> None:
     g = torch.accel.AccelGraph()
     g.destroy()

@@ -303,6 +303,23 @@ void make_contiguous(CachedResult& r) {
   }
 }
 
+namespace {
+// An operator that returns nothing and writes only its in-place arguments (no out=), with no
+// Meta kernel: PyTorch's fused SGD and Adagrad optimizer steps (and fused Adam's tensor_lr
+// overloads). In-place arguments keep their shapes, so its results are known without one: it
+// runs asynchronously and can be captured, as the fused Adam step with a Meta kernel does. Its
+// argument checks depend only on what the call's cache key holds, and the first call of each
+// key runs before the call returns, raising them there.
+bool in_place_without_meta(const c10::OperatorHandle& op) {
+  const c10::FunctionSchema& schema = op.schema();
+  if (!schema.returns().empty() || !schema.is_mutable()) return false;
+  for (const c10::Argument& a : schema.arguments()) {
+    if (a.is_out()) return false;
+  }
+  return !op.hasKernelForDispatchKey(c10::DispatchKey::Meta);
+}
+}  // namespace
+
 std::shared_ptr<CachedResult> meta_results(const c10::OperatorHandle& op,
                                            void (*meta)(torch::jit::Stack*),
                                            const torch::jit::Stack& stack, size_t begin) {
@@ -346,6 +363,8 @@ std::shared_ptr<CachedResult> meta_results(const c10::OperatorHandle& op,
   try {
     if (meta != nullptr) {
       meta(&results);
+    } else if (in_place_without_meta(op)) {
+      results.clear();  // nothing returned; the arguments keep their shapes
     } else {
       op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta), &results);
     }
