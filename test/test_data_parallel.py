@@ -164,6 +164,11 @@ def test_comm_broadcast_coalesced_buckets_keep_order_and_drop_history() -> None:
             assert got.dtype == want.dtype and got.shape == want.shape
             torch.testing.assert_close(got.cpu(), want.detach().cpu())
         assert second[-1].is_sparse
+        # Each copy has its own version counter, though a bucket's copies share memory (as
+        # CUDA's): an in-place change of one does not invalidate another saved for backward.
+        versions = [t._version for t in second]
+        second[0].add_(1)  # shares its float32 bucket with second[2] (the larger buffer_size)
+        assert [t._version for t in second] == [versions[0] + 1] + versions[1:]
     with pytest.raises(RuntimeError, match=r"All tensors must be on devices\[0\] \(accel:1\)"):
         torch.accel.comm.broadcast_coalesced(tensors, [1, 0])
 

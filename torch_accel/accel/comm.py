@@ -141,12 +141,12 @@ def broadcast_coalesced(
         if chunk[0].is_sparse:
             copies = broadcast(chunk[0], indices)
             for d in range(1, len(indices)):
-                outputs[d][bucket[0]] = copies[d].detach()
+                outputs[d][bucket[0]] = copies[d].data
             continue
         flat = broadcast(_flatten_dense_tensors(chunk), indices)
         for d in range(1, len(indices)):
             for i, t in zip(bucket, _unflatten_dense_tensors(flat[d], chunk), strict=True):
-                outputs[d][i] = t.detach()
+                outputs[d][i] = t.data  # its own version counter, as CUDA's
     return outputs  # type: ignore[return-value]
 
 
