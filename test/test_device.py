@@ -94,6 +94,15 @@ def test_current_device_and_context_managers():
         torch.accel.set_device(0)
     torch.accel.set_device(-1)  # a negative index does nothing, as in CUDA
     assert torch.accel.current_device() == 0
+    # torch.cuda's functions take its device objects as devices too.
+    one = torch.accel.device(1)
+    assert torch.accel.get_device_name(one) == torch.accel.get_device_name(1)
+    assert torch.accel.memory_allocated(one) == torch.accel.memory_allocated(1)
+    with torch.accel.device(one):
+        assert torch.accel.current_device() == 1
+    torch.accel.synchronize(one)
+    with pytest.raises(ValueError, match="Expected an accel device"):
+        torch.accel.synchronize(object())
 
 
 def test_torch_accelerator_sees_accel():

@@ -156,6 +156,9 @@ def test_random_operators_draw_fresh_numbers_on_every_replay() -> None:
     # A generator of its own, passed explicitly, numbers its draws separately.
     own = torch.Generator(device=ACCEL).manual_seed(7)
     g2 = torch.accel.AccelGraph()
+    g2.register_generator_state(own)  # torch.cuda's code registers it; accel needs not
+    with pytest.raises(TypeError, match="accel torch.Generator"):
+        g2.register_generator_state(torch.Generator())
     with torch.accel.graph(g2):
         u = torch.rand(5, device=ACCEL, generator=own)
     g2.replay()
@@ -163,6 +166,8 @@ def test_random_operators_draw_fresh_numbers_on_every_replay() -> None:
     own.manual_seed(7)
     g2.replay()
     assert torch.equal(u.cpu(), v1)
+    g2.replay()
+    assert not torch.equal(u.cpu(), v1)
 
 
 @pytest.mark.parametrize(
@@ -242,7 +247,8 @@ def test_reads_on_the_host_from_another_stream_during_a_capture_are_refused_unqu
 
 def test_asynchronous_work_on_another_device_during_a_capture_is_not_refused() -> None:
     # The first call of an operator signature used to wait for its task, which a global capture
-    # on another device forbids: `torch.fmod(x, 0.7)` on accel:0 raised CaptureError while accel:1 captured.
+    # on another device forbids: `torch.fmod(x, 0.7)` on accel:0 raised CaptureError while
+    # accel:1 captured.
     if torch.accel.device_count() < 2:
         pytest.skip("needs two accel devices")
     x = torch.randn(37, 3, device="accel:0")
@@ -254,7 +260,8 @@ def test_asynchronous_work_on_another_device_during_a_capture_is_not_refused() -
         y = torch.logaddexp2(x, torch.fmod(x, 0.7))
     finally:
         with torch.accel.device(1), torch.accel.stream(s):
-            g.capture_end()
+            with pytest.warns(UserWarning, match="graph is empty"):  # the work was elsewhere
+                g.capture_end()
     expected = torch.logaddexp2(x.cpu(), torch.fmod(x.cpu(), 0.7))
     torch.testing.assert_close(y.cpu(), expected)
 
@@ -361,6 +368,22 @@ def test_fused_optimizer_steps_without_a_meta_kernel_capture_and_replay(name: st
         static_grad.copy_(grad)
         g.replay()
     torch.testing.assert_close(param.detach().cpu(), ref.detach(), rtol=1e-5, atol=1e-6)
+
+
+def test_an_empty_capture_warns_as_torch_cuda() -> None:
+    x = torch.ones(3, device=ACCEL)
+    capture, side = torch.accel.Stream(), torch.accel.Stream()
+    while side == capture:  # streams come from a pool, as torch.cuda's do
+        side = torch.accel.Stream()
+    g = torch.accel.AccelGraph()
+    with pytest.warns(UserWarning, match="graph is empty.*wrong device or stream"):
+        with torch.accel.graph(g, stream=capture):
+            with torch.accel.stream(side):  # the work goes elsewhere
+                x.add_(1)
+    torch.accel.synchronize()
+    assert torch.equal(x.cpu(), torch.full((3,), 2.0))
+    assert g.num_nodes() == 0
+    g.replay()  # nothing to run
 
 
 def test_destroyed_graph_raises_on_use() -> None:

@@ -72,7 +72,11 @@ def test_out_of_memory_raises_torch_oom_and_memory_can_be_used_after():
     b = torch.empty(2 << 30, dtype=torch.uint8, device="accel:1")
     assert b.numel() == 2 << 30
     del b
-    assert torch.accel.memory_stats(1)["num_ooms"] == ooms + 2
+    # A size larger than any device (2**60 floats) is out of memory too, as on CUDA; it used to
+    # be a RuntimeError that recovery code (batch-size finders) did not recognize.
+    with pytest.raises(torch.OutOfMemoryError, match=r"Tried to allocate 4\.00 EiB"):
+        torch.empty(2**60, device="accel:1")
+    assert torch.accel.memory_stats(1)["num_ooms"] == ooms + 3
 
 
 def test_pin_memory_and_is_pinned():

@@ -99,6 +99,83 @@ def test_dumped_snapshot_opens_in_pytorchs_viewer(
     del y
 
 
+def _free_in_a_named_function(holder: list[torch.Tensor]) -> None:
+    holder.clear()
+
+
+@pytest.mark.parametrize("context", ["state", "alloc", "all"])
+def test_history_context_levels_follow_torch_cuda(context: str) -> None:
+    """torch.cuda's `context`: "state" keeps frames only for the blocks allocated now, "alloc"
+    also for the trace's events (a free carrying its allocation's), "all" a free its own."""
+    torch.accel.memory._record_memory_history(context=context, stacks="python")
+    try:
+        holder = [_allocate_in_a_named_function()]
+        kept = _allocate_in_a_named_function()  # its neighbour: the free merges nothing of it
+        address = holder[0].data_ptr()
+        _free_in_a_named_function(holder)
+        snap = torch.accel.memory._snapshot()
+    finally:
+        torch.accel.memory._record_memory_history(enabled=None)
+    trace = snap["device_traces"][0]
+    by_action = {e["action"]: e for e in trace if e["addr"] == address}
+    assert set(by_action) >= {"alloc", "free_requested", "free_completed"}
+
+    def names(entry: dict) -> list[str]:
+        return [f["name"] for f in entry["frames"]]
+
+    if context == "state":
+        assert all(e["frames"] == [] for e in trace)
+    else:
+        assert "_allocate_in_a_named_function" in names(by_action["alloc"])
+        want = "_free_in_a_named_function" if context == "all" else "_allocate_in_a_named_function"
+        for action in ("free_requested", "free_completed"):
+            assert want in names(by_action[action]), (action, names(by_action[action]))
+    blocks = [b for s in snap["segments"] for b in s["blocks"] if b["address"] == kept.data_ptr()]
+    assert "_allocate_in_a_named_function" in [f["name"] for f in blocks[0]["frames"]]
+
+
+def test_free_completed_names_the_freed_block_when_it_merges() -> None:
+    # The entry used to be written after the block merged with a free neighbour, under the
+    # neighbour's address: PyTorch's viewer then never saw that allocation end.
+    torch.accel.memory._record_memory_history(stacks="python")
+    try:
+        a = torch.empty(1000, device=ACCEL)
+        b = torch.empty(1000, device=ACCEL)
+        address, size = b.data_ptr(), b.untyped_storage().nbytes()
+        del a  # free first: b's free merges into it
+        del b
+        snap = torch.accel.memory._snapshot()
+    finally:
+        torch.accel.memory._record_memory_history(enabled=None)
+    done = [e for e in snap["device_traces"][0] if e["action"] == "free_completed"]
+    assert any(e["addr"] == address and e["size"] >= size for e in done)
+
+
+def test_segment_and_memory_usage_drawings(
+    history, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # torch's drawings pipe stack lines ending in byte counts through flamegraph.pl, which it
+    # downloads from GitHub into ~/.cache unless there: a stand-in there echoes its input.
+    cache = tmp_path / ".cache"
+    cache.mkdir()
+    script = cache / "flamegraph.pl"
+    script.write_text('#!/bin/sh\necho "<svg>"\ncat\necho "</svg>"\n')
+    script.chmod(0o755)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    x = _allocate_in_a_named_function()
+    y = x + 1
+    torch.accel.memory._save_segment_usage(str(tmp_path / "segments.svg"))
+    torch.accel.memory._save_memory_usage(str(tmp_path / "memory.svg"))
+    segments = (tmp_path / "segments.svg").read_text()
+    memory = (tmp_path / "memory.svg").read_text()
+    assert segments.startswith("<svg>") and memory.startswith("<svg>")
+    assert "_allocate_in_a_named_function" in segments
+    lines = segments.splitlines()[1:-1]
+    assert sum(int(line.rsplit(" ", 1)[1]) for line in lines) >= 2 * 300 * 1000 * 4  # x and y
+    assert len(memory.splitlines()) > 2
+    del x, y
+
+
 def test_history_options() -> None:
     with pytest.raises(ValueError, match="enabled"):
         torch.accel.memory._record_memory_history(enabled="sometimes")

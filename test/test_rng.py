@@ -65,6 +65,19 @@ def test_rng_state_round_trips():
         torch.accel.set_rng_state(torch.zeros(5, dtype=torch.uint8))
 
 
+def test_rng_state_offset_functions_as_torch_cuda():
+    torch.accel.manual_seed(5)
+    assert torch.accel._get_rng_state_offset() == 0
+    first = _draw()
+    offset = torch.accel._get_rng_state_offset("accel:0")
+    assert offset > 0
+    torch.accel._set_rng_state_offset(0)
+    assert torch.equal(_draw(), first)  # the offset alone decides the next draw
+    assert torch.accel._get_rng_state_offset(0) == offset
+    torch.accel._set_rng_state_offset(7, device=1)
+    assert torch.accel._get_rng_state_offset(1) == 7
+
+
 def test_rng_state_under_fake_tensors_is_a_real_tensor():
     # Dynamo traces under FakeTensorMode, and code it traces reads generator states (AOTAutograd's
     # rng wrappers): the state was allocated through the dispatcher, got a fake tensor with no

@@ -55,6 +55,14 @@ def test_generic_torch_stream_and_priorities():
     assert s.device == torch.device("accel:1")
     s2 = torch.accel.Stream(priority=-2)
     assert s2.device_index == 0
+    # torch.cuda.Stream's priority and priority_range: lower is higher, out-of-range clamps.
+    least, greatest = torch.accel.Stream.priority_range()
+    assert least == 0 and greatest < 0
+    assert s2.priority == max(-2, greatest)
+    assert torch.accel.Stream(priority=-100).priority == greatest
+    assert torch.accel.Stream(priority=5).priority == least
+    assert torch.accel.Stream.priority.__get__(s) == max(-1, greatest)  # a plain torch.Stream's
+    assert torch.accel.default_stream().priority == 0
     wrapped = torch.accel.Stream(stream_id=s.stream_id, device_index=1, device_type=s.device_type)
     assert wrapped == s
     s.synchronize()

@@ -173,7 +173,11 @@ py::dict host_stats() {
 void init_memory_bindings(py::module_& m) {
   m.def(
       "_record_memory_history",
-      [](bool enabled, bool with_context, bool python_stacks, bool cpp_stacks, size_t max_entries) {
+      [](bool enabled, bool with_context, bool python_stacks, bool cpp_stacks, size_t max_entries,
+         const std::string& context) {
+        const rt::ContextLevel level = context == "state"   ? rt::ContextLevel::State
+                                       : context == "alloc" ? rt::ContextLevel::Alloc
+                                                            : rt::ContextLevel::All;
         rt::ContextRecorder recorder;
         if (enabled && with_context) {
           recorder = [python_stacks, cpp_stacks]() -> std::shared_ptr<rt::HistoryContext> {
@@ -181,11 +185,11 @@ void init_memory_bindings(py::module_& m) {
                 python_stacks, /*script=*/python_stacks, cpp_stacks));
           };
         }
-        rt::record_memory_history(enabled, std::move(recorder), max_entries);
+        rt::record_memory_history(enabled, std::move(recorder), max_entries, level);
         torch::freeDeadCapturedTracebackFrames();
       },
       py::arg("enabled"), py::arg("with_context"), py::arg("python_stacks"), py::arg("cpp_stacks"),
-      py::arg("max_entries"));
+      py::arg("max_entries"), py::arg("context") = "all");
   m.def("_memory_snapshot", &snapshot);
   m.def(
       "_set_memory_fraction", [](double f, int device) { rt::set_memory_fraction(f, device); },

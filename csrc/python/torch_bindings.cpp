@@ -131,6 +131,18 @@ void init_torch_bindings(py::module_& m, PyObject* capture_error) {
       },
       py::arg("handle"), py::arg("device"));
 
+  // torch.accel.Stream.priority (torch.Stream has none): the priority the stream was made with,
+  // within Stream.priority_range().
+  m.def(
+      "_stream_priority",
+      [](int64_t stream_id, int device) {
+        const c10::Stream s(c10::Stream::UNSAFE,
+                            c10::Device(device::kAccel, static_cast<c10::DeviceIndex>(device)),
+                            static_cast<c10::StreamId>(stream_id));
+        return device::call([&] { return rt::stream_priority(device::to_rt(s)); });
+      },
+      py::arg("stream_id"), py::arg("device"));
+
   // torch.Event.elapsed_time accepts only exact torch.Event objects; torch.accel.Event (a
   // subclass) measures through the runtime with the events' ids (checked runtime handles).
   m.def(

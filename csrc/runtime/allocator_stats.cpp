@@ -78,11 +78,13 @@ std::size_t CachingAllocator::reserve_limit() {
 
 // --- history ------------------------------------------------------------------------------
 
-void CachingAllocator::set_history(bool enabled, ContextRecorder recorder,
-                                   std::size_t max_entries) {
+void CachingAllocator::set_history(bool enabled, ContextRecorder recorder, std::size_t max_entries,
+                                   ContextLevel level) {
   std::lock_guard<std::mutex> lock(mutex_);
   history_enabled_ = enabled;
   recorder_ = enabled ? std::move(recorder) : ContextRecorder{};
+  context_level_ = level;
+  free_contexts_.store(recorder_ && level == ContextLevel::All, std::memory_order_relaxed);
   history_max_ = max_entries;
   if (!enabled) history_.clear();
   while (history_.size() > history_max_) history_.pop_front();
@@ -100,7 +102,8 @@ void CachingAllocator::record_trace(TraceEntry::Action action, uint64_t addr, ui
   e.stream = s != nullptr ? s->handle().bits() : 0;
   e.time_us = now_us();
   e.pool = pool;
-  e.context = std::move(ctx);
+  // As CUDA's: at level State the trace keeps no context (the blocks of a snapshot do).
+  if (context_level_ != ContextLevel::State) e.context = std::move(ctx);
   history_.push_back(std::move(e));
   if (history_.size() > history_max_) history_.pop_front();
 }

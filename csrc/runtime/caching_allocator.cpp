@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <bit>
 #include <chrono>
+#include <limits>
 #include <utility>
 
 namespace accel::rt::detail {
@@ -116,9 +117,15 @@ Block* CachingAllocator::try_allocate(BlockPool& pool, StreamObj& stream, std::s
 
 void* CachingAllocator::malloc(std::size_t size, StreamObj& stream) {
   if (size == 0) return nullptr;
-  ACCEL_RT_CHECK(size <= kMaxRequest, InvalidValueError, "malloc: ", size,
-                 " bytes is not a valid size (a negative size converted to unsigned, or larger "
-                 "than any device)");
+  ACCEL_RT_CHECK(size <= std::numeric_limits<int64_t>::max(), InvalidValueError, "malloc: ", size,
+                 " bytes is not a valid size (a negative size converted to unsigned)");
+  if (size > kMaxRequest) {
+    // Larger than any device (a tensor of 2**60 elements): out of memory, as on CUDA, before
+    // the rounding below could overflow.
+    std::lock_guard<std::mutex> lock(mutex_);
+    ++stats_.num_ooms;
+    throw_oom(size, size);
+  }
   PoolId pool_id =
       stream.capturing.load(std::memory_order_acquire) ? rt_.capture_pool(stream) : PoolId{};
   std::shared_ptr<HistoryContext> ctx;
@@ -215,6 +222,15 @@ void* CachingAllocator::malloc(std::size_t size, StreamObj& stream) {
 }
 
 bool CachingAllocator::free(void* ptr) {
+  std::shared_ptr<HistoryContext> freed_by;  // the free's own context (history level All)
+  if (free_contexts_.load(std::memory_order_relaxed)) {
+    ContextRecorder recorder;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      recorder = recorder_;
+    }
+    if (recorder) freed_by = recorder();  // may be slow (stack traces): outside the lock
+  }
   std::lock_guard<std::mutex> lock(mutex_);
   Block* b = allocated_->erase(reinterpret_cast<uintptr_t>(ptr));
   if (b == nullptr) return false;
@@ -226,10 +242,10 @@ bool CachingAllocator::free(void* ptr) {
   if (oversize(b->size)) update_stat(stats_.oversize_allocations, -1);
   if (history_enabled_) {
     record_trace(TraceEntry::Action::FreeRequested, b->addr(), b->size, b->stream, b->pool->id,
-                 b->context);
+                 freed_by ? freed_by : b->context);
   }
   if (b->stream_uses.empty()) {
-    free_block(b);
+    free_block(b, freed_by);
     return true;
   }
   // Recording an event on a capturing stream (of any device) would put it into the graph:
@@ -291,10 +307,15 @@ void CachingAllocator::capture_ended() {
   for (Block* b : blocks) insert_events(b);
 }
 
-void CachingAllocator::free_block(Block* b) {
+void CachingAllocator::free_block(Block* b, const std::shared_ptr<HistoryContext>& freed_by) {
   add_active(b, -1);
   BlockPool& pool = *b->pool;
   Bins& bins = pool.bins_of(b);
+  if (history_enabled_) {
+    // Before the merge below: the entry names the block its alloc entry named.
+    record_trace(TraceEntry::Action::FreeCompleted, b->addr(), b->size, b->stream, pool.id,
+                 freed_by ? freed_by : b->context);
+  }
   // Merge with free neighbours of the same segment.
   for (Block* n : {b->prev, b->next}) {
     if (n == nullptr || n->allocated || n->event_count > 0 || !n->in_bin) continue;
@@ -321,10 +342,6 @@ void CachingAllocator::free_block(Block* b) {
   b->freed_at = ++free_seq_;
   bins.insert(b);
   add_inactive_split(b, +1);
-  if (history_enabled_) {
-    record_trace(TraceEntry::Action::FreeCompleted, b->addr(), b->size, b->stream, pool.id,
-                 nullptr);
-  }
   // Allocated with caching off: back to the driver (kept as cache if a capture is underway,
   // when no memory may be freed).
   if (std::exchange(b->uncached, false) && !rt_.capturing_anywhere()) {

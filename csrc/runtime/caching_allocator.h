@@ -101,7 +101,8 @@ class CachingAllocator {
   void capture_ended();  // processes frees deferred while a used stream was capturing
 
   // History.
-  void set_history(bool enabled, ContextRecorder recorder, std::size_t max_entries);
+  void set_history(bool enabled, ContextRecorder recorder, std::size_t max_entries,
+                   ContextLevel level);
   void snapshot(MemorySnapshot& out);
   // At most `bytes` reserved from the driver (0: no limit): beyond it a new segment fails as if
   // the device were full (set_memory_fraction).
@@ -146,7 +147,8 @@ class CachingAllocator {
   std::size_t device_total();  // the device's memory, asked of the driver once
   Block* try_allocate(BlockPool& pool, StreamObj& stream, std::size_t rounded, bool uncached);
   void split_block(Block* block, std::size_t size);
-  void free_block(Block* block);
+  // `freed_by`: the free's context (history level All), else the allocation's is recorded.
+  void free_block(Block* block, const std::shared_ptr<HistoryContext>& freed_by = nullptr);
   void insert_events(Block* block);
   void process_events();
   bool release_cached_segments();
@@ -209,6 +211,8 @@ class CachingAllocator {
   uint64_t free_seq_ = 0;         // stamps freed blocks (garbage collection frees the oldest)
   std::size_t device_total_ = 0;  // device_total()
   ContextRecorder recorder_;
+  ContextLevel context_level_ = ContextLevel::All;
+  std::atomic<bool> free_contexts_{false};  // level All with a recorder: frees gather theirs
   std::size_t history_max_ = 0;
   std::deque<TraceEntry> history_;
 };

@@ -343,10 +343,11 @@ void reset_accumulated_memory_stats(int device) {
               [](Runtime& rt, int d) { rt.devices[d]->allocator->reset_accumulated_stats(); });
 }
 
-void record_memory_history(bool enabled, ContextRecorder recorder, std::size_t max_entries) {
+void record_memory_history(bool enabled, ContextRecorder recorder, std::size_t max_entries,
+                           ContextLevel level) {
   Runtime& rt = Runtime::get();
   for (int d = 0; d < rt.num_devices; ++d) {
-    rt.devices[d]->allocator->set_history(enabled, recorder, max_entries);
+    rt.devices[d]->allocator->set_history(enabled, recorder, max_entries, level);
   }
 }
 

@@ -126,9 +126,10 @@ ACCEL_RT_API DeviceStats memory_stats(int device = -1);
 ACCEL_RT_API void reset_peak_memory_stats(int device = -1);
 ACCEL_RT_API void reset_accumulated_memory_stats(int device = -1);
 // Memory history: record allocation events (at most max_entries per device, oldest dropped),
-// each with the context `recorder` returns (optional).
+// with the context `recorder` returns (optional) where `level` says.
 ACCEL_RT_API void record_memory_history(bool enabled, ContextRecorder recorder = {},
-                                        std::size_t max_entries = 100000);
+                                        std::size_t max_entries = 100000,
+                                        ContextLevel level = ContextLevel::All);
 ACCEL_RT_API MemorySnapshot memory_snapshot();
 // The share of the device's memory this process's caching allocator may reserve (1.0: all, the
 // default); beyond it allocations fail with OutOfMemoryError as on a full device.

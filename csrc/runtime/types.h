@@ -199,6 +199,10 @@ class HistoryContext {
   virtual std::string to_string() const = 0;
 };
 using ContextRecorder = std::function<std::shared_ptr<HistoryContext>()>;
+// Which history events carry a context (torch.cuda.memory._record_memory_history's `context`):
+// State, only the blocks allocated now (a snapshot's); Alloc, also the trace's events, a free
+// with its allocation's; All, a free with its own (the recorder runs at each free too).
+enum class ContextLevel : uint8_t { State, Alloc, All };
 
 struct TraceEntry {
   enum class Action {

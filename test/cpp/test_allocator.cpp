@@ -457,6 +457,11 @@ TEST_F(Allocator, NegativeAndAbsurdSizesAreRejected) {
   EXPECT_RT_ERROR(malloc(static_cast<std::size_t>(-1024), stream_), InvalidValueError,
                   "not a valid size");
   EXPECT_RT_ERROR(malloc(SIZE_MAX, stream_), InvalidValueError, "negative size");
+  // Valid sizes larger than any device run out of memory, as CUDA's do.
+  const int64_t ooms = memory_stats(kDev).num_ooms;
+  EXPECT_RT_ERROR(malloc(std::size_t{1} << 62, stream_), OutOfMemoryError,
+                  "Tried to allocate 4.00 EiB");
+  EXPECT_EQ(memory_stats(kDev).num_ooms, ooms + 1);
   EXPECT_RT_ERROR(host_malloc(static_cast<std::size_t>(-1)), InvalidValueError, "not a valid size");
 }
 

@@ -95,6 +95,13 @@ FILES: dict[str, str] = {
     "test_expanded_weights.py": "b2ccd0a56573ba7d777a658696a5b6035c2474895b18198b56f334fee5bfd29f",
     "test_fake_tensor.py": "ba49e1874656e58333c993dca50b35a68bf256274c4467b18cca77f38cabdbbc",
     "test_decomp.py": "872da78f6acb43f7fe4aa129d9762c502c2d2b7d694ebde351a942a968a2e507",
+    "test_content_store.py": "610dd0e93b42b2c8c986dcd625ef19f5d97c83c70a6deb12ee6c8fdcc54ba834",
+    "test_legacy_vmap.py": "2b65edcc7a2b9f182a311d2ac9987e2adaefd5d62d5cecda806cc6122c17d53a",
+    "test_custom_ops.py": "3a87f0317b4da3ffb754a72f2fe65b796f4d440645ce8c375dc11782024c60ec",
+    "test_testing.py": "db0d1071f70d574266b8f43e8003ca236fc042cf9c9c11097a5b1f1c177c14b9",
+    "test_python_dispatch.py": "2cc51a9738f65cba7365c49b6c4d1283c10c96a5f316a0e80fee1fcbe323f717",
+    "test_dataloader.py": "c955067aa66c0d9d74bff7ddabd3f912ab81164e0b133bd12d1debad557215a3",
+    "test_utils.py": "953523b4913ecc7e2d15c696a014e243a50a57143a1aaf8212ebfa975a0aec2e",
 }
 # Modules the test files import (test_optim.py: `from optim.test_optim import ...`), extracted
 # with them but not run as files of their own.

@@ -92,6 +92,21 @@ def _compat_shims() -> None:
 
         flex_attention.create_nested_block_mask = create_nested_block_mask
 
+    # Removed after 2.6; test_python_dispatch.py imports register_functional_op from it for
+    # plain TestCases (deselected here), not for its device-generic tests.
+    try:
+        import torch._custom_op.functional  # noqa: F401
+    except ModuleNotFoundError:
+        import sys
+        import types
+
+        def register_functional_op(*args: Any, **kwargs: Any) -> Any:
+            raise NotImplementedError("register_functional_op was removed after torch 2.6")
+
+        module = types.ModuleType("torch._custom_op.functional")
+        module.register_functional_op = register_functional_op  # type: ignore[attr-defined]
+        sys.modules["torch._custom_op.functional"] = module
+
 
 def _instantiate_cpu_and_cuda_classes_for_accel() -> None:
     """A class instantiated `only_for=("cpu", "cuda")` (test_transformers.py's TestTransformers,

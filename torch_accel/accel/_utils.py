@@ -12,7 +12,8 @@ from torch_accel import _C
 def _get_device_index(device: Any, optional: bool = False, allow_cpu: bool = False) -> int:
     """The accel device index meant by ``device``.
 
-    Accepts an int, a string like ``"accel:1"``, a ``torch.device`` or ``None``. A device
+    Accepts an int, a string like ``"accel:1"``, a ``torch.device``, a ``torch.accel.device``
+    or ``None``. A device
     without an index (``"accel"``, ``None``) means the current device when ``optional`` is true.
     """
     if isinstance(device, str):
@@ -27,13 +28,24 @@ def _get_device_index(device: Any, optional: bool = False, allow_cpu: bool = Fal
         index = None
     elif isinstance(device, int):
         index = device
+    elif _is_device_context(device):
+        return device.idx  # a torch.accel.device, which torch.cuda's functions take too
     else:
-        raise ValueError(f"Expected an accel device (int, str or torch.device), got {device!r}")
+        raise ValueError(
+            f"Expected an accel device (int, str, torch.device or torch.accel.device), got "
+            f"{device!r}"
+        )
     if index is None:
         if not optional:
             raise ValueError(f"Expected an accel device with an index, but got: {device}")
         return _C.get_device()
     return index
+
+
+def _is_device_context(obj: Any) -> bool:
+    from torch_accel.accel import device
+
+    return isinstance(obj, device)
 
 
 def _lazy_device_index(device: Any) -> int:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import gc
 import threading
+import warnings
 import weakref
 from types import TracebackType
 from typing import Any
@@ -102,11 +103,36 @@ class AccelGraph:
         )
         self._device = s.device_index
 
+    def register_generator_state(self, generator: torch.Generator) -> None:
+        """torch.cuda.CUDAGraph's registration of a generator other than the default one, so that
+        its draws in the graph change on every replay. Accel's graphs do that for every accel
+        generator drawn during a capture, registered or not; this checks ``generator`` is one of
+        the graph's device (or of any accel device before the capture)."""
+        if not isinstance(generator, torch.Generator) or generator.device.type != "accel":
+            where = generator.device if isinstance(generator, torch.Generator) else generator
+            raise TypeError(
+                f"register_generator_state expects an accel torch.Generator, got {where!r}"
+            )
+        self._live("register_generator_state")
+        if self._device is not None and generator.device.index != self._device:
+            raise ValueError(
+                f"register_generator_state: the generator belongs to {generator.device}, the "
+                f"graph to accel:{self._device}"
+            )
+
     def capture_end(self) -> None:
         """Ends the capture. Raises torch_accel.CaptureError if it was invalidated (naming the
         call that did it); the stream is usable again either way."""
         handle = self._live("capture_end")
         _C._graph_capture_end(handle)
+        if _C._graph_node_count(handle) == 0:
+            # As torch.cuda's: most often the work went to another stream or device.
+            warnings.warn(
+                "The accel graph is empty. This usually means that the graph was attempted to "
+                "be captured on the wrong device or stream.",
+                UserWarning,
+                stacklevel=2,
+            )
         if not self._keep_graph:
             _C._graph_instantiate(handle)
 

@@ -225,7 +225,9 @@ def _record_memory_history(
 
     ``enabled``: ``None`` stops recording, ``"state"`` keeps only which allocation each block
     holds, ``"all"`` also keeps the event trace (at most ``max_entries`` per device). ``context``:
-    ``None`` records no stack frames, anything else the frames of every event. ``stacks``:
+    ``None`` records no stack frames, ``"state"`` those of the allocations a snapshot's blocks
+    hold, ``"alloc"`` also those of the trace's events (a free with its allocation's frames),
+    ``"all"`` a free with its own. ``stacks``:
     ``"python"`` (Python and TorchScript frames) or ``"all"`` (also C++ frames, slower).
     ``device`` is accepted for compatibility: history is recorded for every accel device.
     """
@@ -242,7 +244,7 @@ def _record_memory_history(
         _C._record_memory_history(False, False, False, False, 0)
     entries = 0 if enabled == "state" else min(max_entries, 2**62)
     _C._record_memory_history(
-        enabled is not None, context is not None, True, stacks == "all", entries
+        enabled is not None, context is not None, True, stacks == "all", entries, context or "all"
     )
 
 
@@ -274,6 +276,30 @@ def _dump_snapshot(filename: str = "dump_snapshot.pickle") -> None:
     trace_plot|segment_plot FILE -o out.html`` turns into PyTorch's interactive viewer."""
     with open(filename, "wb") as f:
         pickle.dump(_snapshot(), f)
+
+
+def _save_segment_usage(
+    filename: str = "output.svg", snapshot: dict[str, Any] | None = None
+) -> None:
+    """Draws the segments of ``snapshot`` (default: :func:`_snapshot` now) and their blocks as
+    an SVG file, with PyTorch's ``torch.cuda._memory_viz.segments``."""
+    from torch.cuda import _memory_viz
+
+    drawing = _memory_viz.segments(_snapshot() if snapshot is None else snapshot)
+    with open(filename, "w") as f:
+        f.write(drawing)
+
+
+def _save_memory_usage(
+    filename: str = "output.svg", snapshot: dict[str, Any] | None = None
+) -> None:
+    """Draws the memory in use over the recorded trace of ``snapshot`` (default: now) as an
+    SVG file, with PyTorch's ``torch.cuda._memory_viz.memory``."""
+    from torch.cuda import _memory_viz
+
+    drawing = _memory_viz.memory(_snapshot() if snapshot is None else snapshot)
+    with open(filename, "w") as f:
+        f.write(drawing)
 
 
 def set_per_process_memory_fraction(fraction: float, device: Any = None) -> None:

@@ -57,6 +57,16 @@ def set_rng_state_all(new_states: Iterable[torch.Tensor]) -> None:
         set_rng_state(state, index)
 
 
+def _get_rng_state_offset(device: Any = "accel") -> int:
+    """The Philox offset of ``device``'s default generator (torch.cuda._get_rng_state_offset)."""
+    return _generator(device).get_offset()
+
+
+def _set_rng_state_offset(offset: int, device: Any = "accel") -> None:
+    """Sets the Philox offset of ``device``'s default generator (torch.cuda's counterpart)."""
+    _generator(device).set_offset(offset)
+
+
 def manual_seed(seed: int) -> None:
     """Seeds the generator of the current device; before accel starts, of the device current
     when it starts (the seed waits for it, as torch.cuda's does)."""

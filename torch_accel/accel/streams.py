@@ -33,6 +33,21 @@ class Stream(torch.Stream):
             device_type=stream.device_type,
         )
 
+    @property
+    def priority(self) -> int:
+        """The stream's priority (clamped into ``priority_range()`` when it was made)."""
+        from torch_accel import _C
+
+        return _C._stream_priority(self.stream_id, self.device_index)
+
+    @staticmethod
+    def priority_range() -> tuple[int, int]:
+        """(least, greatest) priority a stream can have, as torch.cuda.Stream.priority_range:
+        lower numbers are higher priorities."""
+        from torch_accel import _C
+
+        return tuple(_C._rt.priority_range())
+
     def record_event(self, event: torch.Event | None = None) -> torch.Event:
         """Records ``event`` (a new ``torch.accel.Event`` if None) on this stream; returns it.
 
