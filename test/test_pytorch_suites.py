@@ -184,16 +184,8 @@ FULL_ONLY = {
     # 14 min: PyTorch's decompositions (Inductor's) against accel's kernels, every OpInfo's
     # first samples (test_quick)
     "test_decomp.py",
-    # Added 2026-12-07 (times on accel, 2 cores, host driver): torch.library's custom operators
-    # and opcheck, __torch_dispatch__ modes and subclasses, the legacy vmap, torch's testing
-    # utilities, content stores, the DataLoader's pinned memory and the device utilities
-    "test_custom_ops.py",
-    "test_python_dispatch.py",
-    "test_legacy_vmap.py",
+    # 17 s: torch's testing utilities (make_tensor, assertEqual, OpInfo dtypes) on accel
     "test_testing.py",
-    "test_content_store.py",
-    "test_dataloader.py",
-    "test_utils.py",
 }
 EXCLUDE = [f"{f}::*::{name}_{{device}}*" for f, names in SLOW.items() for name in names]
 # Test classes of the v2.6.0 files that cannot run against torch 2.11 at all (every test fails

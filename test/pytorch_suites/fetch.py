@@ -100,8 +100,6 @@ FILES: dict[str, str] = {
     "test_custom_ops.py": "3a87f0317b4da3ffb754a72f2fe65b796f4d440645ce8c375dc11782024c60ec",
     "test_testing.py": "db0d1071f70d574266b8f43e8003ca236fc042cf9c9c11097a5b1f1c177c14b9",
     "test_python_dispatch.py": "2cc51a9738f65cba7365c49b6c4d1283c10c96a5f316a0e80fee1fcbe323f717",
-    "test_dataloader.py": "c955067aa66c0d9d74bff7ddabd3f912ab81164e0b133bd12d1debad557215a3",
-    "test_utils.py": "953523b4913ecc7e2d15c696a014e243a50a57143a1aaf8212ebfa975a0aec2e",
 }
 # Modules the test files import (test_optim.py: `from optim.test_optim import ...`), extracted
 # with them but not run as files of their own.
@@ -122,6 +120,10 @@ SUPPORT: dict[str, str] = {
     # PyTorch's Inductor tests, whose CommonTemplate test/inductor_sweep.py runs over accel
     "inductor/test_torchinductor.py": (
         "5b438e78555865fc8c3c5cc1ebb136d9a2b951c37d8bb41ed400b8618a3f9eb9"
+    ),
+    # test_custom_ops.py reads it (the expected failures of its opcheck tests)
+    "minioptest_failures_dict.json": (
+        "10c9c1fded1a168afa5295091416370ab5c7a0fd2b5fb68b24249f86eb52ab8a"
     ),
     # test_transformers.py imports generate_faked_module from it
     "test_cpp_extensions_open_device_registration.py": (
