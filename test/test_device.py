@@ -73,6 +73,22 @@ def test_device_count_properties_and_capability():
         torch.accel.get_device_properties("cuda:0")
 
 
+def test_device_uuids_are_distinct_and_stable_across_processes(run_python):
+    import uuid
+
+    uuids = [torch.accel.get_device_properties(i).uuid for i in range(torch.accel.device_count())]
+    assert len(set(uuids)) == len(uuids)
+    for u in uuids:
+        assert str(uuid.UUID(u)) == u  # torch.cuda's str(uuid) form: 8-4-4-4-12 hex digits
+        assert u != str(uuid.UUID(int=0))
+        assert u in repr(torch.accel.get_device_properties(uuids.index(u)))
+    code = "import torch, torch_accel; print(torch.accel.get_device_properties(1).uuid)"
+    same_driver = {k: v for k, v in os.environ.items() if k.startswith("ACCEL_")}
+    result = run_python(code, **same_driver)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == uuids[1]  # the same device in another process
+
+
 def test_current_device_and_context_managers():
     assert torch.accel.current_device() == 0
     torch.accel.set_device(1)

@@ -25,7 +25,7 @@ def _device_facts(t: torch.Tensor) -> torch.Tensor:
     props = torch.accel.get_device_properties(0)
     major, _ = torch.accel.get_device_capability()
     scale = torch.accel.device_count() * props.multi_processor_count + major
-    scale += len(torch.accel.get_device_name(1))
+    scale += len(torch.accel.get_device_name(1)) + len(props.uuid) - 36
     if torch.accel.is_available() and torch.accel.is_bf16_supported():
         t = t.to(torch.bfloat16).float()
     if torch.accel.is_tf32_supported():

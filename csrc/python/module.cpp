@@ -268,6 +268,15 @@ py::dict properties_to_dict(const rt::DeviceProperties& p) {
   d["max_kernel_args"] = p.max_kernel_args;
   d["max_kernel_buffers"] = p.max_kernel_buffers;
   d["integrated"] = p.integrated;
+  // As torch.cuda prints a UUID: 8-4-4-4-12 lowercase hex digits.
+  std::string uuid;
+  for (std::size_t i = 0; i < p.uuid.size(); ++i) {
+    static const char kHex[] = "0123456789abcdef";
+    if (i == 4 || i == 6 || i == 8 || i == 10) uuid += '-';
+    uuid += kHex[p.uuid[i] >> 4];
+    uuid += kHex[p.uuid[i] & 15];
+  }
+  d["uuid"] = uuid;
   return d;
 }
 

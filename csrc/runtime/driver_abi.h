@@ -240,6 +240,9 @@ typedef struct accel_driver_table {
   int (*ipc_get_event_handle)(accel_driver* self, accel_drv_event event, accel_drv_ipc_handle* out);
   int (*ipc_open_event_handle)(accel_driver* self, int device, const accel_drv_ipc_handle* handle,
                                accel_drv_event* out);
+  /* The device's UUID, 16 bytes into out (CUDA's cudaDeviceProp::uuid: the same device gives
+   * the same bytes in every process). Absent: all zero, unknown. */
+  int (*device_uuid)(accel_driver* self, int device, uint8_t* out);
 } accel_driver_table;
 
 /* The symbol a driver library exports (and one optional one, below):

@@ -105,6 +105,12 @@ void fill_entries(accel_driver_table& t) {
       out->max_kernel_buffers = p.max_kernel_buffers;
     });
   };
+  t.device_uuid = [](accel_driver* s, int device, uint8_t* out) {
+    return guarded([&] {
+      const DeviceProperties p = drv(s).device_properties(device);
+      std::memcpy(out, p.uuid.data(), p.uuid.size());
+    });
+  };
   t.set_device = [](accel_driver* s, int device) {
     return guarded([&] { drv(s).set_device(device); });
   };

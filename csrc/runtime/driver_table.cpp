@@ -80,6 +80,10 @@ class TableDriver final : public Driver {
     accel_drv_device_properties p{};
     run("device_properties", [&] { return t_.device_properties(t_.self, device, &p); });
     p.name[sizeof(p.name) - 1] = 0;
+    std::array<uint8_t, 16> uuid{};
+    if (t_.device_uuid != nullptr) {
+      run("device_uuid", [&] { return t_.device_uuid(t_.self, device, uuid.data()); });
+    }
     return {.name = p.name,
             .driver = name_,
             .total_memory = p.total_memory,
@@ -89,7 +93,8 @@ class TableDriver final : public Driver {
             .max_threads_per_compute_unit = p.max_threads_per_compute_unit,
             .integrated = p.integrated != 0,
             .max_kernel_args = p.max_kernel_args,
-            .max_kernel_buffers = p.max_kernel_buffers};
+            .max_kernel_buffers = p.max_kernel_buffers,
+            .uuid = uuid};
   }
   void set_device(int device) override {
     run("set_device", [&] { return t_.set_device(t_.self, device); });

@@ -110,6 +110,8 @@ struct DeviceProperties {
   // read or written. Compilers for the device (torch.compile) keep every kernel within them.
   int max_kernel_args = 0;
   int max_kernel_buffers = 0;
+  // The device's UUID (CUDA's cudaDeviceProp::uuid); all zero where the driver has none.
+  std::array<uint8_t, 16> uuid{};
 };
 
 // A driver's handle of device memory that another process can open (cudaIpcMemHandle_t's

@@ -33,7 +33,13 @@ TEST(Device, DefaultConfiguration) {
     const MemoryInfo info = mem_get_info(d);
     EXPECT_EQ(info.total, uint64_t{4} << 30);
     EXPECT_LE(info.free, info.total);
+    // A UUID of this machine's device d (RFC 9562 version 8, variant 10), the same when asked
+    // again, another for the other device.
+    EXPECT_EQ(p.uuid, get_device_properties(d).uuid);
+    EXPECT_EQ(p.uuid[6] >> 4, 8);
+    EXPECT_EQ(p.uuid[8] >> 6, 2);
   }
+  EXPECT_NE(get_device_properties(0).uuid, get_device_properties(1).uuid);
   EXPECT_STREQ(version(), "0.1.0");
 }
 

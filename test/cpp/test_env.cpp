@@ -86,6 +86,9 @@ TEST(Plugin, LoadsADriverLibraryByName) {
             (std::vector<std::pair<std::string, std::string>>{{"testdrv", "selected"}}));
   EXPECT_EQ(device_count(), 2);
   EXPECT_EQ(get_device_properties(1).driver, "testdrv");
+  // The UUID comes through the table's device_uuid entry.
+  EXPECT_NE(get_device_properties(1).uuid, (std::array<uint8_t, 16>{}));
+  EXPECT_NE(get_device_properties(0).uuid, get_device_properties(1).uuid);
   std::vector<float> host = {1.f, 2.f, 3.f};
   float* dev = testing::upload(host);
   EXPECT_EQ(testing::download(dev, 3), host);
@@ -196,6 +199,7 @@ TEST(Plugin, AShorterTableFromAnOlderLibraryLacksOnlyTheNewerEntries) {
   if (env("ACCEL_TEST_BAD_TABLE") != "short")
     GTEST_SKIP() << "runs with ACCEL_TEST_BAD_TABLE=short";
   EXPECT_STREQ(driver_name(), "testdrv");
+  EXPECT_EQ(get_device_properties(0).uuid, (std::array<uint8_t, 16>{}));  // device_uuid absent
   std::vector<float> host = {4.f, 5.f};
   float* dev = testing::upload(host);
   EXPECT_EQ(testing::download(dev, 2), host);

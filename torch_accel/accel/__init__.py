@@ -318,13 +318,16 @@ class _AccelDeviceProperties(NamedTuple):
     max_threads_per_multi_processor: int
     max_kernel_args: int
     max_kernel_buffers: int
+    # The device's UUID as torch.cuda's str(properties.uuid) reads (8-4-4-4-12 hex digits; a
+    # string, which torch.compile folds as a constant; all zero where the driver has none)
+    uuid: str
 
     def __repr__(self) -> str:
         return (
             f"_AccelDeviceProperties(name='{self.name}', driver='{self.driver}', "
             f"major={self.major}, minor={self.minor}, "
             f"total_memory={self.total_memory // (1024 * 1024)}MB, "
-            f"multi_processor_count={self.multi_processor_count})"
+            f"multi_processor_count={self.multi_processor_count}, uuid={self.uuid})"
         )
 
 
@@ -349,6 +352,7 @@ def get_device_properties(device: Any = None) -> _AccelDeviceProperties:
         max_threads_per_multi_processor=p["max_threads_per_compute_unit"],
         max_kernel_args=p["max_kernel_args"],
         max_kernel_buffers=p["max_kernel_buffers"],
+        uuid=p["uuid"],
     )
 
 

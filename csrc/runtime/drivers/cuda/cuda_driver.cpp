@@ -189,6 +189,8 @@ class CudaDriver final : public Driver {
     // Kernel parameters: 32764 bytes since CUDA 12.1 on Volta and later (8-byte arguments).
     out.max_kernel_args = 4095;
     out.max_kernel_buffers = 4095;
+    static_assert(sizeof(p.uuid.bytes) == sizeof(out.uuid));
+    std::memcpy(out.uuid.data(), p.uuid.bytes, sizeof(out.uuid));
     return out;
   }
 

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstddef>
@@ -10,6 +11,7 @@
 #include <iterator>
 #include <memory>
 #include <mutex>
+#include <string_view>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -19,6 +21,11 @@
 #include "runtime/drivers/host/protect.h"
 
 namespace accel::rt::host {
+
+// The UUID of host device `device` of the driver named `driver`: the same on this machine in
+// every process (from /etc/machine-id, else the host name), different per device and machine
+// (RFC 9562 version 8: its bits are a hash, not a registered scheme). host_options.cpp.
+std::array<uint8_t, 16> host_device_uuid(std::string_view driver, int device);
 
 // A point in the execution of every stream of a device.
 struct Marker {

@@ -87,6 +87,7 @@ class HostDriver final : public Driver {
     p.integrated = true;
     p.max_kernel_args = options_.max_kernel_args;
     p.max_kernel_buffers = options_.max_kernel_buffers;
+    p.uuid = host_device_uuid(options_.name, device);
     return p;
   }
 
