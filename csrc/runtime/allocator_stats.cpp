@@ -84,7 +84,6 @@ void CachingAllocator::set_history(bool enabled, ContextRecorder recorder, std::
   history_enabled_ = enabled;
   recorder_ = enabled ? std::move(recorder) : ContextRecorder{};
   context_level_ = level;
-  free_contexts_.store(recorder_ && level == ContextLevel::All, std::memory_order_relaxed);
   history_max_ = max_entries;
   if (!enabled) history_.clear();
   while (history_.size() > history_max_) history_.pop_front();

@@ -222,18 +222,18 @@ void* CachingAllocator::malloc(std::size_t size, StreamObj& stream) {
 }
 
 bool CachingAllocator::free(void* ptr) {
-  std::shared_ptr<HistoryContext> freed_by;  // the free's own context (history level All)
-  if (free_contexts_.load(std::memory_order_relaxed)) {
-    ContextRecorder recorder;
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      recorder = recorder_;
-    }
-    if (recorder) freed_by = recorder();  // may be slow (stack traces): outside the lock
-  }
-  std::lock_guard<std::mutex> lock(mutex_);
+  std::unique_lock<std::mutex> lock(mutex_);
   Block* b = allocated_->erase(reinterpret_cast<uintptr_t>(ptr));
   if (b == nullptr) return false;
+  std::shared_ptr<HistoryContext> freed_by;  // the free's own context (history level All)
+  if (history_enabled_ && context_level_ == ContextLevel::All && recorder_) {
+    // May be slow (stack traces): outside the lock. The block is this call's now, and still
+    // marked allocated, so nothing merges it or releases its segment meanwhile.
+    const ContextRecorder recorder = recorder_;
+    lock.unlock();
+    freed_by = recorder();
+    lock.lock();
+  }
   b->allocated = false;
   const bool small = b->pool->small;
   update_stat(stats_.allocation, small, -1);

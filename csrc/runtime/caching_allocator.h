@@ -212,7 +212,6 @@ class CachingAllocator {
   std::size_t device_total_ = 0;  // device_total()
   ContextRecorder recorder_;
   ContextLevel context_level_ = ContextLevel::All;
-  std::atomic<bool> free_contexts_{false};  // level All with a recorder: frees gather theirs
   std::size_t history_max_ = 0;
   std::deque<TraceEntry> history_;
 };
