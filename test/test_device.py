@@ -31,6 +31,30 @@ def test_torch_accel_module_has_the_torch_cuda_names():
         assert hasattr(torch.cuda, name), name  # the names really are torch.cuda's
 
 
+def test_legacy_tensor_types_as_torch_cuda():
+    import torch_accel.accel.legacy_tensors as legacy
+
+    # Old code picks `Tensor = torch.cuda.FloatTensor if cuda else torch.FloatTensor`.
+    names = [n for n in dir(torch.cuda) if n.endswith("Tensor")]
+    assert len(names) == 10
+    for name in names:
+        cuda_type, accel_type = getattr(torch.cuda, name), getattr(torch.accel, name)
+        assert accel_type.dtype == cuda_type.dtype and not accel_type.is_sparse
+    with pytest.warns(UserWarning, match="no longer recommended"):
+        legacy._warned = False  # it warns once per process
+        x = torch.accel.FloatTensor(2, 3)  # sizes: uninitialized, on the current device
+    assert x.shape == (2, 3) and x.dtype == torch.float32 and x.device == torch.device("accel:0")
+    y = torch.accel.LongTensor([1, 2, 3])  # data
+    assert torch.equal(y.cpu(), torch.tensor([1, 2, 3]))
+    with torch.accel.device(1):
+        assert torch.accel.DoubleTensor(4).device == torch.device("accel:1")
+    assert isinstance(y, torch.accel.LongTensor) and not isinstance(y, torch.accel.FloatTensor)
+    assert not isinstance(torch.ones(2), torch.accel.FloatTensor)  # a CPU tensor
+    assert isinstance(x, torch.Tensor) and x.type() == "torch.accel.FloatTensor"
+    assert torch.ones(2).type("torch.accel.HalfTensor").device.type == "accel"
+    assert repr(torch.accel.FloatTensor) == "<class 'torch.accel.FloatTensor'>"
+
+
 def test_device_type_is_renamed_and_methods_are_generated():
     assert torch._C._get_privateuse1_backend_name() == "accel"
     assert str(torch.device("privateuseone:1")) == "accel:1"

@@ -17,7 +17,7 @@ import torch
 from torch._utils import _LazySeedTracker
 
 from torch_accel import _C, profiler
-from torch_accel.accel import amp, comm, graphs, memory, sensors
+from torch_accel.accel import amp, comm, graphs, legacy_tensors, memory, sensors
 
 # Also makes torch.accel._utils an attribute: torch.serialization looks up
 # torch.accel._utils._get_device_index.
@@ -31,6 +31,7 @@ from torch_accel.accel.graphs import (
     make_graphed_callables,
 )
 from torch_accel.accel.ipc import ipc_collect
+from torch_accel.accel.legacy_tensors import *  # noqa: F403 (its __all__ is part of ours)
 from torch_accel.accel.memory import *  # noqa: F403 (its __all__ is part of ours)
 from torch_accel.accel.random import (  # the two private ones as torch.cuda has them
     _get_rng_state_offset as _get_rng_state_offset,
@@ -125,6 +126,7 @@ __all__ = [
     "memory",
     *memory.__all__,
     *sensors.__all__,
+    *legacy_tensors.__all__,
     *STORAGE_CLASSES,
 ]
 globals().update(STORAGE_CLASSES)
