@@ -81,6 +81,11 @@ void Runtime::check_unsafe_call(const std::string& what, const char* why) {
   }
 }
 
+void Runtime::check_wait_allowed(StreamObj& s, const char* call) {
+  if (!capturing_anywhere()) return;  // the name is built only when a capture is underway
+  check_unsafe_call(concat(call, "(", describe(s.handle()), ")"), nullptr);
+}
+
 void Runtime::check_event_not_captured(EventObj& e, const char* call) {
   const uint64_t id = e.capture_id.load(std::memory_order_acquire);
   if (id == 0) return;

@@ -267,6 +267,11 @@ class Runtime {
   // invalidates and throws if a capture underway forbids `what` on this thread (a capture this
   // thread began that is not relaxed, or another thread's global capture).
   void check_unsafe_call(const std::string& what, const char* why);
+  // For a call that is about to queue work on `s` and then wait for it (not capturing `s`
+  // itself): refuses it, as check_unsafe_call, while a capture elsewhere forbids the wait, so
+  // that nothing is queued that would run after the refusal (into memory the caller frees as
+  // it unwinds). Named "<call>(<stream>)".
+  void check_wait_allowed(StreamObj& s, const char* call);
   // Whether any capture is underway on any device (the allocators then make no driver call
   // CUDA forbids during capture: no event query, no free).
   bool capturing_anywhere() const {

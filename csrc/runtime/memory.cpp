@@ -450,12 +450,7 @@ void memcpy(void* dst, const void* src, std::size_t size, CopyKind kind) {
   }
   StreamObj& stream = rt.current_stream_obj(d.is_device() ? d.device : s.device);
   rt.check_not_capturing(stream, "memcpy");
-  // It waits for the stream: refused before the copy is queued, or the copy would run into
-  // memory the caller frees once the refusal unwinds (pageable host memory).
-  if (rt.capturing_anywhere()) {
-    rt.check_unsafe_call(detail::concat("memcpy(", detail::describe(stream.handle()), ")"),
-                         nullptr);
-  }
+  rt.check_wait_allowed(stream, "memcpy");
   // The call waits for the copy, so even pageable memory can be used directly.
   auto traced = trace_open(rt, stream, copy_name(k), trace::Kind::Memcpy);
   rt.driver->memcpy_async(dst, src, size, k, stream.ds);
@@ -477,14 +472,8 @@ void memcpy_async(void* dst, const void* src, std::size_t size, CopyKind kind, S
     // moved on: only pinned memory can be captured.
     rt.check_not_capturing(st, "memcpy_async with pageable host memory");
   }
-  if (dst_pageable && rt.capturing_anywhere()) {
-    // The call waits for the copy (below): a capture that forbids waiting (another stream's
-    // global capture) refuses it before the copy is queued, not after, when the copy would
-    // write into pageable memory the caller frees as the refusal unwinds.
-    rt.check_unsafe_call(detail::concat("memcpy_async to pageable host memory (",
-                                        detail::describe(st.handle()), ")"),
-                         nullptr);
-  }
+  // Pageable results are waited for (below).
+  if (dst_pageable) rt.check_wait_allowed(st, "memcpy_async to pageable host memory");
   auto traced = trace_open(rt, st, copy_name(k), trace::Kind::Memcpy);
   if (k == CopyKind::HostToDevice && src_pageable) {
     // Stage through pinned memory so the caller may reuse the source at once.
@@ -509,10 +498,7 @@ void memset(void* dst, int value, std::size_t size) {
                  " is host memory, not device memory");
   StreamObj& stream = rt.current_stream_obj(d.device);
   rt.check_not_capturing(stream, "memset");
-  if (rt.capturing_anywhere()) {
-    rt.check_unsafe_call(detail::concat("memset(", detail::describe(stream.handle()), ")"),
-                         nullptr);
-  }
+  rt.check_wait_allowed(stream, "memset");
   auto traced = trace_open(rt, stream, "Memset", trace::Kind::Memset);
   rt.driver->memset_async(dst, value, size, stream.ds);
   trace_close(rt, stream, traced);
