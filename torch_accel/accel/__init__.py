@@ -33,13 +33,9 @@ from torch_accel.accel.graphs import (
 from torch_accel.accel.ipc import ipc_collect
 from torch_accel.accel.legacy_tensors import *  # noqa: F403 (its __all__ is part of ours)
 from torch_accel.accel.memory import *  # noqa: F403 (its __all__ is part of ours)
-from torch_accel.accel.random import (  # the two private ones as torch.cuda has them
-    _get_rng_state_offset as _get_rng_state_offset,
-)
 from torch_accel.accel.random import (
-    _set_rng_state_offset as _set_rng_state_offset,
-)
-from torch_accel.accel.random import (
+    _get_rng_state_offset,  # noqa: F401 (private, as torch.cuda's, so not in __all__)
+    _set_rng_state_offset,  # noqa: F401
     get_rng_state,
     get_rng_state_all,
     initial_seed,

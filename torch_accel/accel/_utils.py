@@ -13,8 +13,8 @@ def _get_device_index(device: Any, optional: bool = False, allow_cpu: bool = Fal
     """The accel device index meant by ``device``.
 
     Accepts an int, a string like ``"accel:1"``, a ``torch.device``, a ``torch.accel.device``
-    or ``None``. A device
-    without an index (``"accel"``, ``None``) means the current device when ``optional`` is true.
+    or ``None``. A device without an index (``"accel"``, ``None``) means the current device
+    when ``optional`` is true.
     """
     if isinstance(device, str):
         device = torch.device(device)
