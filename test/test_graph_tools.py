@@ -217,3 +217,34 @@ def test_arithmetic_the_direct_kernels_do_not_take_replays_through_aten() -> Non
     g.replay()
     for got, want in zip(results, work(a.cpu(), row.cpu(), h.cpu()), strict=True):
         torch.testing.assert_close(got.cpu(), want)
+
+
+def test_a_graph_keeps_the_memory_of_a_freed_static_input_until_it_goes() -> None:
+    # CUDA's replay after the static input was freed and the cache emptied writes memory the
+    # driver took back (an illegal address); on accel the graph keeps the segment: the replay
+    # writes cached memory and the memory goes back once the graph does.
+    torch.accel.synchronize()
+    torch.accel.empty_cache()
+    reserved0 = torch.accel.memory_reserved()
+    x = torch.ones(4 << 20, device=ACCEL)  # 16 MiB: a segment of its own
+    torch.accel.synchronize()
+    kept = torch.accel.memory_reserved() - reserved0
+    assert kept >= 16 << 20
+    g = torch.accel.AccelGraph()
+    with torch.accel.graph(g):
+        x.mul_(2)  # an operator's task
+        x[:4].fill_(3)  # and another one
+        y = x[:8] + 1  # into the graph's pool
+    del x
+    torch.accel.empty_cache()
+    assert torch.accel.memory_reserved() >= reserved0 + kept
+    g.replay()  # read and write kept memory, no crash
+    torch.accel.synchronize()
+    assert y.shape == (8,)
+    # A later eager tensor may get that memory (as on CUDA): the graph is what the user misused;
+    # the process and the device stay usable.
+    z = torch.arange(6, device=ACCEL, dtype=torch.float32)
+    assert torch.equal((z * 2).cpu(), torch.arange(6, dtype=torch.float32) * 2)
+    del g, y
+    torch.accel.empty_cache()
+    assert torch.accel.memory_reserved() < reserved0 + kept

@@ -49,6 +49,12 @@ Layout Layout::of(const at::Tensor& t, bool write) {
   const c10::Storage& s = t.storage();
   l.base = write ? s.mutable_data() : const_cast<void*>(s.data());
   l.nbytes = s.nbytes();
+  // Work captured into a graph keeps the memory it uses mapped until the graph goes (a replay
+  // after the tensor was freed and the cache emptied must not touch memory the driver took back).
+  const c10::Device d = t.device();
+  if (l.base != nullptr && d.type() == device::kAccel && rt::device_is_capturing(d.index())) {
+    rt::capture_keep_memory(rt::current_stream(d.index()), l.base);
+  }
   l.offset = t.storage_offset();
   l.sizes.assign(t.sizes().begin(), t.sizes().end());
   l.strides.assign(t.strides().begin(), t.strides().end());

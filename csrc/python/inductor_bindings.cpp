@@ -99,6 +99,11 @@ class KernelLauncher {
     device::call(
         [&] {
           const rt::Stream s = rt::current_stream(device);
+          if (rt::device_is_capturing(device)) {  // the graph keeps the memory its kernels use
+            for (size_t i = 0; i < kinds_.size(); ++i) {
+              if (kinds_[i] == 'p') rt::capture_keep_memory(s, reinterpret_cast<void*>(words[i]));
+            }
+          }
           rt::launch_host_func(s, rt::Task([fn = fn_, w = std::move(words)] { fn(w.data()); }),
                                name_.c_str());
         },

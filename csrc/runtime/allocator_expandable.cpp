@@ -87,6 +87,7 @@ Block* CachingAllocator::grow_expandable(BlockPool& pool, StreamObj& stream, std
 }
 
 bool CachingAllocator::shrink_expandable(Expandable& e) {
+  if (kept(e.head)) return false;  // a graph may write anywhere in it
   Block* tail = last_block(e.head);
   if (!is_cached(tail)) return false;
   const std::size_t offset = static_cast<std::size_t>(static_cast<char*>(tail->ptr) - e.base);

@@ -80,7 +80,7 @@ void CachingAllocator::garbage_collect(const BlockPool& pool, std::size_t incomi
   if (reserved + incoming <= target) return;
   std::vector<Block*> idle;  // whole free segments of the default pools
   for (const auto& [addr, head] : segments_) {
-    if (!head->pool->is_private && head->expandable == nullptr && segment_is_free(head)) {
+    if (!head->pool->is_private && head->expandable == nullptr && segment_releasable(head)) {
       idle.push_back(head);
     }
   }

@@ -344,7 +344,7 @@ void CachingAllocator::free_block(Block* b, const std::shared_ptr<HistoryContext
   add_inactive_split(b, +1);
   // Allocated with caching off: back to the driver (kept as cache if a capture is underway,
   // when no memory may be freed).
-  if (std::exchange(b->uncached, false) && !rt_.capturing_anywhere()) {
+  if (std::exchange(b->uncached, false) && !rt_.capturing_anywhere() && !kept(b)) {
     release_segment(b);
     return;
   }
@@ -354,8 +354,30 @@ void CachingAllocator::free_block(Block* b, const std::shared_ptr<HistoryContext
   // memory, not at once.
 }
 
-bool CachingAllocator::segment_is_free(const Block* head) const {
-  return head->next == nullptr && !head->allocated && head->event_count == 0 && head->in_bin;
+bool CachingAllocator::segment_releasable(const Block* head) const {
+  return head->next == nullptr && !head->allocated && head->event_count == 0 && head->in_bin &&
+         !kept(head);
+}
+
+bool CachingAllocator::kept(const Block* head) const {
+  return !kept_.empty() && kept_.count(head->addr()) > 0;
+}
+
+uintptr_t CachingAllocator::keep_segment(const void* ptr) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const Block* head = segment_of(ptr);
+  if (head == nullptr) return 0;
+  ++kept_[head->addr()];
+  return head->addr();
+}
+
+void CachingAllocator::unkeep_segments(const std::vector<uintptr_t>& bases) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (uintptr_t base : bases) {
+    auto it = kept_.find(base);
+    if (it != kept_.end() && --it->second == 0) kept_.erase(it);
+  }
+  // A segment free by now stays cached: the next empty_cache or out-of-memory retry releases it.
 }
 
 template <class Releasable>
@@ -368,7 +390,7 @@ bool CachingAllocator::release_free_segments(Releasable releasable) {
       if (releasable(*head->pool) && shrink_expandable(*head->expandable)) released = true;
       continue;
     }
-    if (releasable(*head->pool) && segment_is_free(head)) {
+    if (releasable(*head->pool) && segment_releasable(head)) {
       release_segment(head);
       released = true;
     }

@@ -34,6 +34,7 @@
 #include <memory>
 #include <mutex>
 #include <thread>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -99,6 +100,13 @@ class CachingAllocator {
   void begin_allocate_to_pool(PoolId id, std::thread::id thread);
   void end_allocate_to_pool(PoolId id, std::thread::id thread);
   void capture_ended();  // processes frees deferred while a used stream was capturing
+  // Graphs keep the segments their captured work uses: a kept segment does not go back to the
+  // driver (empty_cache, out-of-memory retries, a pool let go) even once its blocks are free, so
+  // a replay after the tensor there was freed writes cached memory, not memory the driver took
+  // back. keep_segment: the base of the segment holding `ptr`, now kept once more (0 if `ptr`
+  // is no memory of this allocator); unkeep_segments: each base kept once less.
+  uintptr_t keep_segment(const void* ptr);
+  void unkeep_segments(const std::vector<uintptr_t>& bases);
 
   // History.
   void set_history(bool enabled, ContextRecorder recorder, std::size_t max_entries,
@@ -157,7 +165,9 @@ class CachingAllocator {
   template <class Releasable>
   bool release_free_segments(Releasable releasable);
   void release_segment(Block* head);
-  bool segment_is_free(const Block* head) const;
+  // Whether the segment may go back to the driver: wholly free, no event pending, not kept.
+  bool segment_releasable(const Block* head) const;
+  bool kept(const Block* head) const;  // a graph keeps the segment (keep_segment)
   BlockPool& pool_for(PoolId id, bool small);
   void maybe_drop_private_pool(BlockPool* pool);
   Block* segment_of(const void* ptr);
@@ -176,7 +186,8 @@ class CachingAllocator {
   std::unique_ptr<BlockPool> large_;
   struct PrivatePool;
   std::map<PoolId, std::unique_ptr<PrivatePool>> private_pools_;
-  std::map<uintptr_t, Block*> segments_;  // segment heads by address
+  std::map<uintptr_t, Block*> segments_;     // segment heads by address
+  std::unordered_map<uintptr_t, int> kept_;  // segments graphs keep (by base), and how often
   class PtrMap;
   std::unique_ptr<PtrMap> allocated_;  // allocated blocks by start address
   class BlockArena;

@@ -2,6 +2,7 @@
 #include <sstream>
 #include <thread>
 
+#include "runtime/caching_allocator.h"
 #include "runtime/internal.h"
 
 namespace accel::rt::detail {
@@ -97,6 +98,31 @@ void Runtime::check_event_not_captured(EventObj& e, const char* call) {
                  ": the event was last recorded during a capture, which has ended (its work runs "
                  "only when the graph replays); record it again outside a capture first");
   invalidate_and_throw(*it->second, concat(call, " on an event recorded during the capture"));
+}
+
+void Runtime::keep_for_capture(StreamObj& s, const void* ptr) {
+  if (ptr == nullptr || !s.capturing.load(std::memory_order_acquire)) return;
+  uint64_t id = 0;
+  int device = 0;
+  {
+    std::lock_guard<std::mutex> lock(capture_mutex);
+    if (s.capture == nullptr || !s.capture->used.insert(ptr).second) return;
+    id = s.capture->id;
+    device = s.capture->device;
+  }
+  // The allocator takes capture_mutex under its own (check_unsafe_call): never the reverse.
+  CachingAllocator& alloc = *devices[device]->allocator;
+  const uintptr_t base = alloc.keep_segment(ptr);
+  if (base == 0) return;
+  {
+    std::lock_guard<std::mutex> lock(capture_mutex);
+    auto it = live_captures.find(id);
+    if (it != live_captures.end()) {
+      it->second->kept.push_back(base);
+      return;
+    }
+  }
+  alloc.unkeep_segments({base});  // the capture ended meanwhile
 }
 
 }  // namespace accel::rt::detail

@@ -32,6 +32,7 @@ DriverGraph finish_capture(Runtime& rt, GraphObj& g, std::exception_ptr& driver_
       s->capturing.store(false, std::memory_order_release);
     }
     rt.live_captures.erase(cs.id);
+    g.kept.insert(g.kept.end(), cs.kept.begin(), cs.kept.end());
     rt.devices[cs.device]->captures.fetch_sub(1);
     invalidated = cs.invalidated;
   }
@@ -47,6 +48,8 @@ void release_graph(Runtime& rt, GraphObj& g) {
   g.exec = nullptr;
   g.dg = nullptr;
   g.nodes = 0;
+  if (!g.kept.empty()) rt.devices[g.device]->allocator->unkeep_segments(g.kept);
+  g.kept.clear();
   if (g.holds_pool) rt.devices[g.device]->allocator->release_pool(g.pool);
   g.holds_pool = false;
   g.state = GraphObj::State::Empty;
@@ -272,6 +275,11 @@ uint64_t stream_capture_id(Stream stream) {
 void capture_refuse(Stream stream, const std::string& what, const std::string& why) {
   Runtime& rt = Runtime::get();
   rt.refuse_capture(rt.stream(stream, "capture_refuse"), what, why);
+}
+
+void capture_keep_memory(Stream stream, const void* ptr) {
+  Runtime& rt = Runtime::get();
+  rt.keep_for_capture(rt.stream(stream, "capture_keep_memory"), ptr);
 }
 
 bool device_is_capturing(int device) {

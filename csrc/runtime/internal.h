@@ -9,6 +9,7 @@
 #include <string>
 #include <thread>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -168,8 +169,10 @@ struct CaptureState {
   CaptureMode mode = CaptureMode::Global;
   std::thread::id thread;
   PoolId pool;
-  std::vector<StreamObj*> streams;  // origin first, then streams that joined
-  std::string invalidated;          // why the capture was invalidated ("" while valid)
+  std::vector<StreamObj*> streams;       // origin first, then streams that joined
+  std::string invalidated;               // why the capture was invalidated ("" while valid)
+  std::unordered_set<const void*> used;  // memory its work uses (capture_keep_memory)
+  std::vector<uintptr_t> kept;           // the allocator segments holding it, kept
 };
 
 struct GraphObj : Slotted {
@@ -183,6 +186,7 @@ struct GraphObj : Slotted {
   DriverGraph dg = nullptr;
   DriverGraphExec exec = nullptr;
   std::size_t nodes = 0;
+  std::vector<uintptr_t> kept;  // allocator segments its work uses (CaptureState::kept)
 
   Graph handle() const noexcept { return Graph::from_bits(handle_bits()); }
 };
@@ -281,6 +285,8 @@ class Runtime {
     return false;
   }
   void check_event_not_captured(EventObj& e, const char* call);
+  // capture_keep_memory for `s`: the first use of `ptr` in its capture keeps the segment.
+  void keep_for_capture(StreamObj& s, const void* ptr);
   // Invalidates the capture of `s` (if any) and throws CaptureError: `what` cannot be captured.
   void refuse_capture(StreamObj& s, const std::string& what, const std::string& why);
 

@@ -485,6 +485,8 @@ void memcpy_async(void* dst, const void* src, std::size_t size, CopyKind kind, S
     rt.host_allocator->free(staging);
     return;
   }
+  if (d.is_device()) rt.keep_for_capture(st, dst);
+  if (s.is_device()) rt.keep_for_capture(st, src);
   rt.driver->memcpy_async(dst, src, size, k, st.ds);
   trace_close(rt, st, traced);
   if (dst_pageable) rt.driver->stream_synchronize(st.ds);  // pageable results must be there
@@ -512,6 +514,7 @@ void memset_async(void* dst, int value, std::size_t size, Stream stream) {
   const Side d = classify(rt, dst, size, "memset_async", "destination");
   ACCEL_RT_CHECK(d.is_device(), InvalidValueError, "memset_async: the destination ",
                  format_ptr(dst), " is host memory, not device memory");
+  rt.keep_for_capture(st, dst);
   auto traced = trace_open(rt, st, "Memset", trace::Kind::Memset);
   rt.driver->memset_async(dst, value, size, st.ds);
   trace_close(rt, st, traced);

@@ -128,6 +128,43 @@ TEST_F(GraphTest, PrivatePoolMemoryIsReleasedWithTheGraph) {
   EXPECT_EQ(memory_stats(0).reserved_bytes[kAggregate].current, reserved0);
 }
 
+// A tensor allocated before the capture, used by it, then freed: CUDA leaves a replay writing
+// memory an empty_cache gave back (an illegal address); here the graph keeps its segment.
+TEST_F(GraphTest, AGraphKeepsTheSegmentsItsWorkUsesUntilItGoes) {
+  empty_cache(0);
+  const int64_t reserved0 = memory_stats(0).reserved_bytes[kAggregate].current;
+  const std::size_t n = (12 << 20) / sizeof(float);
+  auto* x = static_cast<float*>(malloc(n * sizeof(float), s_));  // a segment of its own
+  auto* y = static_cast<float*>(malloc(n * sizeof(float), s_));  // and another
+  const int64_t reserved1 = memory_stats(0).reserved_bytes[kAggregate].current;
+  EXPECT_EQ(reserved1, reserved0 + (24 << 20));
+  memset(x, 0, n * sizeof(float));
+  capture_keep_memory(s_, x);  // not capturing: nothing kept
+  int on_stack = 0;
+  graph_capture_begin(g_, s_);
+  testing::device_kernel(s_, x, n, [](float* v, std::size_t m) {
+    for (std::size_t i = 0; i < m; ++i) v[i] += 1.f;
+  });
+  capture_keep_memory(s_, x + 5);      // the segment holding x, found from any address in it
+  capture_keep_memory(s_, x);          // once per capture
+  capture_keep_memory(s_, &on_stack);  // not the allocator's: ignored
+  memset_async(y, 0, 64, s_);          // the runtime's own captured calls keep their memory
+  graph_capture_end(g_);
+  free(x);
+  free(y);
+  empty_cache(0);
+  EXPECT_EQ(memory_stats(0).reserved_bytes[kAggregate].current, reserved1);
+  graph_replay(g_, s_);  // into cached memory, which is still mapped
+  stream_synchronize(s_);
+  graph_reset(g_);  // kept no longer, cached until empty_cache
+  EXPECT_EQ(memory_stats(0).reserved_bytes[kAggregate].current, reserved1);
+  empty_cache(0);
+  EXPECT_EQ(memory_stats(0).reserved_bytes[kAggregate].current, reserved0);
+  Stream gone = stream_create(0);
+  stream_destroy(gone);
+  EXPECT_RT_ERROR(capture_keep_memory(gone, x), InvalidHandleError, "capture_keep_memory");
+}
+
 TEST_F(GraphTest, GraphsCanShareAPool) {
   const PoolId shared = graph_pool_handle();
   EXPECT_EQ(shared.first, 0u);
