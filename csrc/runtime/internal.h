@@ -203,6 +203,10 @@ struct DeviceState {
   std::mutex pool_mutex;  // also serializes adopting native streams (stream_from_native)
   std::unique_ptr<CachingAllocator> allocator;
   std::atomic<int> captures{0};  // captures underway on this device
+  // Asked of the driver once (a driver's properties do not change; on cuda each ask is a
+  // cudaGetDeviceProperties), as ATen's CUDA device properties.
+  std::once_flag properties_once;
+  DeviceProperties properties;
 
   // Driver events reused for allocator bookkeeping (record_stream).
   std::mutex event_pool_mutex;

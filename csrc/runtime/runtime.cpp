@@ -374,7 +374,9 @@ int exchange_device(int device) {
 
 DeviceProperties get_device_properties(int device) {
   Runtime& rt = Runtime::get();
-  return rt.driver->device_properties(rt.resolve_device(device, "get_device_properties"));
+  detail::DeviceState& d = *rt.devices[rt.resolve_device(device, "get_device_properties")];
+  std::call_once(d.properties_once, [&] { d.properties = rt.driver->device_properties(d.index); });
+  return d.properties;
 }
 
 MemoryInfo mem_get_info(int device) {
