@@ -183,3 +183,52 @@ def test_seed_and_fork_rng():
     with torch.random.fork_rng(devices=range(torch.accel.device_count()), device_type="accel"):
         inside = torch.rand(3, device="accel").cpu()
     assert torch.equal(torch.rand(3, device="accel").cpu(), inside)
+
+
+def test_graphsafe_states_share_a_generator_state_as_cuda_does():
+    g = torch.Generator(device="accel").manual_seed(11)
+    shared = g.graphsafe_get_state()
+    assert shared.device == torch.device("accel", 0)
+    a = torch.rand(4, device="accel", generator=g)
+    # The state handed out is g's own: it advanced with g's draw.
+    assert shared.get_offset() == g.get_offset() and shared.initial_seed() == 11
+    b = torch.rand(4, device="accel", generator=shared)
+    ref = torch.Generator(device="accel").manual_seed(11)
+    assert torch.equal(a.cpu(), torch.rand(4, device="accel", generator=ref).cpu())
+    assert torch.equal(b.cpu(), torch.rand(4, device="accel", generator=ref).cpu())
+    # graphsafe_set_state points g at another generator's state, without copying it.
+    other = torch.Generator(device="accel").manual_seed(5)
+    g.graphsafe_set_state(other.graphsafe_get_state())
+    c = torch.rand(4, device="accel", generator=g)
+    assert torch.equal(
+        c.cpu(),
+        torch.rand(
+            4, generator=torch.Generator(device="accel").manual_seed(5), device="accel"
+        ).cpu(),
+    )
+    assert other.get_offset() == g.get_offset() > 0
+    g.graphsafe_set_state(shared)  # back: shared still holds where g was
+    assert g.initial_seed() == 11
+    with pytest.raises(RuntimeError, match="expected a generator of an accel device"):
+        g.graphsafe_set_state(torch.Generator())
+    # clone_state copies instead: the clone advances alone.
+    copy = g.clone_state()
+    torch.rand(4, device="accel", generator=copy)
+    assert copy.get_offset() > g.get_offset()
+
+
+def test_a_graph_draws_from_the_state_its_generator_points_to_at_replay():
+    # torch.compile's graph-safe RNG (partitioners.py) swaps states with graphsafe_set_state
+    # between replays; the captured draws must follow the swap.
+    g = torch.Generator(device="accel").manual_seed(3)
+    graph = torch.accel.AccelGraph()
+    with torch.accel.graph(graph):
+        u = torch.rand(6, device="accel", generator=g)
+    fresh = torch.Generator(device="accel").manual_seed(42)
+    g.graphsafe_set_state(fresh.graphsafe_get_state())
+    graph.replay()
+    expected = torch.rand(
+        6, device="accel", generator=torch.Generator(device="accel").manual_seed(42)
+    )
+    assert torch.equal(u.cpu(), expected.cpu())
+    assert fresh.get_offset() > 0  # the replay advanced the state it drew from

@@ -42,27 +42,39 @@ at::mt19937 engine_for(uint64_t seed, uint64_t offset) {
   return engine;
 }
 
+// A generator's seed and offset. Generators normally own theirs; graphsafe_get_state hands out
+// a generator sharing it and graphsafe_set_state makes a generator use another's (CUDA's
+// CUDAGeneratorState), so that a graph drawing from a generator draws from whatever state it
+// was pointed at before the replay.
+struct GeneratorState : c10::intrusive_ptr_target {
+  explicit GeneratorState(uint64_t s) : seed(s) {}
+  uint64_t seed;
+  uint64_t offset = 0;
+};
+
 class AccelGeneratorImpl final : public c10::GeneratorImpl {
  public:
   static constexpr std::size_t kStateBytes = 16;  // seed, offset (little-endian uint64 each)
 
   explicit AccelGeneratorImpl(c10::DeviceIndex device, uint64_t seed = c10::default_rng_seed_val)
+      : AccelGeneratorImpl(device, c10::make_intrusive<GeneratorState>(seed)) {}
+  AccelGeneratorImpl(c10::DeviceIndex device, c10::intrusive_ptr<GeneratorState> state)
       : c10::GeneratorImpl(c10::Device(kAccel, device),
                            c10::DispatchKeySet(c10::DispatchKey::PrivateUse1)),
-        seed_(seed) {}
+        state_(std::move(state)) {}
 
   void set_current_seed(uint64_t seed) override {
-    seed_ = seed;
-    offset_ = 0;
+    state_->seed = seed;
+    state_->offset = 0;
   }
-  uint64_t current_seed() const override { return seed_; }
+  uint64_t current_seed() const override { return state_->seed; }
   uint64_t seed() override {
     const uint64_t s = c10::detail::getNonDeterministicRandom();
     set_current_seed(s);
     return s;
   }
-  void set_offset(uint64_t offset) override { offset_ = offset; }
-  uint64_t get_offset() const override { return offset_; }
+  void set_offset(uint64_t offset) override { state_->offset = offset; }
+  uint64_t get_offset() const override { return state_->offset; }
 
   void set_state(const c10::TensorImpl& state) override {
     TORCH_CHECK(state.dtype() == caffe2::TypeMeta::Make<uint8_t>() && state.device().is_cpu() &&
@@ -74,8 +86,8 @@ class AccelGeneratorImpl final : public c10::GeneratorImpl {
     TORCH_CHECK(bytes != nullptr,
                 "accel generator state has no data (a fake or meta tensor); pass the tensor "
                 "get_state() returned");
-    std::memcpy(&seed_, bytes, 8);
-    std::memcpy(&offset_, bytes + 8, 8);
+    std::memcpy(&state_->seed, bytes, 8);
+    std::memcpy(&state_->offset, bytes + 8, 8);
   }
 
   c10::intrusive_ptr<c10::TensorImpl> get_state() const override {
@@ -85,32 +97,49 @@ class AccelGeneratorImpl final : public c10::GeneratorImpl {
     at::Tensor t = at::detail::empty_cpu({static_cast<int64_t>(kStateBytes)}, at::kByte,
                                          /*pin_memory=*/false, std::nullopt);
     auto* bytes = static_cast<uint8_t*>(t.data_ptr());
-    std::memcpy(bytes, &seed_, 8);
-    std::memcpy(bytes + 8, &offset_, 8);
+    std::memcpy(bytes, &state_->seed, 8);
+    std::memcpy(bytes + 8, &state_->offset, 8);
     return t.getIntrusivePtr();
+  }
+
+  // A generator sharing this one's state: what either draws advances both.
+  c10::intrusive_ptr<c10::GeneratorImpl> graphsafe_get_state() const override {
+    return c10::make_intrusive<AccelGeneratorImpl>(device().index(), state_);
+  }
+  // From now on this generator uses `gen`'s state (no copy).
+  void graphsafe_set_state(const c10::intrusive_ptr<c10::GeneratorImpl>& gen) override {
+    auto* other = dynamic_cast<AccelGeneratorImpl*>(gen.get());
+    TORCH_CHECK(other != nullptr,
+                "graphsafe_set_state: expected a generator of an accel "
+                "device (from graphsafe_get_state), got one for ",
+                gen->device());
+    TORCH_CHECK(other->device() == device(),
+                "graphsafe_set_state: the state belongs to a "
+                "generator of ",
+                other->device(), ", this generator is of ", device());
+    state_ = other->state_;
   }
 
   static c10::DeviceType device_type() { return kAccel; }
 
   // The Mersenne Twister state for the next operator (caller holds mutex_).
-  at::mt19937 next_engine() { return engine_for(seed_, offset_++); }
+  at::mt19937 next_engine() { return engine_for(state_->seed, state_->offset++); }
 
   // (seed, offset) now, then the offset advanced by n (caller holds mutex_).
   std::pair<uint64_t, uint64_t> take(uint64_t n) {
-    const std::pair<uint64_t, uint64_t> now{seed_, offset_};
-    offset_ += n;
+    const std::pair<uint64_t, uint64_t> now{state_->seed, state_->offset};
+    state_->offset += n;
     return now;
   }
 
  private:
   AccelGeneratorImpl* clone_impl() const override {
-    auto* g = new AccelGeneratorImpl(device().index(), seed_);
-    g->offset_ = offset_;
+    auto* g = new AccelGeneratorImpl(device().index(), state_->seed);
+    g->state_->offset = state_->offset;
     return g;
   }
 
-  uint64_t seed_;
-  uint64_t offset_ = 0;
+  c10::intrusive_ptr<GeneratorState> state_;
 };
 
 struct DefaultGenerators {
