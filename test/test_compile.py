@@ -133,6 +133,7 @@ def test_compiled_kernels_are_captured_into_graphs() -> None:
     # The graph keeps the memory its kernels read: freeing the static input and emptying the
     # cache leaves its segment mapped for the next replay (CUDA: an illegal address).
     torch.accel.synchronize()
+    torch.accel.empty_cache()
     reserved = torch.accel.memory_reserved()
     del x
     torch.accel.empty_cache()

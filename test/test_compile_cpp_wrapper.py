@@ -133,16 +133,33 @@ def test_cpp_wrapper_is_ordered_with_eager_work_on_any_stream_and_device():
 
 @cpp_kernels
 def test_cpp_wrapper_is_captured_into_accel_graphs():
-    f = torch.compile(lambda t, w: torch.relu(t @ w) * 3 - t.sum(), options=CPP_WRAPPER)
+    f = torch.compile(
+        lambda t, w, v: torch.relu(t @ w) * 3 - t.sum() + v.sin().mean(), options=CPP_WRAPPER
+    )
     x, w = torch.randn(16, 16, device=ACCEL), torch.randn(16, 16, device=ACCEL)
-    f(x, w)  # compiled outside the capture
+    v = torch.randn(3 << 20, device=ACCEL)  # 12 MiB, a segment of its own, read by a kernel
+    f(x, w, v)  # compiled outside the capture
     g = torch.accel.AccelGraph()
     with torch.accel.graph(g):
-        out = f(x, w)
+        out = f(x, w, v)
     for _ in range(2):
         x.copy_(torch.randn(16, 16))
         g.replay()
-        torch.testing.assert_close(out, torch.relu(x @ w) * 3 - x.sum())
+        expected = torch.relu(x @ w) * 3 - x.sum() + v.sin().mean()
+        torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4)
+    # The graph keeps the memory its launches read: freeing `v` and emptying the cache leaves
+    # its segment mapped for the next replay (CUDA: an illegal address).
+    torch.accel.synchronize()
+    torch.accel.empty_cache()
+    reserved = torch.accel.memory_reserved()
+    del v
+    torch.accel.empty_cache()
+    assert torch.accel.memory_reserved() == reserved
+    g.replay()
+    torch.accel.synchronize()
+    del g, out
+    torch.accel.empty_cache()
+    assert torch.accel.memory_reserved() <= reserved - (12 << 20)
 
 
 @cpp_kernels

@@ -61,6 +61,20 @@ extern "C" AOTI_TORCH_EXPORT AOTITorchError aoti_torch_accel_launch(
   });
 }
 
+extern "C" AOTI_TORCH_EXPORT AOTITorchError aoti_torch_accel_capture_keep(int32_t device,
+                                                                          const void* const* ptrs,
+                                                                          int32_t n) {
+  AOTI_TORCH_CONVERT_EXCEPTION_TO_ERROR_CODE({
+    accel::device::call(
+        [&] {
+          if (!rt::device_is_capturing(device)) return;
+          const rt::Stream s = rt::current_stream(device);
+          for (int32_t i = 0; i < n; ++i) rt::capture_keep_memory(s, ptrs[i]);
+        },
+        "aoti_torch_accel_capture_keep");
+  });
+}
+
 extern "C" AOTI_TORCH_EXPORT AOTITorchError aoti_torch_accel_current_device(int32_t* index) {
   AOTI_TORCH_CONVERT_EXCEPTION_TO_ERROR_CODE({ *index = accel::device::current_device(); });
 }

@@ -179,15 +179,17 @@ class AccelCppWrapper(CppWrapperCpu):
         # The arguments are evaluated here (data pointers of the buffers, which the wrapper may
         # release before the kernel runs: their memory stays reserved for this stream, as for
         # eager work) and held by value in the closure.
-        values = []
+        # The buffers are named too: a graph capturing the launch keeps their memory.
+        values, buffers = [], []
         for i, (arg, arg_type) in enumerate(zip(call_args, arg_types, strict=True)):
             if isinstance(arg_type, str) and "*" in arg_type:
                 values.append(f"a{i} = ({arg_type})({arg}.data_ptr())")
+                buffers.append(f"{arg}.data_ptr()")
             else:
                 values.append(f"a{i} = {arg}")
         names = ", ".join(f"a{i}" for i in range(len(values)))
         index = -1 if V.graph.aot_mode or device.index is None else device.index
         self.writeline(
-            f'torch_accel_aoti::launch({index}, "{kernel_name}", [{", ".join(values)}]() '
-            f"{{ {kernel_name}({names}); }});"
+            f'torch_accel_aoti::launch({index}, "{kernel_name}", {{{", ".join(buffers)}}}, '
+            f"[{', '.join(values)}]() {{ {kernel_name}({names}); }});"
         )

@@ -11,6 +11,8 @@
 #include <type_traits>
 #include <utility>
 
+#include <initializer_list>
+
 #include "c_shim_accel.h"
 
 extern "C" {
@@ -19,6 +21,11 @@ extern "C" {
 AOTI_TORCH_EXPORT AOTITorchError aoti_torch_accel_launch(int32_t device, void (*run)(void*),
                                                          void (*drop)(void*), void* payload,
                                                          const char* name);
+// While the current stream of `device` captures a graph: the graph keeps the device memory at
+// each of the `n` pointers (a replay after the tensor there was freed must find it mapped).
+// Nothing otherwise.
+AOTI_TORCH_EXPORT AOTITorchError aoti_torch_accel_capture_keep(int32_t device,
+                                                               const void* const* ptrs, int32_t n);
 // The current accel device.
 AOTI_TORCH_EXPORT AOTITorchError aoti_torch_accel_current_device(int32_t* index);
 // An AOTInductor model's constant (a CPU tensor: AOTInductor's model runtime keeps its weights
@@ -38,6 +45,15 @@ inline void launch(int32_t device, const char* name, F&& kernel) {
   AOTI_TORCH_ERROR_CODE_CHECK(aoti_torch_accel_launch(
       device, [](void* k) { (*static_cast<K*>(k))(); }, [](void* k) { delete static_cast<K*>(k); },
       new K(std::forward<F>(kernel)), name));
+}
+
+// The same for a kernel whose buffers are `memory` (their data pointers): a capture keeps them.
+template <class F>
+inline void launch(int32_t device, const char* name, std::initializer_list<const void*> memory,
+                   F&& kernel) {
+  AOTI_TORCH_ERROR_CODE_CHECK(
+      aoti_torch_accel_capture_keep(device, memory.begin(), static_cast<int32_t>(memory.size())));
+  launch(device, name, std::forward<F>(kernel));
 }
 
 inline int32_t current_device() {
