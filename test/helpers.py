@@ -60,6 +60,24 @@ def capture_while_another_thread_runs(
     return capture_error, (thread_errors[0] if thread_errors else None), replay_matches_eager
 
 
+def replay_keeps_freed_inputs(graph: Any, inputs: list[torch.Tensor], nbytes: int) -> None:
+    """Frees `inputs` (the caller hands over its last references in the list, which is emptied),
+    empties the cache and replays `graph`: the graph keeps the memory its work uses, so the
+    segments stay reserved for the replay (on CUDA an illegal address) and go back once the graph
+    is reset (then at least `nbytes` fewer reserved bytes)."""
+    torch.accel.synchronize()
+    torch.accel.empty_cache()
+    reserved = torch.accel.memory_reserved()
+    inputs.clear()
+    torch.accel.empty_cache()
+    assert torch.accel.memory_reserved() == reserved
+    graph.replay()
+    torch.accel.synchronize()
+    graph.reset()
+    torch.accel.empty_cache()
+    assert torch.accel.memory_reserved() <= reserved - nbytes
+
+
 def cpp_kernels_only(test: Callable[..., Any]) -> Callable[..., Any]:
     """For tests of what Inductor's C++ backend generates for accel (the host driver's kernels):
     skipped where accel's kernels are Triton (the cuda driver; test_compile_triton.py)."""

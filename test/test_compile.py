@@ -130,19 +130,10 @@ def test_compiled_kernels_are_captured_into_graphs() -> None:
         x.copy_(torch.randn(x.shape))
         g.replay()
         torch.testing.assert_close(out.cpu(), (x.cpu().sin() * 3).sum(0), rtol=1e-4, atol=1e-4)
-    # The graph keeps the memory its kernels read: freeing the static input and emptying the
-    # cache leaves its segment mapped for the next replay (CUDA: an illegal address).
-    torch.accel.synchronize()
-    torch.accel.empty_cache()
-    reserved = torch.accel.memory_reserved()
+    # The graph keeps the memory its kernels read: the static input freed, the cache emptied.
+    inputs = [x]
     del x
-    torch.accel.empty_cache()
-    assert torch.accel.memory_reserved() == reserved
-    g.replay()
-    torch.accel.synchronize()
-    del g, out
-    torch.accel.empty_cache()
-    assert torch.accel.memory_reserved() <= reserved - (12 << 20)
+    helpers.replay_keeps_freed_inputs(g, inputs, 12 << 20)
 
 
 @pytest.mark.config_independent  # its processes run without the ACCEL_* settings

@@ -16,6 +16,7 @@ import pytest
 import torch
 from torch._inductor.utils import run_and_get_code
 
+import helpers
 import torch_accel
 import torch_accel._inductor
 from torch_accel._inductor.cpp_wrapper import INCLUDE, hash_tree, headers_hash
@@ -147,19 +148,10 @@ def test_cpp_wrapper_is_captured_into_accel_graphs():
         g.replay()
         expected = torch.relu(x @ w) * 3 - x.sum() + v.sin().mean()
         torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4)
-    # The graph keeps the memory its launches read: freeing `v` and emptying the cache leaves
-    # its segment mapped for the next replay (CUDA: an illegal address).
-    torch.accel.synchronize()
-    torch.accel.empty_cache()
-    reserved = torch.accel.memory_reserved()
+    # The graph keeps the memory its launches read: `v` freed, the cache emptied.
+    inputs = [v]
     del v
-    torch.accel.empty_cache()
-    assert torch.accel.memory_reserved() == reserved
-    g.replay()
-    torch.accel.synchronize()
-    del g, out
-    torch.accel.empty_cache()
-    assert torch.accel.memory_reserved() <= reserved - (12 << 20)
+    helpers.replay_keeps_freed_inputs(g, inputs, 12 << 20)
 
 
 @cpp_kernels
