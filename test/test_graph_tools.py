@@ -248,3 +248,25 @@ def test_a_graph_keeps_the_memory_of_a_freed_static_input_until_it_goes() -> Non
     del g, y
     torch.accel.empty_cache()
     assert torch.accel.memory_reserved() < reserved0 + kept
+
+
+def test_a_graph_keeps_the_pinned_memory_its_copies_read() -> None:
+    # The same for a captured copy out of pinned memory freed after the capture: the host cache
+    # keeps the block until the graph goes.
+    torch.accel.synchronize()
+    _C._host_empty_cache()
+    reserved0 = torch.accel.host_memory_stats()["reserved_bytes.current"]
+    src = torch.arange(1 << 18, dtype=torch.float32).pin_memory()  # 1 MiB
+    dst = torch.empty(1 << 18, device=ACCEL)
+    g = torch.accel.AccelGraph()
+    with torch.accel.graph(g):
+        dst.copy_(src, non_blocking=True)
+    del src
+    _C._host_empty_cache()
+    assert torch.accel.host_memory_stats()["reserved_bytes.current"] == reserved0 + (1 << 20)
+    g.replay()
+    torch.accel.synchronize()
+    assert torch.equal(dst.cpu(), torch.arange(1 << 18, dtype=torch.float32))
+    g.reset()
+    _C._host_empty_cache()
+    assert torch.accel.host_memory_stats()["reserved_bytes.current"] == reserved0

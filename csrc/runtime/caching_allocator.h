@@ -238,6 +238,10 @@ class HostCachingAllocator {
   // Is [ptr, ptr + size) inside one pinned block?
   bool contains(const void* ptr, std::size_t size);
   void empty_cache();
+  // Graphs keep the pinned blocks their captured copies use (CachingAllocator::keep_segment):
+  // the base of the block holding `ptr`, now kept once more (0 if none), and each kept once less.
+  uintptr_t keep_block(const void* ptr);
+  void unkeep_blocks(const std::vector<uintptr_t>& bases);
   HostStats stats();
   void reset_peak_stats();
   void reset_accumulated_stats();
@@ -248,6 +252,7 @@ class HostCachingAllocator {
     std::size_t size = 0;
     bool allocated = false;
     int events = 0;
+    int kept = 0;  // graphs that keep it: not given back to the driver
     std::vector<Stream> uses;
   };
   HBlock* find_containing(const void* ptr);

@@ -112,17 +112,24 @@ void Runtime::keep_for_capture(StreamObj& s, const void* ptr) {
   }
   // The allocator takes capture_mutex under its own (check_unsafe_call): never the reverse.
   CachingAllocator& alloc = *devices[device]->allocator;
-  const uintptr_t base = alloc.keep_segment(ptr);
+  uintptr_t base = alloc.keep_segment(ptr);
+  const bool pinned = base == 0;  // else device memory
+  if (pinned) base = host_allocator->keep_block(ptr);
   if (base == 0) return;
   {
     std::lock_guard<std::mutex> lock(capture_mutex);
     auto it = live_captures.find(id);
     if (it != live_captures.end()) {
-      it->second->kept.push_back(base);
+      (pinned ? it->second->kept_host : it->second->kept).push_back(base);
       return;
     }
   }
-  alloc.unkeep_segments({base});  // the capture ended meanwhile
+  // The capture ended meanwhile.
+  if (pinned) {
+    host_allocator->unkeep_blocks({base});
+  } else {
+    alloc.unkeep_segments({base});
+  }
 }
 
 }  // namespace accel::rt::detail

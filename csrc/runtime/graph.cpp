@@ -33,6 +33,7 @@ DriverGraph finish_capture(Runtime& rt, GraphObj& g, std::exception_ptr& driver_
     }
     rt.live_captures.erase(cs.id);
     g.kept.insert(g.kept.end(), cs.kept.begin(), cs.kept.end());
+    g.kept_host.insert(g.kept_host.end(), cs.kept_host.begin(), cs.kept_host.end());
     rt.devices[cs.device]->captures.fetch_sub(1);
     invalidated = cs.invalidated;
   }
@@ -50,6 +51,8 @@ void release_graph(Runtime& rt, GraphObj& g) {
   g.nodes = 0;
   if (!g.kept.empty()) rt.devices[g.device]->allocator->unkeep_segments(g.kept);
   g.kept.clear();
+  if (!g.kept_host.empty()) rt.host_allocator->unkeep_blocks(g.kept_host);
+  g.kept_host.clear();
   if (g.holds_pool) rt.devices[g.device]->allocator->release_pool(g.pool);
   g.holds_pool = false;
   g.state = GraphObj::State::Empty;

@@ -146,16 +146,37 @@ void HostCachingAllocator::empty_cache() {
   release_free_blocks();
 }
 
+uintptr_t HostCachingAllocator::keep_block(const void* ptr) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  HBlock* b = find_containing(ptr);
+  if (b == nullptr) return 0;
+  ++b->kept;
+  return reinterpret_cast<uintptr_t>(b->ptr);
+}
+
+void HostCachingAllocator::unkeep_blocks(const std::vector<uintptr_t>& bases) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (uintptr_t base : bases) {
+    auto it = blocks_.find(base);
+    if (it != blocks_.end() && it->second->kept > 0) --it->second->kept;
+  }
+}
+
 void HostCachingAllocator::release_free_blocks() {
   for (auto& list : free_) {
+    std::vector<HBlock*> kept;  // a graph's copies still read or write them
     for (HBlock* b : list) {
+      if (b->kept > 0) {
+        kept.push_back(b);
+        continue;
+      }
       rt_.driver->host_free(b->ptr, b->size);
       bump(stats_.segment, -1);
       bump(stats_.reserved_bytes, -static_cast<int64_t>(b->size));
       ++stats_.num_host_free;
       blocks_.erase(reinterpret_cast<uintptr_t>(b->ptr));
     }
-    list.clear();
+    list.swap(kept);
   }
 }
 

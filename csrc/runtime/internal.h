@@ -173,6 +173,7 @@ struct CaptureState {
   std::string invalidated;               // why the capture was invalidated ("" while valid)
   std::unordered_set<const void*> used;  // memory its work uses (capture_keep_memory)
   std::vector<uintptr_t> kept;           // the allocator segments holding it, kept
+  std::vector<uintptr_t> kept_host;      // and the pinned blocks
 };
 
 struct GraphObj : Slotted {
@@ -186,7 +187,8 @@ struct GraphObj : Slotted {
   DriverGraph dg = nullptr;
   DriverGraphExec exec = nullptr;
   std::size_t nodes = 0;
-  std::vector<uintptr_t> kept;  // allocator segments its work uses (CaptureState::kept)
+  std::vector<uintptr_t> kept;       // allocator segments its work uses (CaptureState::kept)
+  std::vector<uintptr_t> kept_host;  // and pinned blocks
 
   Graph handle() const noexcept { return Graph::from_bits(handle_bits()); }
 };

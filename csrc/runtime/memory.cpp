@@ -485,8 +485,8 @@ void memcpy_async(void* dst, const void* src, std::size_t size, CopyKind kind, S
     rt.host_allocator->free(staging);
     return;
   }
-  if (d.is_device()) rt.keep_for_capture(st, dst);
-  if (s.is_device()) rt.keep_for_capture(st, src);
+  if (!dst_pageable) rt.keep_for_capture(st, dst);  // device or pinned memory
+  if (!src_pageable) rt.keep_for_capture(st, src);
   rt.driver->memcpy_async(dst, src, size, k, st.ds);
   trace_close(rt, st, traced);
   if (dst_pageable) rt.driver->stream_synchronize(st.ds);  // pageable results must be there

@@ -323,8 +323,10 @@ ACCEL_RT_API bool device_is_capturing(int device = -1);
 // allocator segment holding it until the graph is reset or destroyed. empty_cache and
 // out-of-memory retries then leave that segment to the driver even once the tensor there is
 // freed, and a replay writes cached memory instead of memory the driver took back (on CUDA an
-// illegal address). No effect when `stream` is not capturing or `ptr` is no memory of its
-// device's allocator. The runtime's own captured calls (memcpy_async, memset_async) need none.
+// illegal address). Pinned host memory of the runtime is kept alike (host_empty_cache leaves
+// it). No effect when `stream` is not capturing or `ptr` is neither memory of its device's
+// allocator nor pinned memory. The runtime's own captured calls (memcpy_async, memset_async)
+// need none.
 ACCEL_RT_API void capture_keep_memory(Stream stream, const void* ptr);
 // For work the layers above cannot record into a graph (`what`, e.g. "aten::nonzero", and
 // `why`): if `stream` is capturing, invalidates the capture and throws CaptureError saying so;

@@ -165,6 +165,27 @@ TEST_F(GraphTest, AGraphKeepsTheSegmentsItsWorkUsesUntilItGoes) {
   EXPECT_RT_ERROR(capture_keep_memory(gone, x), InvalidHandleError, "capture_keep_memory");
 }
 
+TEST_F(GraphTest, AGraphKeepsThePinnedMemoryOfItsCopies) {
+  host_empty_cache();
+  const int64_t reserved0 = host_memory_stats().reserved_bytes.current;
+  auto* h = static_cast<float*>(host_malloc(1 << 20));
+  for (int i = 0; i < 256; ++i) h[i] = static_cast<float>(i);
+  auto* d = static_cast<float*>(malloc(1024, s_));
+  graph_capture_begin(g_, s_);
+  memcpy_async(d, h, 1024, CopyKind::HostToDevice, s_);
+  graph_capture_end(g_);
+  host_free(h);
+  host_empty_cache();  // the graph's copy still reads the block
+  EXPECT_EQ(host_memory_stats().reserved_bytes.current, reserved0 + (1 << 20));
+  graph_replay(g_, s_);
+  stream_synchronize(s_);
+  EXPECT_EQ(download(d, 256)[255], 255.f);  // the freed block was not reused in between
+  graph_reset(g_);
+  host_empty_cache();
+  EXPECT_EQ(host_memory_stats().reserved_bytes.current, reserved0);
+  free(d);
+}
+
 TEST_F(GraphTest, GraphsCanShareAPool) {
   const PoolId shared = graph_pool_handle();
   EXPECT_EQ(shared.first, 0u);
