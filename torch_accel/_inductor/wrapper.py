@@ -3,7 +3,8 @@
 Differences from the CPU wrapper: C++ kernels are defined with ``accel_cpp_kernel`` (kernel.py)
 and so run on the current accel stream; kernel calls are written as for the CPU (2.11 raises
 ``device accel nyi`` for any other device); Triton kernels (the cuda driver) are launched on
-the current accel stream's handle under their device's guard; buffers are allocated on the
+the current accel stream's handle under their device's guard (and a graph capturing them keeps
+their tensors' memory, as for accel's own launches); buffers are allocated on the
 graph's accel device with its index (2.11 writes ``device='accel'``, the current device, which
 is wrong for inputs on another device).
 """
@@ -65,6 +66,10 @@ class _AccelWrapperMixin:
                 raise RuntimeError("torch_accel: a Triton kernel call outside the wrapper's code")
             self.writeline(f"with {V.graph.device_ops.device_guard(device.index or 0)}:")  # type: ignore[attr-defined]
             with buffer.indent():
+                # A graph capturing the launch keeps the memory of its tensors (Triton's
+                # launcher takes their pointers, which accel does not see).
+                args = ", ".join(map(str, call_args))
+                self.writeline(f"accel_capture_keep({device.index or 0}, {args})")  # type: ignore[attr-defined]
                 super()._generate_kernel_call_helper(  # type: ignore[misc]
                     kernel_name, call_args, device=device, triton=triton, **kwargs
                 )
@@ -95,6 +100,7 @@ class AccelWrapper(_AccelWrapperMixin, PythonWrapperCodegen):
     def write_header(self) -> None:
         super().write_header()
         self.imports.writeline("from torch_accel._inductor.kernel import accel_cpp_kernel")
+        self.imports.writeline("from torch_accel._C import _capture_keep as accel_capture_keep")
 
 
 class AccelSubgraphWrapper(_AccelWrapperMixin, SubgraphPythonWrapperCodegen):
