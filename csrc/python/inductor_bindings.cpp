@@ -134,21 +134,24 @@ void init_inductor_bindings(py::module_& m) {
   // Before a Triton kernel launch of Inductor's wrapper (the cuda driver): while the current
   // stream of `device` captures, the graph keeps the memory of the accel tensors among `args`
   // (rt::capture_keep_memory); the other arguments are the kernel's scalars.
-  m.def("_capture_keep", [](int device, const py::args& args) {
-    device::call(
-        [&] {
-          if (!rt::device_is_capturing(device)) return;
-          const rt::Stream s = rt::current_stream(device);
-          for (const py::handle a : args) {
-            if (!THPVariable_Check(a.ptr())) continue;
-            const at::Tensor& t = THPVariable_Unpack(a.ptr());
-            if (t.defined() && t.device().type() == device::kAccel && t.has_storage()) {
-              rt::capture_keep_memory(s, t.storage().data());
-            }
-          }
-        },
-        "_capture_keep");
-  });
+  m.def(
+      "_capture_keep",
+      [](int device, const py::args& args) {
+        device::call(
+            [&] {
+              if (!rt::device_is_capturing(device)) return;
+              const rt::Stream s = rt::current_stream(device);
+              for (const py::handle a : args) {
+                if (!THPVariable_Check(a.ptr())) continue;
+                const at::Tensor& t = THPVariable_Unpack(a.ptr());
+                if (t.defined() && t.device().type() == device::kAccel && t.has_storage()) {
+                  rt::capture_keep_memory(s, t.storage().data());
+                }
+              }
+            },
+            "_capture_keep");
+      },
+      py::arg("device"));
   // Swaps the memory of two accel storages of one size: every tensor on `a`'s storage (views,
   // autograd's saved copies) then reads `b`'s memory, and the reverse. backend="accel" moves
   // a captured graph's outputs that are still held to new memory before a replay rewrites them.
