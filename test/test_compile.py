@@ -121,7 +121,7 @@ def test_training_step_matches_eager() -> None:
 )
 def test_compiled_kernels_are_captured_into_graphs() -> None:
     f = torch.compile(lambda t: (t.sin() * 3).sum(0))
-    x = torch.randn(3 << 10, 1 << 10, device=ACCEL)  # 12 MiB: a segment of its own
+    x = torch.randn(32, 3 << 15, device=ACCEL)  # 12 MiB: a segment of its own
     f(x)  # compiled outside the capture
     g = torch.accel.AccelGraph()
     with torch.accel.graph(g):
@@ -129,7 +129,7 @@ def test_compiled_kernels_are_captured_into_graphs() -> None:
     for _ in range(2):
         x.copy_(torch.randn(x.shape))
         g.replay()
-        torch.testing.assert_close(out.cpu(), (x.cpu().sin() * 3).sum(0), rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(out.cpu(), (x.cpu().sin() * 3).sum(0))
     # The graph keeps the memory its kernels read: the static input freed, the cache emptied.
     inputs = [x]
     del x
