@@ -21,6 +21,7 @@
 #include <set>
 #include <string>
 
+#include "aten/host_task.h"
 #include "device/common.h"
 #include "runtime/runtime.h"
 
@@ -67,9 +68,7 @@ extern "C" AOTI_TORCH_EXPORT AOTITorchError aoti_torch_accel_capture_keep(int32_
   AOTI_TORCH_CONVERT_EXCEPTION_TO_ERROR_CODE({
     accel::device::call(
         [&] {
-          if (!rt::device_is_capturing(device)) return;
-          const rt::Stream s = rt::current_stream(device);
-          for (int32_t i = 0; i < n; ++i) rt::capture_keep_memory(s, ptrs[i]);
+          accel::aten::keep_for_capture(device, {ptrs, static_cast<size_t>(n)});
         },
         "aoti_torch_accel_capture_keep");
   });

@@ -49,11 +49,9 @@ Layout Layout::of(const at::Tensor& t, bool write) {
   const c10::Storage& s = t.storage();
   l.base = write ? s.mutable_data() : const_cast<void*>(s.data());
   l.nbytes = s.nbytes();
-  // Work captured into a graph keeps the memory it uses mapped until the graph goes (a replay
-  // after the tensor was freed and the cache emptied must not touch memory the driver took back).
-  const c10::Device d = t.device();
-  if (l.base != nullptr && d.type() == device::kAccel && rt::device_is_capturing(d.index())) {
-    rt::capture_keep_memory(rt::current_stream(d.index()), l.base);
+  // Work captured into a graph keeps the memory it uses.
+  if (l.base != nullptr && t.device().type() == device::kAccel) {
+    keep_for_capture(t.device().index(), {l.base});
   }
   l.offset = t.storage_offset();
   l.sizes.assign(t.sizes().begin(), t.sizes().end());
@@ -85,6 +83,12 @@ bool stream_capturing(c10::DeviceIndex device) {
     return rt::device_is_capturing(device) &&
            rt::stream_capture_id(rt::current_stream(device)) != 0;
   });
+}
+
+void keep_for_capture(c10::DeviceIndex device, c10::ArrayRef<const void*> ptrs) {
+  if (!rt::device_is_capturing(device)) return;
+  const rt::Stream s = rt::current_stream(device);
+  for (const void* p : ptrs) rt::capture_keep_memory(s, p);
 }
 
 void refuse_capture(c10::DeviceIndex device, const char* what, const char* why) {

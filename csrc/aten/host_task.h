@@ -68,6 +68,12 @@ void require_host_accessible(const char* what);
 // Whether the current stream of `device` is capturing a graph.
 bool stream_capturing(c10::DeviceIndex device);
 
+// If the current stream of `device` is capturing a graph, the graph keeps the memory at each of
+// `ptrs` until it is reset or destroyed (rt::capture_keep_memory): for work launched on that
+// stream, so that a replay after the tensors there were freed and the cache emptied finds the
+// memory mapped. Nothing otherwise (one flag read).
+void keep_for_capture(c10::DeviceIndex device, c10::ArrayRef<const void*> ptrs);
+
 // If the current stream of `device` is capturing a graph: invalidates the capture and raises
 // torch_accel.CaptureError saying that `what` cannot be captured, and why.
 void refuse_capture(c10::DeviceIndex device, const char* what, const char* why);

@@ -63,6 +63,7 @@ class KernelLauncher {
       throw py::error_already_set();
     }
     std::vector<uint64_t> words(kinds_.size());
+    c10::SmallVector<const void*, 8> buffers;  // a capture keeps their memory
     int device = -1;
     for (size_t i = 0; i < kinds_.size(); ++i) {
       const py::handle a = args[i];
@@ -86,6 +87,7 @@ class KernelLauncher {
                                   t.device().str() + " in one kernel");
           }
           words[i] = reinterpret_cast<uintptr_t>(t.data_ptr());
+          buffers.push_back(t.data_ptr());
           break;
         }
         case 'i': words[i] = static_cast<uint64_t>(a.cast<int64_t>()); break;
@@ -99,11 +101,7 @@ class KernelLauncher {
     device::call(
         [&] {
           const rt::Stream s = rt::current_stream(device);
-          if (rt::device_is_capturing(device)) {  // the graph keeps the memory its kernels use
-            for (size_t i = 0; i < kinds_.size(); ++i) {
-              if (kinds_[i] == 'p') rt::capture_keep_memory(s, reinterpret_cast<void*>(words[i]));
-            }
-          }
+          aten::keep_for_capture(device, buffers);
           rt::launch_host_func(s, rt::Task([fn = fn_, w = std::move(words)] { fn(w.data()); }),
                                name_.c_str());
         },
@@ -139,15 +137,17 @@ void init_inductor_bindings(py::module_& m) {
       [](int device, const py::args& args) {
         device::call(
             [&] {
+              // Every launch calls this: outside captures no argument is looked at.
               if (!rt::device_is_capturing(device)) return;
-              const rt::Stream s = rt::current_stream(device);
+              c10::SmallVector<const void*, 8> buffers;
               for (const py::handle a : args) {
                 if (!THPVariable_Check(a.ptr())) continue;
                 const at::Tensor& t = THPVariable_Unpack(a.ptr());
                 if (t.defined() && t.device().type() == device::kAccel && t.has_storage()) {
-                  rt::capture_keep_memory(s, t.storage().data());
+                  buffers.push_back(t.storage().data());
                 }
               }
+              aten::keep_for_capture(device, buffers);
             },
             "_capture_keep");
       },
