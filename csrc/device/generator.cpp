@@ -110,13 +110,12 @@ class AccelGeneratorImpl final : public c10::GeneratorImpl {
   void graphsafe_set_state(const c10::intrusive_ptr<c10::GeneratorImpl>& gen) override {
     auto* other = dynamic_cast<AccelGeneratorImpl*>(gen.get());
     TORCH_CHECK(other != nullptr,
-                "graphsafe_set_state: expected a generator of an accel "
-                "device (from graphsafe_get_state), got one for ",
+                "graphsafe_set_state: expected a generator of an accel device (from "
+                "graphsafe_get_state), got one for ",
                 gen->device());
     TORCH_CHECK(other->device() == device(),
-                "graphsafe_set_state: the state belongs to a "
-                "generator of ",
-                other->device(), ", this generator is of ", device());
+                "graphsafe_set_state: the state belongs to a generator of ", other->device(),
+                ", this generator is of ", device());
     state_ = other->state_;
   }
 

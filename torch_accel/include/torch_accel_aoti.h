@@ -8,10 +8,9 @@
 
 #include <torch/csrc/inductor/aoti_torch/c/shim.h>
 
+#include <initializer_list>
 #include <type_traits>
 #include <utility>
-
-#include <initializer_list>
 
 #include "c_shim_accel.h"
 
