@@ -8,7 +8,8 @@
 #   smoke   the driver's selection, the runtime's C++ suite on cuda, test/test_cuda_driver.py
 #           (accel against native CUDA), test/test_distributed_cuda.py (accl through NCCL),
 #           test/test_compile_triton.py (torch.compile: Inductor's Triton kernels on accel
-#           streams, against eager), the quickstart
+#           streams, against eager; captured into a graph that keeps its freed input), the
+#           quickstart
 #   suites  every pytest suite with ACCEL_DRIVER=cuda, then the OpInfo sweep against the CPU
 #           and against native CUDA (OPINFO_AGAINST=cuda)
 #   bench   benchmarks/cuda_vs_native.py (accel against native CUDA on the same GPU) and
@@ -77,7 +78,7 @@ assert t.driver() == 'cuda', t.init_error()"
       step test_distributed_cuda 180 "$py" -m pytest -q -p no:cacheprovider -rs \
         test/test_distributed_cuda.py
       step test_compile_triton 240 "$py" -m pytest -q -p no:cacheprovider -rs \
-        test/test_compile_triton.py
+        test/test_compile_triton.py test/test_compile.py::test_compiled_kernels_are_captured_into_graphs
       step quickstart 90 "$py" examples/transformer_lm.py
       ;;
     suites)

@@ -95,6 +95,14 @@ def test_device_count_properties_and_capability():
     assert torch.accel.get_device_properties(None) == torch.accel.get_device_properties(0)
     with pytest.raises(ValueError, match="Expected an accel device"):
         torch.accel.get_device_properties("cuda:0")
+    # torch.accelerator's capability: every dtype but the quantized ones (accel has no quantized
+    # tensors), for the current device or a valid index; past the last device the error as above.
+    dtypes = torch.accelerator.get_device_capability()["supported_dtypes"]
+    assert torch.bfloat16 in dtypes and torch.float8_e4m3fn in dtypes and torch.quint8 not in dtypes
+    assert torch.accelerator.get_device_capability(n - 1)["supported_dtypes"] == dtypes
+    for bad, index in ((n, n), (f"accel:{n + 5}", n + 5)):
+        with pytest.raises(RuntimeError, match=f"invalid device index {index}: there are {n}"):
+            torch.accelerator.get_device_capability(bad)
 
 
 def test_device_uuids_are_distinct_and_stable_across_processes(run_python):

@@ -74,7 +74,9 @@ class AccelGuardImpl final : public c10::impl::DeviceGuardImplInterface {
     return static_cast<c10::DeviceIndex>(rt::device_count_noexcept());
   }
 
-  c10::DeviceCapability getDeviceCapability(c10::Device) const override {
+  c10::DeviceCapability getDeviceCapability(c10::Device d) const override {
+    check(d);
+    resolve_device(d.index());  // an index past the last device raises, as every other query
     c10::DeviceCapability cap;  // every dtype but the quantized ones
     cap.capability_data.supported_scalar_types.has_QInt8 = 0;
     cap.capability_data.supported_scalar_types.has_QUInt8 = 0;
