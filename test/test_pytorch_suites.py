@@ -33,7 +33,7 @@ the NOT_RUN tests (left out for their time).
 
 * default (make test): every file but those in FULL_ONLY, without the slow tests in SLOW
   (about 6 min on 2 cores);
-* PYTORCH_SUITES_FULL=1: every test of every file (about 155 min);
+* PYTORCH_SUITES_FULL=1: every test of every file (about 180 min);
 * PYTORCH_SUITES_FILES=test_a.py,test_b.py: those files only (without SLOW unless FULL too);
 * PYTORCH_SUITES_CPU=1 (with any): also runs the files on the CPU (plain torch, no
   torch_accel) as the reference: an accel failure whose CPU twin fails too is drift; checks that
@@ -172,7 +172,9 @@ FULL_ONLY = {
     "test_schema_check.py",  # 10 min: every OpInfo under SchemaCheckMode (aliasing, mutation)
     "test_modules.py",  # 7 min: every ModuleInfo (forward, gradients, memory formats)
     # 47 min (with other jobs running): every OpInfo's out=, noncontiguous, variant, conj/neg
-    # view, fake tensor, copy-on-write, error-input, dtype and gradient tests (not NOT_RUN's)
+    # view, fake tensor, copy-on-write, error-input, dtype and gradient tests; and 26 min more
+    # alone: its 14,200 tests of PyTorch's Python references (torch._refs) against accel's
+    # operators (test_python_ref*)
     "test_ops.py",
     # 1 min alone, 1.6 min in make test's lanes (1053 tests of the nn modules and functionals,
     # none of which failed on accel when it was added)
@@ -199,9 +201,6 @@ INCOMPATIBLE = {
 }
 # Tests left out in every mode for their time: file: test name patterns.
 NOT_RUN = {
-    # 14100 tests of PyTorch's Python references (torch._refs) against its operators on the
-    # same device: they would double the file's time; not yet run on accel.
-    "test_ops.py": ["test_python_ref*"],
     # every OpInfo sample of every dtype (test_quick takes the first samples): hours on 2
     # cores; the backward of each decomposition against autograd's in float64: 5-40 s per
     # operator on accel (twice the CPU's: thousands of tiny operations). Not yet run on accel.
@@ -216,7 +215,7 @@ DEBUG_MODES = ("ACCEL_LAUNCH_BLOCKING", "ACCEL_PROTECT_DEVICE_MEMORY")
 # No test starting or ending for this long is a hang: the subprocess is killed.
 HANG_SECONDS = float(os.environ.get("PYTORCH_SUITES_HANG_SECONDS", 180))
 FILES = list(fetch.FILES)
-CATEGORIES = ("BUG:", "CUDA:", "UNSUPPORTED:", "RNG:", "DRIFT:", "XPASS:")
+CATEGORIES = ("BUG:", "CUDA:", "CPU:", "UNSUPPORTED:", "RNG:", "DRIFT:", "XPASS:")
 
 
 # --- the known failures ------------------------------------------------------------------------
