@@ -20,11 +20,13 @@ file.
 Each failing test must be listed in pytorch_suites/known_failures.yaml (test id: reason), and
 each listed test must fail: a listed test that passes (or is skipped) fails the file's test too,
 so that the list stays honest. Reasons start with a category: "BUG:" (a defect of the backend),
-"CUDA:" (the test assumes that a device other than the CPU is cuda), "UNSUPPORTED:" (what accel
-does not support), "RNG:" (a seeded statistical check that accel's random stream misses), "DRIFT:"
-(the test fails on the CPU with torch 2.11 too: a v2.6.0 test against a newer torch), "XPASS:"
-(torch 2.11's OpInfo marks the test expectedFailure on every device for a defect that accel does
-not share: it passes, which unittest reports as an unexpected success).
+"CUDA:" (the test assumes that a device other than the CPU is cuda), "CPU:" (torch 2.11's OpInfo
+expects the failure, or skips the test, for the CPU only, whose kernel accel runs: the CPU twin is
+an expected failure, not a failure), "UNSUPPORTED:" (what accel does not support), "RNG:" (a seeded
+statistical check that accel's random stream misses), "DRIFT:" (the test fails on the CPU with torch
+2.11 too: a v2.6.0 test against a newer torch), "XPASS:" (torch 2.11's OpInfo marks the test
+expectedFailure on every device for a defect that accel does not share: it passes, which unittest
+reports as an unexpected success).
 
 Modes:
 
