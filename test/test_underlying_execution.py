@@ -54,6 +54,24 @@ def test_data_dependent_ops_wait_for_pending_work(no_fallback: None) -> None:
     assert torch.equal(uniq.cpu(), torch.tensor([1, 2, 3]))
 
 
+def test_data_dependent_meta_errors_stay_out_of_python(no_fallback: None) -> None:
+    # Under the Python dispatcher (make_fx, export, decomposition checks) a boolean index reaches
+    # nonzero's Python meta function, which raises (data-dependent): accel drops that meta
+    # computation and runs the CPU kernel, and the Python error must not stay set in the
+    # interpreter (it surfaced as "SystemError: ... returned a result with an exception set", or
+    # as the NotImplementedError at a later call). Shapes of their own, so the meta runs here.
+    from torch._dispatch.python import enable_python_dispatcher
+
+    x = torch.randn(13, 3, dtype=torch.float64)
+    mask = torch.tensor([True, False, True] * 4 + [False])
+    xa, ma = x.to("accel"), mask.to("accel")
+    with enable_python_dispatcher():
+        got = xa[ma]
+        shape = got.shape  # the next lookup failed (AttributeError) while the error was set
+    assert shape == (8, 3)
+    assert torch.equal(got.cpu(), x[mask])
+
+
 def test_data_checks_cuda_makes_on_the_host_raise_at_the_call(no_fallback: None) -> None:
     # segment_reduce (unsafe=False) checks that the lengths cover the data; CUDA reads them on
     # the host, so the error raises at the call, not at a later synchronization. Here too, even

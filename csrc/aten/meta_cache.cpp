@@ -304,6 +304,8 @@ void make_contiguous(CachedResult& r) {
 }
 
 namespace {
+std::atomic<void (*)()> dropped_error_handler{nullptr};
+
 // An operator that returns nothing and writes only its in-place arguments (no out=), with no
 // Meta kernel: PyTorch's fused SGD and Adagrad optimizer steps (and fused Adam's tensor_lr
 // overloads). In-place arguments keep their shapes, so its results are known without one: it
@@ -371,6 +373,7 @@ std::shared_ptr<CachedResult> meta_results(const c10::OperatorHandle& op,
   } catch (...) {
     // No meta kernel, a data-dependent shape, or an error in the call: the synchronous path
     // runs the CPU kernel, which raises a genuine error exactly as on the CPU.
+    if (auto* handler = dropped_error_handler.load(std::memory_order_acquire)) handler();
     return nullptr;
   }
   // The meta of an argument after the call: an out= tensor whose shape fit stays as it was.
@@ -413,6 +416,10 @@ bool is_optional_tensor_list(const c10::IValue& v) {
   const c10::TypePtr elem = v.toList().elementType();
   return elem->kind() == c10::TypeKind::OptionalType &&
          elem->containedType(0)->kind() == c10::TypeKind::TensorType;
+}
+
+void set_dropped_error_handler(void (*handler)()) {
+  dropped_error_handler.store(handler, std::memory_order_release);
 }
 
 }  // namespace accel::aten

@@ -131,4 +131,12 @@ void make_contiguous(CachedResult& r);
 // Whether `v` is a Tensor?[] (indices).
 bool is_optional_tensor_list(const c10::IValue& v);
 
+// Called inside the handler of a meta computation that failed and was dropped (the call then
+// runs its CPU kernel on the caller instead). A meta function written in Python that raised (a
+// data-dependent one, such as nonzero's, reached through the Python dispatcher) leaves its error
+// set in the interpreter, unfetched by torch's python_error: returning normally with it set makes
+// the next Python call fail ("returned a result with an exception set"). The Python module
+// installs the handler that takes it; without one (no Python) nothing is called.
+void set_dropped_error_handler(void (*handler)());
+
 }  // namespace accel::aten

@@ -16,6 +16,7 @@
 #include "aten/fallback.h"
 #include "aten/fused_linear.h"
 #include "aten/host_task.h"
+#include "aten/meta_cache.h"
 #include "aten/underlying.h"
 #include "device/allocator.h"
 #include "device/common.h"
@@ -50,11 +51,24 @@ struct CaptureErrorInOp final : torch::PyTorchError {
   throw CaptureErrorInOp(message);
 }
 
+// Inside the handler of a dropped meta computation (aten::set_dropped_error_handler): a Python
+// meta function's error, still set in the interpreter, is fetched into its python_error (which
+// releases it when the handler ends). Any other exception leaves the interpreter alone.
+void take_dropped_python_error() noexcept {
+  try {
+    throw;
+  } catch (python_error& e) {
+    e.persist();
+  } catch (...) {  // NOLINT(bugprone-empty-catch): not an error of Python's
+  }
+}
+
 }  // namespace
 
 void init_torch_bindings(py::module_& m, PyObject* capture_error) {
   g_capture_error = capture_error;
   device::set_capture_error_thrower(&throw_capture_error);
+  aten::set_dropped_error_handler(&take_dropped_python_error);
   // The same errors raised inside this module's own functions.
   py::register_exception_translator([](std::exception_ptr p) {
     try {
