@@ -104,6 +104,15 @@ def skip_in_triton_interpreter(reason: str) -> pytest.MarkDecorator:
     return pytest.mark.skipif(triton_interpreter.active() and triton_kernels, reason=reason)
 
 
+def skip_unless_operators_capture() -> None:
+    """Skips the calling test where accel has no executor for its operators (the emulated cuda
+    driver's lane): they run through the CPU fallback, which graphs cannot capture."""
+    import torch_accel
+
+    if torch_accel.executor()[0] == "none":
+        pytest.skip("operators run through the CPU fallback here, which graphs cannot capture")
+
+
 def skip_unless_cuda_driver() -> None:
     """Skips the calling test module unless accel runs on the cuda driver over a GPU, saying why."""
     import torch_accel

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import helpers  # test/
 import torch_accel
 
 ACCEL = torch.device("accel")
@@ -216,8 +217,7 @@ def test_a_pools_tensors_live_in_the_allocators_memory(allocator_library: Path) 
 
 
 def test_a_graph_captures_into_the_allocators_pool(allocator_library: Path) -> None:
-    if torch_accel.executor()[0] == "none":
-        pytest.skip("operators run through the CPU fallback here, which graphs cannot capture")
+    helpers.skip_unless_operators_capture()
     allocator = torch.accel.memory.AccelPluggableAllocator(
         str(allocator_library), "test_alloc", "test_free"
     )

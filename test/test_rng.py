@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+import helpers  # test/
+
 
 def _draw() -> torch.Tensor:
     return torch.cat(
@@ -220,10 +222,7 @@ def test_graphsafe_states_share_a_generator_state_as_cuda_does():
 def test_a_graph_draws_from_the_state_its_generator_points_to_at_replay():
     # torch.compile's graph-safe RNG (partitioners.py) swaps states with graphsafe_set_state
     # between replays; the captured draws must follow the swap.
-    import torch_accel
-
-    if torch_accel.executor()[0] == "none":
-        pytest.skip("operators run through the CPU fallback here, which graphs cannot capture")
+    helpers.skip_unless_operators_capture()
     g = torch.Generator(device="accel").manual_seed(3)
     graph = torch.accel.AccelGraph()
     with torch.accel.graph(graph):
