@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import os
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -58,6 +59,31 @@ def capture_while_another_thread_runs(
         torch.testing.assert_close(y.cpu(), torch.full((3,), 2.0))
 
     return capture_error, (thread_errors[0] if thread_errors else None), replay_matches_eager
+
+
+LAUNCH_BLOCKING = os.environ.get("ACCEL_LAUNCH_BLOCKING", "") not in ("", "0")
+
+
+def pending_behind_a_sleep(
+    enqueue: Callable[[], None], query: Callable[[], bool], sleep_ns: int = 100_000_000
+) -> tuple[bool, float]:
+    """Holds the current accel stream busy for ``sleep_ns``, calls ``enqueue()`` and takes
+    ``query()`` at once. Returns whether the work was pending then, and the ``time.monotonic()``
+    until which the sleep surely holds the stream (it began after that clock was read). The answer
+    means something only if the host needed less time than the sleep; on a loaded machine it may
+    not (CI runs three lanes on two cores), so then the attempt is repeated behind a sleep twice as
+    long. Under ACCEL_LAUNCH_BLOCKING everything has run before ``query()``, as CUDA's."""
+    for _ in range(5):
+        torch.accel.synchronize()
+        start = time.monotonic()
+        torch.accel._sleep(sleep_ns)
+        enqueue()
+        done = query()
+        busy_until = start + sleep_ns * 1e-9
+        if LAUNCH_BLOCKING or time.monotonic() < busy_until:
+            return not done, busy_until
+        sleep_ns *= 2
+    raise AssertionError(f"the host needed longer than each sleep, up to {sleep_ns // 2} ns")
 
 
 def replay_keeps_freed_inputs(graph: Any, inputs: list[torch.Tensor], nbytes: int) -> None:
