@@ -187,3 +187,56 @@ def test_foreach_lists_on_several_devices_run_tensor_by_tensor_like_cuda():
     # an index whose tensors are on two devices is refused as the operator alone refuses it
     with pytest.raises(RuntimeError, match="same device.*accel:0 and cpu"):
         torch._foreach_add([torch.ones(3, device="accel"), torch.ones(2)], [torch.ones(3)] * 2)
+
+
+_QUANTIZED = {torch.qint8, torch.quint8, torch.qint32, torch.quint4x2, torch.quint2x4}
+EVERY_DTYPE = sorted(
+    {d for d in vars(torch).values() if isinstance(d, torch.dtype)} - _QUANTIZED, key=str
+)
+
+
+def _outcome(f, *args):
+    """What f(*args) gives: ("ok", the result's bytes) or (the error's type, its message)."""
+    try:
+        t = f(*args)
+    except Exception as e:  # noqa: BLE001 - the error is what is compared
+        return type(e), str(e).split("\n")[0]
+    return "ok", bytes(t.cpu().contiguous().view(torch.uint8).view(-1))
+
+
+def _zeros(dtype, *shape):
+    itemsize = torch.empty(0, dtype=dtype).element_size()
+    return torch.zeros(16 * itemsize, dtype=torch.uint8).view(dtype)[:16].view(*shape)
+
+
+def test_unsupported_conversions_raise_at_the_call_like_the_cpu():
+    # The CPU's copy kernel refuses some dtypes (the bit and sub-byte ones, float4): CUDA checks
+    # this on the host before it launches a kernel, so accel, whose kernels are the CPU's and
+    # run later on the stream's worker, checks at the call too: the CPU's error type and message
+    # there, not a failed task at the next synchronization.
+    refused = 0
+    for src in EVERY_DTYPE:
+        cpu = _zeros(src, 4, 4)
+        acc = cpu.to("accel")
+        for dst in EVERY_DTYPE:
+            want = _outcome(cpu.to, dst)
+            assert _outcome(acc.to, dst) == want, (src, dst)
+            refused += want[0] != "ok"
+        # The same dtype in another layout runs the kernel too (no memcpy).
+        assert _outcome(acc.t().contiguous) == _outcome(cpu.t().contiguous)
+    assert refused > 100  # (the CPU refuses 460 pairs in torch 2.11)
+    torch.accel.synchronize()  # nothing failed later on the stream
+    pinned = torch.zeros(4, 4).pin_memory()  # a non-blocking upload converts on the device
+    with pytest.raises(NotImplementedError, match="not implemented for 'UInt1'"):
+        torch.empty(4, 4, dtype=torch.uint1, device="accel").copy_(pinned, non_blocking=True)
+    torch.accel.synchronize()
+
+
+@pytest.mark.parametrize("value", [1, -1, 300, 1.5, 1e300, float("-inf"), 1 + 1j, True])
+def test_fill_checks_its_dtype_and_value_at_the_call_like_the_cpu(value):
+    for dtype in EVERY_DTYPE:
+        want = _outcome(torch.empty(3, dtype=dtype).fill_, value)
+        for _ in range(2):  # the second time, a value checked before
+            acc = torch.empty(3, dtype=dtype, device="accel")
+            assert _outcome(acc.fill_, value) == want, dtype
+    torch.accel.synchronize()

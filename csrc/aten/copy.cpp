@@ -8,6 +8,11 @@
 //
 // Blocking behaviour follows CUDA: with non_blocking=False a copy has completed when copy_
 // returns; with non_blocking=True a copy from or to pinned memory is only enqueued.
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cstring>
+
 #include <ATen/ExpandUtils.h>
 #include <ATen/MemoryOverlap.h>
 #include <ATen/core/Tensor.h>
@@ -16,6 +21,7 @@
 #include <ATen/ops/empty_strided.h>
 #include <ATen/ops/resize.h>
 #include <c10/core/DeviceGuard.h>
+#include <c10/core/Scalar.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/library.h>
 
@@ -23,6 +29,7 @@
 #include "aten/executor.h"
 #include "aten/fallback.h"
 #include "aten/host_task.h"
+#include "aten/underlying_task.h"
 #include "device/common.h"
 
 namespace accel::aten {
@@ -116,6 +123,64 @@ class HostImage {
   at::Tensor buffer_, view_;
 };
 
+// CUDA checks a copy's and a fill's dtypes, and a fill value's range, on the host before it
+// launches a kernel, so that `x.to(torch.uint1)` or `fill_(300)` on uint8 raise at the call.
+// The host executor's kernels are ATen's CPU kernels, which check as they run, on the stream's
+// worker: their errors would come at the next synchronization as a failed task, the wrong
+// type and far from their cause. So the CPU kernel first checks the arguments on the caller,
+// on a tensor of a few elements: once per pair of dtypes for a copy, and for a fill whenever
+// the dtype and value are not among the last few this thread checked.
+void check_conversion_on_caller(c10::ScalarType to, c10::ScalarType from) {
+  constexpr size_t n = static_cast<size_t>(c10::ScalarType::NumOptions);
+  static std::array<std::atomic<bool>, n * n> passed{};
+  std::atomic<bool>& seen = passed[static_cast<size_t>(to) * n + static_cast<size_t>(from)];
+  if (seen.load(std::memory_order_relaxed)) return;
+  const NotAnOperator quiet;  // the check is not an operator the program ran
+  at::Tensor source = at::empty({2, 2}, at::TensorOptions().dtype(from));
+  std::memset(source.mutable_data_ptr(), 0, source.nbytes());
+  // Equal dtypes come here in different layouts: transposed, the CPU's copy runs its kernel
+  // rather than a memcpy.
+  at::empty({2, 2}, at::TensorOptions().dtype(to)).copy_(to == from ? source.t() : source);
+  seen.store(true, std::memory_order_relaxed);
+}
+
+void check_fill_on_caller(c10::ScalarType dtype, const c10::Scalar& value) {
+  struct Checked {
+    c10::ScalarType dtype = c10::ScalarType::Undefined;
+    c10::ScalarType kind = c10::ScalarType::Undefined;
+    std::array<double, 2> number{};
+    int64_t integer = 0;
+  };
+  Checked key;
+  key.dtype = dtype;
+  if (!value.isSymbolic()) {
+    key.kind = value.type();
+    if (value.isComplex()) {
+      const c10::complex<double> z = value.toComplexDouble();
+      key.number = {z.real(), z.imag()};
+    } else if (value.isFloatingPoint()) {
+      key.number[0] = value.toDouble();
+    } else if (value.isBoolean()) {
+      key.integer = value.toBool();
+    } else if (key.kind == c10::ScalarType::UInt64) {
+      key.integer = static_cast<int64_t>(value.toUInt64());
+    } else {
+      key.integer = value.toLong();
+    }
+  }
+  const auto same = [&](const Checked& c) {
+    return c.dtype == key.dtype && c.kind == key.kind && c.integer == key.integer &&
+           std::memcmp(c.number.data(), key.number.data(), sizeof(key.number)) == 0;
+  };
+  thread_local std::array<Checked, 4> recent;
+  thread_local size_t next = 0;
+  const bool cacheable = key.kind != c10::ScalarType::Undefined;
+  if (cacheable && std::any_of(recent.begin(), recent.end(), same)) return;
+  const NotAnOperator quiet;
+  at::empty({2}, at::TensorOptions().dtype(dtype)).fill_(value);
+  if (cacheable) recent[next++ % recent.size()] = key;
+}
+
 // dst and src on accel devices (possibly different ones). Runs on dst's current stream.
 void copy_within_accel(const at::Tensor& dst, const at::Tensor& src) {
   const c10::DeviceIndex dst_dev = dst.device().index();
@@ -144,6 +209,8 @@ void copy_within_accel(const at::Tensor& dst, const at::Tensor& src) {
     to.view().copy_(from.view());
     to.put_back();
   } else {
+    if (executor() == Executor::Host)
+      check_conversion_on_caller(dst.scalar_type(), src.scalar_type());
     // A source on another GPU is viewed on its own device (CUDA's copy then goes peer to peer).
     launch_kernel(dst_dev, "copy_",
                   [d = Layout::of(dst), s = Layout::of(src, /*write=*/false),
@@ -342,6 +409,7 @@ at::Tensor& fill_Scalar(at::Tensor& self, const c10::Scalar& value) {
     image.put_back();
     return self;
   }
+  if (executor() == Executor::Host) check_fill_on_caller(self.scalar_type(), value);
   launch_kernel(
       self.device().index(), "fill_",
       [l = Layout::of(self), value](KernelStorages& views) { l.view(views).fill_(value); });
