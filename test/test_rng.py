@@ -152,6 +152,14 @@ def test_dropout_of_integers_raises_at_the_call_as_on_the_cpu():
         with pytest.raises(RuntimeError, match="can't be cast to the desired output type Long"):
             torch.nn.functional.dropout(torch.ones(4, 4, dtype=torch.int64, device=device), 0.5)
     assert torch.accel.synchronize() is None  # nothing left to fail
+    # float8 is floating point, but has no type promotion: the CPU's native_dropout refuses it
+    # at the call (the one-task dropout failed later on the stream, at the next synchronize).
+    for dtype in (torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e8m0fnu):
+        for device in ("cpu", "accel"):
+            x = torch.ones(4, 4, dtype=dtype, device=device)
+            with pytest.raises(RuntimeError, match="Promotion for Float8 Types is not supported"):
+                torch.ops.aten.native_dropout(x, 0.5, True)
+        assert torch.accel.synchronize() is None
 
 
 def test_explicit_generators_and_offsets():
