@@ -24,8 +24,10 @@ def test_asynchronous_kernel_failure_surfaces_at_synchronize_and_device_recovers
         a.index_select(0, bad)
         torch.accel.synchronize()
     # Once the signature is known the call is asynchronous: the error at the sync names the
-    # operator and carries no C++ backtrace.
-    a.index_select(0, torch.tensor([1], device="accel"))
+    # operator and carries no C++ backtrace. (Its first call runs the CPU's kernel on the caller,
+    # the second waits for its task, the way later calls run.)
+    for _ in range(2):
+        a.index_select(0, torch.tensor([1], device="accel"))
     with pytest.raises((RuntimeError, IndexError), match="index out of range in self") as info:
         a.index_select(0, bad).cpu()
     if not LAUNCH_BLOCKING:
@@ -35,6 +37,30 @@ def test_asynchronous_kernel_failure_surfaces_at_synchronize_and_device_recovers
     with pytest.raises(RuntimeError, match="index 9 is out of bounds"):
         torch.zeros(4, device="accel").scatter_(0, torch.tensor([9], device="accel"), 1.0).cpu()
     assert_same(torch.ones(2, device="accel") * 3, torch.full((2,), 3.0))
+
+
+def test_a_signatures_first_launch_waits_and_keeps_the_cpus_behaviour() -> None:
+    # flip's first call runs the CPU's own kernel on the caller, which takes sub-byte dtypes;
+    # later calls run flip into accel's results, whose copy refuses them ("copy_kernel" not
+    # implemented for 'UInt1'): the second call failed as a task at the next synchronization.
+    # The first launch of a signature now waits for its task, and an operator that writes no
+    # argument keeps running the way its first call did.
+    for dtype in (torch.uint1, torch.int3, torch.uint7):
+        cpu = torch.arange(8, dtype=torch.uint8).view(dtype)[:6].view(3, 2)
+        acc = cpu.to("accel")
+        for _ in range(3):
+            flipped = acc.flip(0)
+            assert (
+                flipped.cpu().view(torch.uint8).tolist() == cpu.flip(0).view(torch.uint8).tolist()
+            )
+        torch.accel.synchronize()  # nothing failed on the stream
+    # Where the later path fails for a call's data, the second call raises at the call, with
+    # the CPU's type; later calls raise at the next synchronization (see above).
+    a = torch.randn(5, 4, device="accel")
+    a.index_select(0, torch.tensor([0, 2], device="accel"))
+    with pytest.raises(IndexError, match="index out of range in self"):
+        a.index_select(0, torch.tensor([0, 9], device="accel"))
+    assert_same(a.index_select(0, torch.tensor([3, 1], device="accel")), a.cpu()[[3, 1]])
 
 
 def test_data_dependent_ops_wait_for_pending_work(no_fallback: None) -> None:

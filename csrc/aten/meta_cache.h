@@ -48,6 +48,11 @@ struct CachedResult {
   // The kernel did not do what the meta functions said (it resized an out= tensor they did not
   // resize, say): calls with this key run synchronously, where the actual results are known.
   bool run_on_caller = false;
+  // False while no call with this key has run the way later calls run: its first call ran the
+  // CPU's own kernel on the caller (underlying_caller.h), later calls run their task (an out=
+  // variant, a kernel into the results), whose checks can differ by dtype. The first such call
+  // waits for its task (see underlying.cpp).
+  mutable std::atomic<bool> launch_checked{true};
 };
 
 // How a call is described in its cache key.

@@ -142,7 +142,10 @@ class UnderlyingKernel final : public c10::OperatorKernel, public AsyncPath {
     key.clear();
     if (!encode_call(stack, begin, key_options(), key)) return false;
     const std::shared_ptr<const CachedResult> shapes = cache_.find(key);
-    if (!shapes || shapes->run_on_caller) return false;
+    if (!shapes || shapes->run_on_caller ||
+        !shapes->launch_checked.load(std::memory_order_acquire)) {
+      return false;
+    }
     resize_written(*shapes, stack, begin);
     launch_work(op, stack, begin, *shapes, device, results, /*copy_aliased=*/false);
     return true;
@@ -323,6 +326,7 @@ class UnderlyingKernel final : public c10::OperatorKernel, public AsyncPath {
           restore_written(before, *stack, begin);
           throw;
         }
+        seen->launch_checked.store(false, std::memory_order_relaxed);
         if (cacheable) cache_.insert(miss_key, std::move(seen));
         return true;
       }
@@ -334,10 +338,50 @@ class UnderlyingKernel final : public c10::OperatorKernel, public AsyncPath {
     } else {
       if (shapes->run_on_caller) return false;
       resize_written(*shapes, *stack, begin);
+      if (!shapes->launch_checked.load(std::memory_order_acquire)) {
+        return first_launch(op, stack, begin, *shapes, device, key);
+      }
     }
 
     c10::SmallVector<c10::IValue, 3> results;
     launch_work(op, *stack, begin, *shapes, device, results, /*copy_aliased=*/true);
+    torch::jit::drop(*stack, n);
+    for (c10::IValue& r : results) stack->push_back(std::move(r));
+    return true;
+  }
+
+  // The first call of a signature whose first call ran the CPU's own kernel (the CPU's flip of
+  // sub-byte dtypes) and later ones run their task, whose path the first did not take (flip's
+  // into the results, whose copy refuses them): it waits for its task, so that such an error
+  // raises here with its type rather than at the next synchronization. An operator that writes
+  // no argument then keeps running the way its first call did, where the CPU's kernel works.
+  // During captures the task does not wait (nothing may synchronize); it is checked later.
+  bool first_launch(const c10::OperatorHandle& op, torch::jit::Stack* stack, size_t begin,
+                    const CachedResult& shapes, c10::DeviceIndex device, const std::string& key) {
+    const size_t n = stack->size() - begin;
+    c10::SmallVector<c10::IValue, 3> results;
+    if (executor() != Executor::Host || capturing_anywhere()) {
+      launch_work(op, *stack, begin, shapes, device, results, /*copy_aliased=*/true);
+    } else {
+      const std::string checked_key = key;  // the kernel may run operators on this thread
+      bool warned = false;
+      bool refused = false;
+      try {
+        warned = launch_work(op, *stack, begin, shapes, device, results, /*copy_aliased=*/true,
+                             /*wait=*/true);
+      } catch (...) {
+        if (info_.has_write_arguments) throw;  // raises at the call; the next call waits too
+        refused = true;
+      }
+      if (warned || refused) {
+        // As a first call that warned: calls with this key run on the caller (and warn there).
+        auto sync = std::make_shared<CachedResult>();
+        sync->run_on_caller = true;
+        cache_.insert(checked_key, std::move(sync));
+        if (refused) return false;  // this call too (its results were never written)
+      }
+      shapes.launch_checked.store(true, std::memory_order_release);
+    }
     torch::jit::drop(*stack, n);
     for (c10::IValue& r : results) stack->push_back(std::move(r));
     return true;
