@@ -350,17 +350,18 @@ class UnderlyingKernel final : public c10::OperatorKernel, public AsyncPath {
     return true;
   }
 
-  // The first call of a signature whose first call ran the CPU's own kernel (the CPU's flip of
-  // sub-byte dtypes) and later ones run their task, whose path the first did not take (flip's
-  // into the results, whose copy refuses them): it waits for its task, so that such an error
-  // raises here with its type rather than at the next synchronization. An operator that writes
-  // no argument then keeps running the way its first call did, where the CPU's kernel works.
-  // During captures the task does not wait (nothing may synchronize); it is checked later.
+  // The first launch of a signature whose first call ran the CPU's own kernel (flip of uint1)
+  // takes a path that call did not (flip into the results, whose copy refuses uint1): it waits,
+  // so that an error raises here, not at the next synchronization; an operator writing no
+  // argument then runs on the caller, as its first call did. Not in captures (no waiting).
   bool first_launch(const c10::OperatorHandle& op, torch::jit::Stack* stack, size_t begin,
                     const CachedResult& shapes, c10::DeviceIndex device, const std::string& key) {
     const size_t n = stack->size() - begin;
     c10::SmallVector<c10::IValue, 3> results;
-    if (executor() != Executor::Host || capturing_anywhere()) {
+    const bool host = executor() == Executor::Host;
+    if (!host || capturing_anywhere()) {
+      // The cuda executor launches at the call, where errors raise anyway: checked for good.
+      if (!host) shapes.launch_checked.store(true, std::memory_order_release);
       launch_work(op, *stack, begin, shapes, device, results, /*copy_aliased=*/true);
     } else {
       const std::string checked_key = key;  // the kernel may run operators on this thread
