@@ -19,7 +19,7 @@ import torch
 import torch.multiprocessing as mp
 
 import torch_accel
-from helpers import pending_behind_a_sleep
+from helpers import LAUNCH_BLOCKING, pending_behind_a_sleep
 from torch_accel import _C
 
 TIMEOUT = 120
@@ -146,9 +146,6 @@ def test_memory_freed_while_the_child_holds_it_is_not_reused(child) -> None:
     assert all(o.sum().item() == -1024.0 for o in others)
 
 
-BLOCKING = os.environ.get("ACCEL_LAUNCH_BLOCKING", "") not in ("", "0")
-
-
 def test_an_interprocess_event_orders_the_childs_read_after_the_parents_work(child) -> None:
     x = torch.zeros(256, 256, device="accel")
     assert child("hold", x) == "held"
@@ -163,7 +160,7 @@ def test_an_interprocess_event_orders_the_childs_read_after_the_parents_work(chi
     pending, _ = pending_behind_a_sleep(  # the stream is busy for 0.3 s, then writes
         lambda: (x.copy_(expected), ready.record()), ready.query, 300_000_000
     )
-    assert pending != BLOCKING  # launch-blocking ran it all already
+    assert pending != LAUNCH_BLOCKING  # launch-blocking ran it all already
     # The child's copy to the CPU waits on its stream for the record, not for the sharing.
     seen, done = child("wait_then_read", ready)
     assert done
@@ -190,7 +187,7 @@ def _wait_for_the_parents_record(event, to_parent, from_parent) -> None:
     to_parent.put(event.query())
 
 
-@pytest.mark.skipif(BLOCKING, reason="launch-blocking leaves no record pending to wait for")
+@pytest.mark.skipif(LAUNCH_BLOCKING, reason="launch-blocking leaves no record pending to wait for")
 def test_interprocess_events_are_recorded_and_synchronized_in_either_process() -> None:
     ctx = mp.get_context("spawn")
     to_parent, from_parent = ctx.SimpleQueue(), ctx.SimpleQueue()

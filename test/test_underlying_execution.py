@@ -56,11 +56,21 @@ def test_a_signatures_first_launch_waits_and_keeps_the_cpus_behaviour() -> None:
         torch.accel.synchronize()  # nothing failed on the stream
     # Where the later path fails for a call's data, the second call raises at the call, with
     # the CPU's type; later calls raise at the next synchronization (see above).
+    # Such an error is the call's own: the signature does not stay on the caller for it. Its
+    # next call is the first launch again, and the one after takes the asynchronous typed path.
+    import torch_accel
+
     a = torch.randn(5, 4, device="accel")
     a.index_select(0, torch.tensor([0, 2], device="accel"))
     with pytest.raises(IndexError, match="index out of range in self"):
         a.index_select(0, torch.tensor([0, 9], device="accel"))
     assert_same(a.index_select(0, torch.tensor([3, 1], device="accel")), a.cpu()[[3, 1]])
+    index = torch.tensor([4, 0], device="accel")
+    before = torch_accel._C._typed_calls()
+    picked = a.index_select(0, index)
+    borrowed, boxed = (x - y for x, y in zip(torch_accel._C._typed_calls(), before, strict=True))
+    assert (borrowed, boxed) == (1, 0)
+    assert_same(picked, a.cpu()[[4, 0]])
 
 
 def test_data_dependent_ops_wait_for_pending_work(no_fallback: None) -> None:

@@ -352,8 +352,7 @@ class UnderlyingKernel final : public c10::OperatorKernel, public AsyncPath {
 
   // The first launch of a signature whose first call ran the CPU's own kernel (flip of uint1)
   // takes a path that call did not (flip into the results, whose copy refuses uint1): it waits,
-  // so that an error raises here, not at the next synchronization; an operator writing no
-  // argument then runs on the caller, as its first call did. Not in captures (no waiting).
+  // so that an error raises here, not at the next synchronization. Not in captures.
   bool first_launch(const c10::OperatorHandle& op, torch::jit::Stack* stack, size_t begin,
                     const CachedResult& shapes, c10::DeviceIndex device, const std::string& key) {
     const size_t n = stack->size() - begin;
@@ -374,12 +373,15 @@ class UnderlyingKernel final : public c10::OperatorKernel, public AsyncPath {
         if (info_.has_write_arguments) throw;  // raises at the call; the next call waits too
         refused = true;
       }
+      // Refused: the first call's path raises the call's own error (an index out of range; the
+      // key stays unchecked) or takes the call (flip of uint1), as later calls with it then do.
+      if (refused) call_on_caller(op, stack, device, /*synchronize=*/true);
       if (warned || refused) {
         // As a first call that warned: calls with this key run on the caller (and warn there).
         auto sync = std::make_shared<CachedResult>();
         sync->run_on_caller = true;
         cache_.insert(checked_key, std::move(sync));
-        if (refused) return false;  // this call too (its results were never written)
+        if (refused) return true;  // ran on the caller (the task's results were never written)
       }
       shapes.launch_checked.store(true, std::memory_order_release);
     }
