@@ -94,12 +94,18 @@ def unregistered(nf: NativeFunctions, registered: set[str]) -> list[tuple[str, s
     return out
 
 
-def default_registrations(nf: NativeFunctions, listed: set[str]) -> list[Registration]:
+def default_registrations(
+    nf: NativeFunctions, listed: set[str], torch_dir: Path
+) -> list[Registration]:
     """Every operator the yaml does not list that has a CPU kernel runs underlying on the host
     driver, and on cuda if it has a CUDA kernel: views and implicit composites excepted
     (PyTorch decomposes those into other operators, autograd included; views alias, and the
     fallback computes them from metadata). An explicit composite with a CPU kernel of its own
-    (addr, native_layer_norm) runs that kernel, as on the CPU, rather than its decomposition."""
+    (addr, native_layer_norm) runs that kernel, as on the CPU, rather than its decomposition.
+    Functional and in-place forms of structured operators (isin, upsampling, special functions)
+    get their C++ meta function, as listed ones do: their first calls of a signature compute
+    into accel memory, and new shapes of a known family do not wait (csrc/aten/underlying.cpp).
+    out= forms keep the CPU kernel's own call (mse_loss.out's meta is not its final shape)."""
     out = []
     for name, f in sorted(nf.functions.items()):
         keys = nf.kernels[name]
@@ -118,10 +124,21 @@ def default_registrations(nf: NativeFunctions, listed: set[str]) -> list[Registr
         members = members_of(name, nf)
         v = next((k for k, m in members.items() if m is f), "")  # "": a mutable form
         out_variant, functional = linked_variants(v, f, members, False, "")
+        meta_header, meta = (
+            meta_function(f, torch_dir / "include", torch_dir / "lib")
+            if v in ("functional", "inplace")
+            else ("", "")
+        )
         out.append(
             Registration(
-                name, tiers, out_variant=out_variant, functional=functional, entry="(default)"
-            )  # fmt: skip
+                name,
+                tiers,
+                out_variant=out_variant,
+                functional=functional,
+                entry="(default)",
+                meta=meta,
+                meta_header=meta_header,
+            )
         )
     return out
 
@@ -355,7 +372,7 @@ def main(argv: list[str] | None = None) -> int:
     if errors:
         print("\n".join(errors), file=sys.stderr)
         return 1
-    regs += default_registrations(nf, set(seen))
+    regs += default_registrations(nf, set(seen), Path(args.torch_dir))
     for r in regs:
         r.typed = typed_entry(r, nf)
     header, cpp, parts = render_cpp(regs, own, args.typed_parts)

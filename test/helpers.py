@@ -65,15 +65,22 @@ LAUNCH_BLOCKING = os.environ.get("ACCEL_LAUNCH_BLOCKING", "") not in ("", "0")
 
 
 def pending_behind_a_sleep(
-    enqueue: Callable[[], None], query: Callable[[], bool], sleep_ns: int = 100_000_000
+    enqueue: Callable[[], None],
+    query: Callable[[], bool],
+    sleep_ns: int = 100_000_000,
+    prepare: Callable[[], None] | None = None,
 ) -> tuple[bool, float]:
     """Holds the current accel stream busy for ``sleep_ns``, calls ``enqueue()`` and takes
     ``query()`` at once. Returns whether the work was pending then, and the ``time.monotonic()``
     until which the sleep surely holds the stream (it began after that clock was read). The answer
     means something only if the host needed less time than the sleep; on a loaded machine it may
     not (CI runs three lanes on two cores), so then the attempt is repeated behind a sleep twice as
-    long. Under ACCEL_LAUNCH_BLOCKING everything has run before ``query()``, as CUDA's."""
+    long (an ``enqueue()`` that waits for the stream never answers: AssertionError). ``prepare()``
+    runs before each attempt's sleep (a test of a signature's first calls makes a new one there).
+    Under ACCEL_LAUNCH_BLOCKING everything has run before ``query()``, as CUDA's."""
     for _ in range(5):
+        if prepare is not None:
+            prepare()
         torch.accel.synchronize()
         start = time.monotonic()
         torch.accel._sleep(sleep_ns)

@@ -10,7 +10,7 @@ import os
 import pytest
 import torch
 
-from helpers import assert_same
+from helpers import assert_same, pending_behind_a_sleep
 
 LAUNCH_BLOCKING = os.environ.get("ACCEL_LAUNCH_BLOCKING") == "1"
 
@@ -512,3 +512,64 @@ def test_new_shapes_of_a_structured_kernel_run_asynchronously_once_its_family_ra
         assert running  # the call returned before its kernel finished
     s.synchronize()
     assert_same(y, big.cpu()[:999] @ big.cpu())
+
+
+def test_structured_operators_pytorch_lists_run_as_the_yamls_do() -> None:
+    # Operators the yaml does not list (isin, upsampling, special functions) get their C++ meta
+    # function as listed ones do: a new shape of a known family does not wait. generate()'s
+    # stopping check (isin of the last token of ids whose row stride grows every step) waited
+    # for the stream at every step.
+    import torch_accel
+
+    if torch_accel.executor()[0] != "host":
+        pytest.skip("the host executor's first calls")
+    eos = torch.tensor([2, 7], device="accel")
+
+    def last_token(length: int) -> torch.Tensor:  # its row stride is new: a new signature
+        return (torch.arange(length, device="accel") % 9).view(1, length)[:, -1:]
+
+    first = last_token(20)
+    assert_same(torch.isin(first, eos), torch.isin(first.cpu(), eos.cpu()))  # the family's first
+    tokens = iter([last_token(n) for n in range(21, 30)])  # made before the sleeps
+    calls: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def enqueue() -> None:
+        last = next(tokens)
+        calls.append((torch.isin(last, eos), last))
+
+    pending, _ = pending_behind_a_sleep(enqueue, lambda: torch.accel.current_stream().query())
+    if not LAUNCH_BLOCKING:
+        assert pending
+    for result, last in calls:
+        assert_same(result, torch.isin(last.cpu(), eos.cpu()))
+
+
+def test_a_signatures_second_call_waits_only_where_it_runs_another_kernel() -> None:
+    # SDPA's CPU flash kernel has no structured meta function: the first call of a signature
+    # runs on the caller. Later calls run the same kernel as a task and copy its results as the
+    # first call did, so the second (a decoder's second layer at the first's new length) does
+    # not wait; flip, whose task writes into the results, does (see above).
+    import torch_accel
+
+    if torch_accel.executor()[0] != "host":
+        pytest.skip("the host executor's first calls")
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    lengths = iter(range(37, 64))
+    calls: list[tuple[torch.Tensor, ...]] = []
+
+    def prepare() -> None:  # a new signature's first call
+        qkv = [torch.randn(1, 4, s, 32, device="accel") for s in (3, next(lengths), 0)]
+        qkv[2] = torch.randn_like(qkv[1])
+        assert_same(sdpa(*qkv), sdpa(*(t.cpu() for t in qkv)))
+        calls.append(tuple(qkv))
+
+    def enqueue() -> None:  # its second call
+        calls[-1] = (sdpa(*calls[-1]), *calls[-1])
+
+    pending, _ = pending_behind_a_sleep(
+        enqueue, lambda: torch.accel.current_stream().query(), prepare=prepare
+    )
+    if not LAUNCH_BLOCKING:
+        assert pending
+    result, *qkv = calls[-1]
+    assert_same(result, sdpa(*(t.cpu() for t in qkv)))

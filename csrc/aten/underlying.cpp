@@ -326,7 +326,7 @@ class UnderlyingKernel final : public c10::OperatorKernel, public AsyncPath {
           restore_written(before, *stack, begin);
           throw;
         }
-        seen->launch_checked.store(false, std::memory_order_relaxed);
+        if (launch_differs(*seen)) seen->launch_checked.store(false, std::memory_order_relaxed);
         if (cacheable) cache_.insert(miss_key, std::move(seen));
         return true;
       }
@@ -406,6 +406,14 @@ class UnderlyingKernel final : public c10::OperatorKernel, public AsyncPath {
   // task). In-place calls write where the CPU kernel would.
   bool exact_first_call() const {
     return config_->meta != nullptr && !info_.has_out_arguments && executor() == Executor::Host;
+  }
+
+  // Whether later calls of a signature whose first call ran on the caller run another kernel
+  // (first_launch checks them): an out= form or `into` function writing the results, an out=
+  // call's functional form, a copy the CPU refuses. Else the second call need not wait.
+  bool launch_differs(const CachedResult& seen) const {
+    return functional_op_ || (out_op_ && !cpu_op_) || config_->into != nullptr ||
+           !cpu_copies_results(seen);
   }
 
   // Allocates the new results of the call on stack[begin:] (described by `shapes`) and enqueues

@@ -3,7 +3,11 @@
 #include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/record_function.h>
 
+#include <ATen/ops/empty.h>
 #include <algorithm>
+#include <array>
+#include <atomic>
+#include <cstring>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -236,6 +240,39 @@ std::shared_ptr<CachedResult> run_on_caller(const OpConfig& config, const Schema
   torch::jit::drop(*stack, n);
   for (c10::IValue& r : results) stack->push_back(std::move(r));
   return seen;
+}
+
+namespace {
+
+bool cpu_copy_takes(c10::ScalarType dtype) {
+  constexpr size_t n = static_cast<size_t>(c10::ScalarType::NumOptions);
+  static std::array<std::atomic<int8_t>, n> known{};  // 0: not probed, 1: takes, 2: refuses
+  std::atomic<int8_t>& k = known[static_cast<size_t>(dtype)];
+  int8_t v = k.load(std::memory_order_relaxed);
+  if (v == 0) {
+    const NotAnOperator quiet;
+    try {
+      at::Tensor source = at::empty({2, 2}, at::TensorOptions().dtype(dtype));
+      std::memset(source.mutable_data_ptr(), 0, source.nbytes());
+      at::empty({2, 2}, at::TensorOptions().dtype(dtype)).copy_(source.t());  // not a memcpy
+      v = 1;
+    } catch (const c10::Error&) {
+      v = 2;
+    }
+    k.store(v, std::memory_order_relaxed);
+  }
+  return v == 1;
+}
+
+}  // namespace
+
+bool cpu_copies_results(const CachedResult& r) {
+  for (const std::vector<TensorMeta>& list : r.results) {
+    for (const TensorMeta& m : list) {
+      if (m.dtype != c10::ScalarType::Undefined && !cpu_copy_takes(m.dtype)) return false;
+    }
+  }
+  return true;
 }
 
 }  // namespace accel::aten
