@@ -69,6 +69,10 @@ int64_t numel_of(const Layout& l) {
 
 void copy_result(const Layout& into, const at::Tensor& result, KernelStorages& storages) {
   if (into.dtype != c10::ScalarType::Undefined && result.defined()) {
+    // copy_ broadcasts: a result smaller than predicted would fill the allocation silently.
+    TORCH_CHECK(result.sizes() == c10::IntArrayRef(into.sizes), "the kernel returned a result of ",
+                result.sizes(), " where ", c10::IntArrayRef(into.sizes),
+                " was predicted (a bug of accel: please report it)");
     into.view(storages).copy_(result);
   }
 }
