@@ -573,3 +573,24 @@ def test_a_signatures_second_call_waits_only_where_it_runs_another_kernel() -> N
         assert pending
     result, *qkv = calls[-1]
     assert_same(result, sdpa(*(t.cpu() for t in qkv)))
+
+
+def test_kernels_that_conjugate_their_output_lazily_give_the_cpus_values() -> None:
+    # linalg_lu_solve with left=False solves the adjoint system and returns its result with the
+    # conjugate bit set. Run into accel memory (later calls, out= tensors), the bit went to the
+    # CPU view the kernel wrote, not to the accel tensor: the result read as its conjugate.
+    gen = torch.Generator().manual_seed(0)
+    a = torch.randn(3, 3, dtype=torch.complex128, generator=gen)
+    b = torch.randn(4, 3, dtype=torch.complex128, generator=gen)
+    lu, pivots = torch.linalg.lu_factor(a)
+    args = (lu.to("accel"), pivots.to("accel"), b.to("accel"))
+    for adjoint in (True, False):
+        expected = torch.linalg.lu_solve(lu, pivots, b, left=False, adjoint=adjoint)
+        assert expected.is_conj()  # the CPU's own result is a conjugate view
+        for _ in range(3):  # the first call of the signature, its first launch, a later call
+            got = torch.linalg.lu_solve(*args, left=False, adjoint=adjoint)
+            torch.testing.assert_close(got.cpu(), expected, rtol=0, atol=1e-12)
+        for out in (torch.empty(4, 3, dtype=b.dtype), torch.empty(0, dtype=b.dtype)):
+            out = out.to("accel")
+            torch.linalg.lu_solve(*args, left=False, adjoint=adjoint, out=out)
+            torch.testing.assert_close(out.cpu(), expected, rtol=0, atol=1e-12)

@@ -180,7 +180,11 @@ std::shared_ptr<CachedResult> run_on_caller(const OpConfig& config, const Schema
     if (!v.defined()) continue;
     const at::Tensor& t = (*stack)[begin + i].toTensor();
     const Layout before = Layout::of(t);
-    if (before.changed_in(v)) {
+    if (!before.changed_in(v) && (v.is_conj() != t.is_conj() || v.is_neg() != t.is_neg())) {
+      // The kernel flipped the view's conjugate or negative bit (see Work::run): the values go
+      // into the memory, resolved, and the accel tensor keeps its bits.
+      before.view(storages).copy_(v);
+    } else if (before.changed_in(v)) {
       // The task could not apply this: keep calls synchronous. An empty out= tensor the
       // kernel sized is sized before the task of later calls (seen->written) instead.
       if (t.numel() != 0 || !info.out_argument[i]) seen->run_on_caller = true;

@@ -446,8 +446,13 @@ void Work::run(KernelStorages& storages) const {
   bool moved = false;  // a result the caller allocated was moved
   for (const auto& [slot, view] : views) {
     const Layout* layout = &slot->tensor;
-    if (!view.defined() || !layout->changed_in(view)) continue;
-    moved = moved || slot->result;
+    if (!view.defined()) continue;
+    // A kernel may also flip a written tensor's conjugate or negative bit (linalg_lu_solve with
+    // left=False conjugates its result lazily): the accel tensor keeps its bits, so the values
+    // are resolved into its memory.
+    const bool resized = layout->changed_in(view);
+    if (!resized && view.is_conj() == layout->conj && view.is_neg() == layout->neg) continue;
+    moved = moved || (resized && slot->result);
     TORCH_CHECK(view.sizes() == c10::IntArrayRef(layout->sizes), "the kernel resized an output to ",
                 view.sizes(), " where ", c10::IntArrayRef(layout->sizes),
                 " was predicted (a bug of accel: please report it)");
