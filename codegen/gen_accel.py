@@ -51,7 +51,7 @@ VARIANTS = ("functional", "inplace", "mutable", "out")
 KEYS = {
     "op", "tier", "kernel", "variants", "drivers", "dtypes", "cpu_op", "sync", "metadata_only",
     "out_equivalent", "structured_meta", "into", "widen", "cuda_like", "cuda_like_when",
-    "contiguous_results", "reason",
+    "contiguous_results", "meta", "reason",
 }  # fmt: skip
 
 
@@ -185,6 +185,7 @@ def expand(entry: dict[str, Any], nf: NativeFunctions, torch_dir: Path) -> list[
     out_equivalent = bool(entry.get("out_equivalent", False))
     structured_meta = bool(entry.get("structured_meta", True))
     into = entry.get("into", "")
+    meta_fn = entry.get("meta", "")
     widen = entry.get("widen", {}) or {}
     if not isinstance(widen, dict):
         raise EntryError("'widen' must map dtypes to the dtypes they are computed in")
@@ -234,6 +235,9 @@ def expand(entry: dict[str, Any], nf: NativeFunctions, torch_dir: Path) -> list[
     if tier != "underlying" and (not structured_meta or into):
         raise EntryError("'structured_meta' and 'into' apply to underlying operators")
     check_function_name("into", into)
+    check_function_name("meta", meta_fn)
+    if meta_fn and tier != "underlying":
+        raise EntryError("'meta' applies to underlying operators")
     if into and cpu_op:
         raise EntryError("'into' and 'cpu_op' exclude each other")
     if tier != "underlying" and (cpu_op or sync or metadata_only or dtypes or out_equivalent):
@@ -279,6 +283,10 @@ def expand(entry: dict[str, Any], nf: NativeFunctions, torch_dir: Path) -> list[
             if structured_meta
             else ("", "")
         )
+        if meta_fn and v == "functional":
+            if meta_body:
+                raise EntryError("'meta': the operator has a structured C++ meta function")
+            meta_body = f"{meta_fn}(stack);"
         name = str(f.func.name)
         out_variant, functional = ("", "")
         if "underlying" in tiers.values():
@@ -297,6 +305,7 @@ def expand(entry: dict[str, Any], nf: NativeFunctions, torch_dir: Path) -> list[
                 contiguous_results=contiguous_results,
                 meta=meta_body,
                 meta_header=meta_header,
+                meta_function=meta_fn if v == "functional" else "",
                 into=into if v in ("functional", "mutable") else "",
                 widen=dict(widen),
                 cuda_like=str(cuda_like),

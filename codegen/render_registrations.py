@@ -34,6 +34,7 @@ class Registration:
     functional: str = ""  # out= forms with several outputs: the functional form to run
     meta: str = ""  # C++ body of a function computing the results on meta tensors ("" = none)
     meta_header: str = ""
+    meta_function: str = ""  # accel's own C++ meta function (yaml `meta`), called by `meta`
     sync: bool = False
     metadata_only: bool = False
     contiguous_results: bool = False  # results contiguous, whatever layout the CPU kernel chose
@@ -123,6 +124,10 @@ def render_cpp(
         f"void {r.into}(torch::jit::Stack& args, const std::vector<at::Tensor>& results);"
         for r in regs
         if r.into
+    ]
+    header += [
+        f"void {name}(torch::jit::Stack* stack);"
+        for name in sorted({r.meta_function for r in regs if r.meta_function})
     ]
     header += [
         f"bool {name}(const c10::OperatorHandle& op, torch::jit::Stack* stack);"
@@ -270,6 +275,8 @@ def render_docs(
             notes.append(f"runs `{r.functional[6:]}` and copies into the outputs")
         if r.into:
             notes.append(f"task `{r.into}` writes the results")
+        if r.meta_function:
+            notes.append(f"result shapes from `{r.meta_function}`")
         if r.sync:
             notes.append(
                 "synchronizes: a data-dependent result shape, or data checks raised at the call"

@@ -89,6 +89,8 @@ MALFORMED = [
     ("{op: nonzero, tier: underlying, sync: true, metadata_only: true}", "exclude each other"),
     ("{op: add.Tensor, tier: underlying, out_equivalent: true}", "'out_equivalent' is implied"),
     ("{op: abs, tier: underlying, cuda_like_when: f}", "says when the 'cuda_like' function acts"),
+    ("{op: atan2, tier: underlying, meta: f}", "has a structured C++ meta function"),
+    ("{op: abs, tier: cpu_fallback, meta: f, reason: x}", "'meta' applies to underlying"),
     ("add.Tensor", "each entry must be a mapping"),
     ("{op: accel::f, tier: underlying, schema: 'f(Tensor x) -> Tensor'}", "are native"),
     ("{op: accel::g, tier: native, kernel: g}", "needs its 'schema'"),
@@ -156,6 +158,25 @@ def test_one_entry_registers_functional_inplace_and_out(tmp_path: Path) -> None:
     assert "| `relu` | underlying | cpu_fallback | underlying |" in docs
     assert "| `sum.dim_IntList` | error | error | error | not yet |" in docs
     assert "| `empty_strided` | native | native | native | kernel `empty_strided` |" in docs
+
+
+def test_an_entrys_meta_function_is_declared_and_called(tmp_path: Path) -> None:
+    # A functional form without a structured meta function may name accel's own (yaml `meta`);
+    # operators the yaml does not list get their structured one (functional and in-place).
+    result = generate(
+        tmp_path,
+        "- {op: _scaled_dot_product_flash_attention_for_cpu, tier: underlying, meta: my_meta}\n",
+    )
+    assert result.returncode == 0, result.stderr
+    header = (tmp_path / "out" / "AccelNativeFunctions.h").read_text()
+    assert "void my_meta(torch::jit::Stack* stack);" in header
+    cpp = (tmp_path / "out" / "RegisterAccel.cpp").read_text()
+    assert "  my_meta(stack);" in cpp
+    for name in ("isin.Tensor_Tensor", "upsample_nearest2d", "atan2_"):
+        meta = cpp.index(f"// {name}\nvoid meta_")
+        assert "at::meta::" in cpp[meta : cpp.index("\n}\n", meta)], name
+    assert "// isin.Tensor_Tensor_out\nvoid meta_" not in cpp  # out= forms keep the CPU's call
+    assert "result shapes from `my_meta`" in (tmp_path / "ops.md").read_text()
 
 
 def test_a_native_operator_may_take_another_tier_on_another_driver(tmp_path: Path) -> None:

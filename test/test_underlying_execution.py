@@ -545,34 +545,72 @@ def test_structured_operators_pytorch_lists_run_as_the_yamls_do() -> None:
 
 
 def test_a_signatures_second_call_waits_only_where_it_runs_another_kernel() -> None:
-    # SDPA's CPU flash kernel has no structured meta function: the first call of a signature
+    # group_norm's CPU kernel has no structured meta function: the first call of a signature
     # runs on the caller. Later calls run the same kernel as a task and copy its results as the
-    # first call did, so the second (a decoder's second layer at the first's new length) does
-    # not wait; flip, whose task writes into the results, does (see above).
+    # first call did, so the second (a network's second layer at the first's new size) does not
+    # wait; flip, whose task writes into the results, does (see above).
     import torch_accel
 
     if torch_accel.executor()[0] != "host":
         pytest.skip("the host executor's first calls")
-    sdpa = torch.nn.functional.scaled_dot_product_attention
+    norm = torch.nn.functional.group_norm
     lengths = iter(range(37, 64))
     calls: list[tuple[torch.Tensor, ...]] = []
 
     def prepare() -> None:  # a new signature's first call
-        qkv = [torch.randn(1, 4, s, 32, device="accel") for s in (3, next(lengths), 0)]
-        qkv[2] = torch.randn_like(qkv[1])
-        assert_same(sdpa(*qkv), sdpa(*(t.cpu() for t in qkv)))
-        calls.append(tuple(qkv))
+        x = torch.randn(2, 6, next(lengths), device="accel")
+        assert_same(norm(x, 3), norm(x.cpu(), 3))
+        calls.append((x,))
 
     def enqueue() -> None:  # its second call
-        calls[-1] = (sdpa(*calls[-1]), *calls[-1])
+        calls[-1] = (norm(calls[-1][0], 3), calls[-1][0])
 
     pending, _ = pending_behind_a_sleep(
         enqueue, lambda: torch.accel.current_stream().query(), prepare=prepare
     )
     if not LAUNCH_BLOCKING:
         assert pending
-    result, *qkv = calls[-1]
-    assert_same(result, sdpa(*(t.cpu() for t in qkv)))
+    result, x = calls[-1]
+    assert_same(result, norm(x.cpu(), 3))
+
+
+def test_attention_at_a_new_sequence_length_does_not_wait() -> None:
+    # The CPU's flash attention and its backward have accel's C++ meta functions (yaml `meta`):
+    # a decoder's step at a new length (a growing KV cache) ran the kernel on the caller and
+    # waited for the stream, and so did training with batches padded to new lengths.
+    import torch_accel
+
+    if torch_accel.executor()[0] != "host":
+        pytest.skip("the host executor's first calls")
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    q = torch.randn(2, 4, 1, 32, device="accel")
+    cache = torch.randn(2, 2, 64, 32, device="accel")
+    assert_same(
+        sdpa(q, cache[:, :, :20], cache[:, :, :20], enable_gqa=True),
+        sdpa(q.cpu(), cache.cpu()[:, :, :20], cache.cpu()[:, :, :20], enable_gqa=True),
+    )
+    lengths = iter(range(21, 64))
+    calls: list[tuple[torch.Tensor, int]] = []
+
+    def enqueue() -> None:  # a length no call used
+        n = next(lengths)
+        calls.append((sdpa(q, cache[:, :, :n], cache[:, :, :n], enable_gqa=True), n))
+
+    pending, _ = pending_behind_a_sleep(enqueue, lambda: torch.accel.current_stream().query())
+    if not LAUNCH_BLOCKING:
+        assert pending
+    for got, n in calls:
+        kv = cache.cpu()[:, :, :n]
+        assert_same(got, sdpa(q.cpu(), kv, kv, enable_gqa=True))
+    # The backward at new lengths, against the CPU's.
+    for n in (30, 41):
+        qkv = [torch.randn(2, 4, n, 32, requires_grad=True) for _ in range(3)]
+        acc = [t.detach().to("accel").requires_grad_() for t in qkv]
+        sdpa(*qkv, is_causal=True).sum().backward()
+        sdpa(*acc, is_causal=True).sum().backward()
+        for a, c in zip(acc, qkv, strict=True):
+            assert a.grad.stride() == c.grad.stride()
+            torch.testing.assert_close(a.grad.cpu(), c.grad, rtol=0, atol=0)
 
 
 def test_kernels_that_conjugate_their_output_lazily_give_the_cpus_values() -> None:
