@@ -136,25 +136,35 @@ def language(kind: str, new_lengths: bool = False) -> Make:
     return make
 
 
-def generation(device: str) -> Callable[[], None]:
-    import transformers
+def generation(new_lengths: bool = False) -> Make:
+    """GPT-2's greedy ``generate()`` of 48 tokens after a prompt of 16, or with ``new_lengths``
+    after a prompt 49 tokens longer than the last call's (every decoding step's shapes are new
+    to the process, as in a server whose prompts vary: first calls of signatures are timed)."""
 
-    torch.manual_seed(0)
-    config = transformers.GPT2Config(
-        n_layer=4, n_embd=256, n_head=4, vocab_size=1000, bos_token_id=0, eos_token_id=0
-    )
-    model = transformers.GPT2LMHeadModel(config).eval().to(device)
-    ids = torch.randint(0, 1000, (2, 16)).to(device)
-    mask = torch.ones_like(ids)
+    def make(device: str) -> Callable[[], None]:
+        import transformers
 
-    def run() -> None:
-        with torch.inference_mode():
-            model.generate(
-                ids, attention_mask=mask, max_new_tokens=48, min_new_tokens=48,
-                do_sample=False, pad_token_id=0,
-            )  # fmt: skip
+        torch.manual_seed(0)
+        config = transformers.GPT2Config(
+            n_layer=4, n_embd=256, n_head=4, vocab_size=1000, bos_token_id=0, eos_token_id=0
+        )
+        model = transformers.GPT2LMHeadModel(config).eval().to(device)
+        ids = torch.randint(0, 1000, (2, 16 + 49 * 16)).to(device)
+        calls = [0]
 
-    return run
+        def run() -> None:
+            length = 16 + 49 * (calls[0] % 17 if new_lengths else 0)
+            calls[0] += 1
+            prompt = ids[:, :length].contiguous()
+            with torch.inference_mode():
+                model.generate(
+                    prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=48,
+                    min_new_tokens=48, do_sample=False, pad_token_id=0,
+                )  # fmt: skip
+
+        return run
+
+    return make
 
 
 def resnet18() -> nn.Module:
@@ -181,7 +191,8 @@ CASES: dict[str, Make] = {
     "gpt2_small_train": language("gpt2"),
     "bert_small_train": language("bert"),
     "gpt2_small_train_new_lengths": language("gpt2", new_lengths=True),
-    "gpt2_generate": generation,
+    "gpt2_generate": generation(),
+    "gpt2_generate_new_lengths": generation(new_lengths=True),
 }
 GOALS = dict.fromkeys(CASES, 0.9)
 
