@@ -69,6 +69,14 @@ def generate_as_script(tmp_path: Path, text: str) -> subprocess.CompletedProcess
     )
 
 
+def generated(tmp_path: Path, text: str) -> tuple[str, str]:
+    """AccelNativeFunctions.h and RegisterAccel.cpp generated from the yaml `text`."""
+    result = generate(tmp_path, text)
+    assert result.returncode == 0, result.stderr
+    out = tmp_path / "out"
+    return (out / "AccelNativeFunctions.h").read_text(), (out / "RegisterAccel.cpp").read_text()
+
+
 MALFORMED = [
     ("{op: not_an_op, tier: underlying}", "unknown operator 'not_an_op'"),
     ("{op: add.Tensor, tier: fast}", "unknown tier 'fast'"),
@@ -163,14 +171,11 @@ def test_one_entry_registers_functional_inplace_and_out(tmp_path: Path) -> None:
 def test_an_entrys_meta_function_is_declared_and_called(tmp_path: Path) -> None:
     # A functional form without a structured meta function may name accel's own (yaml `meta`);
     # operators the yaml does not list get their structured one (functional and in-place).
-    result = generate(
+    header, cpp = generated(
         tmp_path,
         "- {op: _scaled_dot_product_flash_attention_for_cpu, tier: underlying, meta: my_meta}\n",
     )
-    assert result.returncode == 0, result.stderr
-    header = (tmp_path / "out" / "AccelNativeFunctions.h").read_text()
     assert "void my_meta(torch::jit::Stack* stack);" in header
-    cpp = (tmp_path / "out" / "RegisterAccel.cpp").read_text()
     assert "  my_meta(stack);" in cpp
     for name in ("isin.Tensor_Tensor", "upsample_nearest2d", "atan2_"):
         meta = cpp.index(f"// {name}\nvoid meta_")
@@ -205,15 +210,12 @@ def test_a_native_operator_may_take_another_tier_on_another_driver(tmp_path: Pat
 
 
 def test_an_own_operator_is_defined_with_its_schema(tmp_path: Path) -> None:
-    result = generate(
+    header, cpp = generated(
         tmp_path,
         "- {op: accel::scale, tier: native, kernel: scale_kernel, cpu: true,\n"
         "   schema: 'scale(Tensor x, float by=2.0) -> Tensor', doc: multiplies}\n",
     )
-    assert result.returncode == 0, result.stderr
-    header = (tmp_path / "out" / "AccelNativeFunctions.h").read_text()
     assert "at::Tensor scale_kernel(const at::Tensor & x, double by);" in header
-    cpp = (tmp_path / "out" / "RegisterAccel.cpp").read_text()
     assert 'm.def("scale(Tensor x, float by=2.0) -> Tensor", {at::Tag::pt2_compliant_tag});' in cpp
     for key in ("PrivateUse1", "CPU"):
         assert f'TORCH_LIBRARY_IMPL(accel, {key}, m) {{\n  m.impl("scale"' in cpp
