@@ -6,11 +6,11 @@
 // (_scaled_dot_product_flash_attention_for_cpu and its backward, see the yaml), and
 // torch.nn.attention.sdpa_kernel selects backends as usual. On the cuda driver the choice is
 // CUDA's (flash, memory-efficient, cuDNN), whose kernels run underlying as well.
+#include <ATen/OpMathType.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/core/stack.h>
 #include <ATen/native/transformers/attention.h>
 #include <ATen/native/transformers/sdp_utils_cpp.h>
-#include <ATen/OpMathType.h>
-#include <ATen/core/stack.h>
 #include <ATen/ops/_fused_sdp_choice.h>
 #include <ATen/ops/_fused_sdp_choice_cpu_dispatch.h>
 #include <ATen/ops/empty.h>
@@ -83,9 +83,9 @@ void sdpa_flash_cpu_meta(torch::jit::Stack* stack) {
               "Attention mask is the same data type as query");
   TORCH_CHECK(!mask || mask->dim() == 2 || mask->dim() == 4, what, "Attention mask dim in {2, 4}");
   at::Tensor output = at::empty_like(q);
-  at::Tensor logsumexp = at::empty({q.size(0), q.size(2), q.size(1)},
-                                   q.options().dtype(at::toOpMathType(dtype)))
-                             .transpose(1, 2);
+  at::Tensor logsumexp =
+      at::empty({q.size(0), q.size(2), q.size(1)}, q.options().dtype(at::toOpMathType(dtype)))
+          .transpose(1, 2);
   torch::jit::drop(*stack, n);
   torch::jit::push(*stack, std::move(output), std::move(logsumexp));
 }
