@@ -281,7 +281,7 @@ class UnderlyingKernel final : public c10::OperatorKernel, public AsyncPath {
         return false;
       }
       const bool capture = capturing_anywhere();
-      const bool exact = !capture && exact_first_call();
+      bool exact = !capture && exact_first_call();
       std::string family;  // the call's key without its layouts (exact calls)
       if (exact) {
         KeyOptions by_family = keyed;
@@ -297,15 +297,24 @@ class UnderlyingKernel final : public c10::OperatorKernel, public AsyncPath {
         // a call of its family (the same arguments but for their shapes) ran without an error
         // or a warning, the family's new shapes run asynchronously, as cached calls do: what
         // the kernel may still refuse depends on the data (gather's indices), and such errors
-        // come at the next synchronization, as a CUDA kernel's do.
+        // come at the next synchronization, as a CUDA kernel's do. Where the task fails and
+        // the call writes no argument, the CPU's own kernel decides below: the call's error, or
+        // results the meta function did not predict (isin of a Scalar: [0], then resized).
         c10::SmallVector<c10::IValue, 3> results;
-        computed->run_on_caller = launch_work(op, *stack, begin, *computed, device, results,
-                                              /*copy_aliased=*/true, /*wait=*/true);
-        if (!computed->run_on_caller && !family.empty()) families_.insert(family);
-        if (cacheable) cache_.insert(miss_key, std::move(computed));
-        torch::jit::drop(*stack, n);
-        for (c10::IValue& r : results) stack->push_back(std::move(r));
-        return true;
+        try {
+          computed->run_on_caller = launch_work(op, *stack, begin, *computed, device, results,
+                                                /*copy_aliased=*/true, /*wait=*/true);
+        } catch (...) {
+          if (info_.has_write_arguments) throw;
+          exact = false;
+        }
+        if (exact) {
+          if (!computed->run_on_caller && !family.empty()) families_.insert(family);
+          if (cacheable) cache_.insert(miss_key, std::move(computed));
+          torch::jit::drop(*stack, n);
+          for (c10::IValue& r : results) stack->push_back(std::move(r));
+          return true;
+        }
       }
       if (!exact && !capture) {
         // The first call of a signature runs on the caller: its errors are raised here, at the

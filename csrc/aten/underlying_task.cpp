@@ -444,8 +444,12 @@ void Work::run(KernelStorages& storages) const {
     op.callBoxed(&stack);
   }
   bool moved = false;  // a result the caller allocated was moved
+  // The caller allocated the out= tensors (the user called the functional form): resizing
+  // them is not the user's concern (isin of a Scalar: its out= form resizes [] to [0] and back).
+  bool ours = false;
   for (const auto& [slot, view] : views) {
     const Layout* layout = &slot->tensor;
+    ours = ours || slot->result;
     if (!view.defined()) continue;
     // A kernel may also flip a written tensor's conjugate or negative bit (linalg_lu_solve with
     // left=False conjugates its result lazily): the accel tensor keeps its bits, so the values
@@ -461,7 +465,9 @@ void Work::run(KernelStorages& storages) const {
   // The kernel's warnings, less the one about resizing a result the caller allocated (the user
   // called the functional form, where the CPU passes no out= tensor).
   for (const c10::Warning& w : warnings.list) {
-    if (moved && w.msg().find("was resized since it had shape") != std::string::npos) continue;
+    if ((moved || ours) && w.msg().find("was resized since it had shape") != std::string::npos) {
+      continue;
+    }
     c10::WarningUtils::get_warning_handler()->process(w);
   }
   // The results in order, tensor lists flattened, as copy_into lists them.
