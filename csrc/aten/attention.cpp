@@ -47,9 +47,8 @@ int64_t fused_sdp_choice(const at::Tensor& query, const at::Tensor& key, const a
 
 // {B, H, L, D} with the strides of a contiguous {B, L, H, D}: how the CPU's flash kernels lay
 // out what they write.
-at::Tensor heads_second(const at::Tensor& like, c10::ScalarType dtype) {
-  return at::empty({like.size(0), like.size(2), like.size(1), like.size(3)},
-                   like.options().dtype(dtype))
+at::Tensor heads_second(const at::Tensor& like) {
+  return at::empty({like.size(0), like.size(2), like.size(1), like.size(3)}, like.options())
       .transpose(1, 2);
 }
 
@@ -101,9 +100,9 @@ void sdpa_flash_cpu_backward_meta(torch::jit::Stack* stack) {
     const at::Tensor v = torch::jit::peek(*stack, 3, n).toTensor();
     // Other calls go to the kernel on the caller, which raises its own error.
     TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, "4-d query, key and value");
-    gq = heads_second(q, q.scalar_type());
-    gk = heads_second(k, k.scalar_type());
-    gv = heads_second(v, v.scalar_type());
+    gq = heads_second(q);
+    gk = heads_second(k);
+    gv = heads_second(v);
   }
   torch::jit::drop(*stack, n);
   torch::jit::push(*stack, std::move(gq), std::move(gk), std::move(gv));

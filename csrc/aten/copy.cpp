@@ -130,17 +130,22 @@ class HostImage {
 // type and far from their cause. So the CPU kernel first checks the arguments on the caller,
 // on a tensor of a few elements: once per pair of dtypes for a copy, and for a fill whenever
 // the dtype and value are not among the last few this thread checked.
-void check_conversion_on_caller(c10::ScalarType to, c10::ScalarType from) {
-  constexpr size_t n = static_cast<size_t>(c10::ScalarType::NumOptions);
-  static std::array<std::atomic<bool>, n * n> passed{};
-  std::atomic<bool>& seen = passed[static_cast<size_t>(to) * n + static_cast<size_t>(from)];
-  if (seen.load(std::memory_order_relaxed)) return;
+// The CPU's copy of a 2x2 tensor of `from` into one of `to`: raises its error where it refuses.
+void probe_cpu_copy(c10::ScalarType to, c10::ScalarType from) {
   const NotAnOperator quiet;  // the check is not an operator the program ran
   at::Tensor source = at::empty({2, 2}, at::TensorOptions().dtype(from));
   std::memset(source.mutable_data_ptr(), 0, source.nbytes());
   // Equal dtypes come here in different layouts: transposed, the CPU's copy runs its kernel
   // rather than a memcpy.
   at::empty({2, 2}, at::TensorOptions().dtype(to)).copy_(to == from ? source.t() : source);
+}
+
+void check_conversion_on_caller(c10::ScalarType to, c10::ScalarType from) {
+  constexpr size_t n = static_cast<size_t>(c10::ScalarType::NumOptions);
+  static std::array<std::atomic<bool>, n * n> passed{};
+  std::atomic<bool>& seen = passed[static_cast<size_t>(to) * n + static_cast<size_t>(from)];
+  if (seen.load(std::memory_order_relaxed)) return;
+  probe_cpu_copy(to, from);
   seen.store(true, std::memory_order_relaxed);
 }
 
@@ -333,6 +338,23 @@ void copy_with_torch_cuda(const at::Tensor& dst, const at::Tensor& src) {
 }
 
 }  // namespace
+
+bool cpu_copy_takes(c10::ScalarType dtype) {
+  constexpr size_t n = static_cast<size_t>(c10::ScalarType::NumOptions);
+  static std::array<std::atomic<int8_t>, n> known{};  // 0: not probed, 1: takes, 2: refuses
+  std::atomic<int8_t>& k = known[static_cast<size_t>(dtype)];
+  int8_t v = k.load(std::memory_order_relaxed);
+  if (v == 0) {
+    try {
+      probe_cpu_copy(dtype, dtype);
+      v = 1;
+    } catch (const c10::Error&) {
+      v = 2;
+    }
+    k.store(v, std::memory_order_relaxed);
+  }
+  return v == 1;
+}
 
 at::Tensor& copy_(at::Tensor& self, const at::Tensor& src, bool non_blocking) {
   TORCH_CHECK(self.defined() && src.defined(), "copy_: undefined tensor");

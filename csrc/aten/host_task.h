@@ -65,6 +65,10 @@ bool host_accessible();
 // Throws NotImplementedError naming `what` unless the driver's device memory is host memory.
 void require_host_accessible(const char* what);
 
+// Whether the CPU's copy kernel copies tensors of `dtype` (it refuses the bit, sub-byte and
+// float4 dtypes, whose bytes accel's own copies move); probed once per dtype (copy.cpp).
+bool cpu_copy_takes(c10::ScalarType dtype);
+
 // Whether the current stream of `device` is capturing a graph.
 bool stream_capturing(c10::DeviceIndex device);
 

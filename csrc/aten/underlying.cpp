@@ -301,14 +301,11 @@ class UnderlyingKernel final : public c10::OperatorKernel, public AsyncPath {
         // the call writes no argument, the CPU's own kernel decides below: the call's error, or
         // results the meta function did not predict (isin of a Scalar: [0], then resized).
         c10::SmallVector<c10::IValue, 3> results;
-        try {
-          computed->run_on_caller = launch_work(op, *stack, begin, *computed, device, results,
-                                                /*copy_aliased=*/true, /*wait=*/true);
-        } catch (...) {
-          if (info_.has_write_arguments) throw;
-          exact = false;
-        }
+        const std::optional<bool> warned =
+            launch_waited(op, *stack, begin, *computed, device, results);
+        exact = warned.has_value();
         if (exact) {
+          computed->run_on_caller = *warned;
           if (!computed->run_on_caller && !family.empty()) families_.insert(family);
           if (cacheable) cache_.insert(miss_key, std::move(computed));
           torch::jit::drop(*stack, n);
@@ -373,15 +370,10 @@ class UnderlyingKernel final : public c10::OperatorKernel, public AsyncPath {
       launch_work(op, *stack, begin, shapes, device, results, /*copy_aliased=*/true);
     } else {
       const std::string checked_key = key;  // the kernel may run operators on this thread
-      bool warned = false;
-      bool refused = false;
-      try {
-        warned = launch_work(op, *stack, begin, shapes, device, results, /*copy_aliased=*/true,
-                             /*wait=*/true);
-      } catch (...) {
-        if (info_.has_write_arguments) throw;  // raises at the call; the next call waits too
-        refused = true;
-      }
+      // A call that writes an argument raises here; the next call waits too.
+      const std::optional<bool> ran = launch_waited(op, *stack, begin, shapes, device, results);
+      const bool refused = !ran.has_value();
+      const bool warned = ran.value_or(false);
       // Refused: the first call's path raises the call's own error (an index out of range; the
       // key stays unchecked) or takes the call (flip of uint1), as later calls with it then do.
       if (refused) call_on_caller(op, stack, device, /*synchronize=*/true);
@@ -397,6 +389,22 @@ class UnderlyingKernel final : public c10::OperatorKernel, public AsyncPath {
     torch::jit::drop(*stack, n);
     for (c10::IValue& r : results) stack->push_back(std::move(r));
     return true;
+  }
+
+  // launch_work's task, waited for: whether the kernel warned, or nullopt where it failed and
+  // the call writes no argument (the CPU's own kernel on the caller then decides: the call's
+  // error, or what the task refused). A failed call that writes an argument raises its error.
+  std::optional<bool> launch_waited(const c10::OperatorHandle& op, const torch::jit::Stack& stack,
+                                    size_t begin, const CachedResult& shapes,
+                                    c10::DeviceIndex device,
+                                    c10::SmallVectorImpl<c10::IValue>& results) {
+    try {
+      return launch_work(op, stack, begin, shapes, device, results, /*copy_aliased=*/true,
+                         /*wait=*/true);
+    } catch (...) {
+      if (info_.has_write_arguments) throw;
+      return std::nullopt;
+    }
   }
 
   // Float values stay in the key of arange (they decide its shape) and of random operators

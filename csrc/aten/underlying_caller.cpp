@@ -3,11 +3,7 @@
 #include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/record_function.h>
 
-#include <ATen/ops/empty.h>
 #include <algorithm>
-#include <array>
-#include <atomic>
-#include <cstring>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -180,11 +176,12 @@ std::shared_ptr<CachedResult> run_on_caller(const OpConfig& config, const Schema
     if (!v.defined()) continue;
     const at::Tensor& t = (*stack)[begin + i].toTensor();
     const Layout before = Layout::of(t);
-    if (!before.changed_in(v) && (v.is_conj() != t.is_conj() || v.is_neg() != t.is_neg())) {
+    const bool resized = before.changed_in(v);
+    if (!resized && (v.is_conj() != t.is_conj() || v.is_neg() != t.is_neg())) {
       // The kernel flipped the view's conjugate or negative bit (see Work::run): the values go
       // into the memory, resolved, and the accel tensor keeps its bits.
       before.view(storages).copy_(v);
-    } else if (before.changed_in(v)) {
+    } else if (resized) {
       // The task could not apply this: keep calls synchronous. An empty out= tensor the
       // kernel sized is sized before the task of later calls (seen->written) instead.
       if (t.numel() != 0 || !info.out_argument[i]) seen->run_on_caller = true;
@@ -245,30 +242,6 @@ std::shared_ptr<CachedResult> run_on_caller(const OpConfig& config, const Schema
   for (c10::IValue& r : results) stack->push_back(std::move(r));
   return seen;
 }
-
-namespace {
-
-bool cpu_copy_takes(c10::ScalarType dtype) {
-  constexpr size_t n = static_cast<size_t>(c10::ScalarType::NumOptions);
-  static std::array<std::atomic<int8_t>, n> known{};  // 0: not probed, 1: takes, 2: refuses
-  std::atomic<int8_t>& k = known[static_cast<size_t>(dtype)];
-  int8_t v = k.load(std::memory_order_relaxed);
-  if (v == 0) {
-    const NotAnOperator quiet;
-    try {
-      at::Tensor source = at::empty({2, 2}, at::TensorOptions().dtype(dtype));
-      std::memset(source.mutable_data_ptr(), 0, source.nbytes());
-      at::empty({2, 2}, at::TensorOptions().dtype(dtype)).copy_(source.t());  // not a memcpy
-      v = 1;
-    } catch (const c10::Error&) {
-      v = 2;
-    }
-    k.store(v, std::memory_order_relaxed);
-  }
-  return v == 1;
-}
-
-}  // namespace
 
 bool cpu_copies_results(const CachedResult& r) {
   for (const std::vector<TensorMeta>& list : r.results) {

@@ -50,8 +50,7 @@ std::shared_ptr<CachedResult> run_on_caller(const OpConfig& config, const Schema
                                             c10::DeviceIndex device, bool synchronize,
                                             const CachedResult* expected = nullptr);
 
-// Whether the CPU's copy kernel copies every result in `r` (it refuses the bit, sub-byte and
-// float4 dtypes, whose bytes accel's own copies move). Probed once per dtype.
+// Whether the CPU's copy kernel copies every result in `r` (cpu_copy_takes, host_task.h).
 bool cpu_copies_results(const CachedResult& r);
 
 }  // namespace accel::aten

@@ -443,9 +443,9 @@ void Work::run(KernelStorages& storages) const {
     NotAnOperator not_an_operator;
     op.callBoxed(&stack);
   }
-  bool moved = false;  // a result the caller allocated was moved
   // The caller allocated the out= tensors (the user called the functional form): resizing
-  // them is not the user's concern (isin of a Scalar: its out= form resizes [] to [0] and back).
+  // them is not the user's concern (isin of a Scalar: its out= form resizes [] to [0] and back;
+  // smooth_l1_loss's mean moves its result).
   bool ours = false;
   for (const auto& [slot, view] : views) {
     const Layout* layout = &slot->tensor;
@@ -456,7 +456,6 @@ void Work::run(KernelStorages& storages) const {
     // are resolved into its memory.
     const bool resized = layout->changed_in(view);
     if (!resized && view.is_conj() == layout->conj && view.is_neg() == layout->neg) continue;
-    moved = moved || (resized && slot->result);
     TORCH_CHECK(view.sizes() == c10::IntArrayRef(layout->sizes), "the kernel resized an output to ",
                 view.sizes(), " where ", c10::IntArrayRef(layout->sizes),
                 " was predicted (a bug of accel: please report it)");
@@ -465,9 +464,7 @@ void Work::run(KernelStorages& storages) const {
   // The kernel's warnings, less the one about resizing a result the caller allocated (the user
   // called the functional form, where the CPU passes no out= tensor).
   for (const c10::Warning& w : warnings.list) {
-    if ((moved || ours) && w.msg().find("was resized since it had shape") != std::string::npos) {
-      continue;
-    }
+    if (ours && w.msg().find("was resized since it had shape") != std::string::npos) continue;
     c10::WarningUtils::get_warning_handler()->process(w);
   }
   // The results in order, tensor lists flattened, as copy_into lists them.
