@@ -15,6 +15,15 @@ from helpers import assert_same, pending_behind_a_sleep
 LAUNCH_BLOCKING = os.environ.get("ACCEL_LAUNCH_BLOCKING") == "1"
 
 
+def skip_unless_host_first_calls() -> None:
+    """Skips the calling test unless accel's operators run on the host executor, whose first
+    calls of a signature are the subject (the cuda executor launches every call at once)."""
+    import torch_accel
+
+    if torch_accel.executor()[0] != "host":
+        pytest.skip("the host executor's first calls")
+
+
 def test_asynchronous_kernel_failure_surfaces_at_synchronize_and_device_recovers() -> None:
     a = torch.randn(3, 4, device="accel")
     bad = torch.tensor([7], device="accel")
@@ -439,10 +448,7 @@ def test_first_calls_of_structured_operators_compute_into_accel_memory(no_fallba
     # those of the later calls, which it sized.
     from torch.profiler import ProfilerActivity, profile
 
-    import torch_accel
-
-    if torch_accel.executor()[0] != "host":
-        pytest.skip("the host executor's first calls")
+    skip_unless_host_first_calls()
     g = torch.Generator().manual_seed(0)
     x = torch.randn(1000, 300, generator=g)
     on = x.to("accel")
@@ -497,10 +503,7 @@ def test_new_shapes_of_a_structured_kernel_run_asynchronously_once_its_family_ra
     # calls the first of their shapes. A structured kernel's results are known from its meta
     # function, and what its kernel checks beyond it depends on the data: once a call of the
     # family ran at the call, later first calls need not wait for their kernel.
-    import torch_accel
-
-    if torch_accel.executor()[0] != "host":
-        pytest.skip("the host executor's first calls")
+    skip_unless_host_first_calls()
     big = torch.randn(1024, 1024, device="accel")
     expected = big.cpu()[:1000] @ big.cpu()
     assert_same(big[:1000] @ big, expected)  # the family's first call: waited for
@@ -519,10 +522,7 @@ def test_structured_operators_pytorch_lists_run_as_the_yamls_do() -> None:
     # function as listed ones do: a new shape of a known family does not wait. generate()'s
     # stopping check (isin of the last token of ids whose row stride grows every step) waited
     # for the stream at every step.
-    import torch_accel
-
-    if torch_accel.executor()[0] != "host":
-        pytest.skip("the host executor's first calls")
+    skip_unless_host_first_calls()
     eos = torch.tensor([2, 7], device="accel")
 
     def last_token(length: int) -> torch.Tensor:  # its row stride is new: a new signature
@@ -549,10 +549,7 @@ def test_a_signatures_second_call_waits_only_where_it_runs_another_kernel() -> N
     # runs on the caller. Later calls run the same kernel as a task and copy its results as the
     # first call did, so the second (a network's second layer at the first's new size) does not
     # wait; flip, whose task writes into the results, does (see above).
-    import torch_accel
-
-    if torch_accel.executor()[0] != "host":
-        pytest.skip("the host executor's first calls")
+    skip_unless_host_first_calls()
     norm = torch.nn.functional.group_norm
     lengths = iter(range(37, 64))
     calls: list[tuple[torch.Tensor, ...]] = []
@@ -578,10 +575,7 @@ def test_attention_at_a_new_sequence_length_does_not_wait() -> None:
     # The CPU's flash attention and its backward have accel's C++ meta functions (yaml `meta`):
     # a decoder's step at a new length (a growing KV cache) ran the kernel on the caller and
     # waited for the stream, and so did training with batches padded to new lengths.
-    import torch_accel
-
-    if torch_accel.executor()[0] != "host":
-        pytest.skip("the host executor's first calls")
+    skip_unless_host_first_calls()
     sdpa = torch.nn.functional.scaled_dot_product_attention
     q = torch.randn(2, 4, 1, 32, device="accel")
     cache = torch.randn(2, 2, 64, 32, device="accel")
