@@ -21,10 +21,10 @@
 #include "aten/fallback.h"
 #include "aten/host_task.h"
 #include "aten/meta_cache.h"
-#include "aten/replay_kernels.h"
 #include "aten/results.h"
 #include "aten/typed_kernel.h"
 #include "aten/underlying_caller.h"
+#include "aten/underlying_launch.h"
 #include "aten/underlying_task.h"
 #include "device/allocator.h"
 #include "device/common.h"
@@ -69,7 +69,7 @@ class UnderlyingKernel final : public c10::OperatorKernel, public AsyncPath {
     if (info_.zero_tensor_args) materialize_zero_tensors(*stack, op.schema().arguments().size());
     // The CPU fallback runs the cpu_op where there is one (the CPU has no kernel for
     // convolution_overrideable, for one).
-    const c10::OperatorHandle& fallback_op = cpu_op_ ? *cpu_op_ : op;
+    const c10::OperatorHandle& fallback_op = info_.kernel(op);
     switch (driver_tier(c)) {
       case Tier::Error:
         TORCH_CHECK_NOT_IMPLEMENTED(false, c.name, " is not supported on accel: ", c.reason);
@@ -146,8 +146,8 @@ class UnderlyingKernel final : public c10::OperatorKernel, public AsyncPath {
         !shapes->launch_checked.load(std::memory_order_acquire)) {
       return false;
     }
-    resize_written(*shapes, stack, begin);
-    launch_work(op, stack, begin, *shapes, device, results, /*copy_aliased=*/false);
+    resize_written(info_, *shapes, stack, begin);
+    launch_call(*config_, info_, op, stack, begin, *shapes, device, results, /*copy_aliased=*/false);
     return true;
   }
 
@@ -221,9 +221,9 @@ class UnderlyingKernel final : public c10::OperatorKernel, public AsyncPath {
       info_.tensor_returns_only = returns_only_tensors(schema);
       info_.zero_tensor_args = op.hasKernelForDispatchKey(c10::DispatchKey::ZeroTensor);
       info_.serial = {matmul_left_operand(config_->name)};
-      cpu_op_ = find_op(config_->cpu_op);
-      out_op_ = find_op(config_->out_variant);
-      functional_op_ = find_op(config_->functional);
+      info_.cpu_op = find_op(config_->cpu_op);
+      info_.out_op = find_op(config_->out_variant);
+      info_.functional_op = find_op(config_->functional);
       key_options_.list_values = !foreach_;
       key_options_.float_values = !foreach_;  // _foreach_ scalars change every step
       key_options_.aliasing = info_.has_write_arguments && !foreach_;
@@ -269,7 +269,7 @@ class UnderlyingKernel final : public c10::OperatorKernel, public AsyncPath {
     if (miss) {
       const std::string miss_key = key;  // the meta pass below may run operators on this thread
       std::shared_ptr<CachedResult> computed =
-          meta_results(cpu_op_ ? *cpu_op_ : op, config_->meta, *stack, begin);
+          meta_results(info_.kernel(op), config_->meta, *stack, begin);
       if (computed && config_->contiguous_results) make_contiguous(*computed);
       if (!computed) {
         // No meta kernel, or a result shape that depends on the data: always synchronous.
@@ -319,12 +319,12 @@ class UnderlyingKernel final : public c10::OperatorKernel, public AsyncPath {
         // allocate (meta functions do not always describe what the CPU kernel returns: batch
         // norm's statistics in eval mode, strides). A call that raises is not cached, and
         // leaves its out= tensors as they were (the CPU kernel checks before it resizes).
-        const std::vector<std::optional<Layout>> before = written_layouts(*stack, begin);
+        const std::vector<std::optional<Layout>> before = written_layouts(info_, *stack, begin);
         // Empty out= tensors get their size here where a C++ meta function (the one the CPU
         // kernel runs) gave it; others are for the CPU kernel to judge (it resizes only where
         // the element count differs: logspace into a [2, 2] view keeps it). Python meta
         // functions can disagree with the CPU kernel (batch norm's statistics in eval mode).
-        if (config_->meta != nullptr) resize_written(*computed, *stack, begin, /*only_empty=*/true);
+        if (config_->meta != nullptr) resize_written(info_, *computed, *stack, begin, /*only_empty=*/true);
         std::shared_ptr<CachedResult> seen;
         try {
           seen = call_on_caller(op, stack, device, true, computed.get());
@@ -336,21 +336,21 @@ class UnderlyingKernel final : public c10::OperatorKernel, public AsyncPath {
         if (cacheable) cache_.insert(miss_key, std::move(seen));
         return true;
       }
-      resize_written(*computed, *stack, begin);
+      resize_written(info_, *computed, *stack, begin);
       // During graph capture nothing may synchronize, and a known family's exact results need
       // not wait: trust the meta functions.
       if (cacheable) cache_.insert(miss_key, computed);
       shapes = std::move(computed);
     } else {
       if (shapes->run_on_caller) return false;
-      resize_written(*shapes, *stack, begin);
+      resize_written(info_, *shapes, *stack, begin);
       if (!shapes->launch_checked.load(std::memory_order_acquire)) {
         return first_launch(op, stack, begin, *shapes, device, key);
       }
     }
 
     c10::SmallVector<c10::IValue, 3> results;
-    launch_work(op, *stack, begin, *shapes, device, results, /*copy_aliased=*/true);
+    launch_call(*config_, info_, op, *stack, begin, *shapes, device, results, /*copy_aliased=*/true);
     torch::jit::drop(*stack, n);
     for (c10::IValue& r : results) stack->push_back(std::move(r));
     return true;
@@ -367,7 +367,7 @@ class UnderlyingKernel final : public c10::OperatorKernel, public AsyncPath {
     if (!host || capturing_anywhere()) {
       // The cuda executor launches at the call, where errors raise anyway: checked for good.
       if (!host) shapes.launch_checked.store(true, std::memory_order_release);
-      launch_work(op, *stack, begin, shapes, device, results, /*copy_aliased=*/true);
+      launch_call(*config_, info_, op, *stack, begin, shapes, device, results, /*copy_aliased=*/true);
     } else {
       const std::string checked_key = key;  // the kernel may run operators on this thread
       // A call that writes an argument raises here; the next call waits too.
@@ -399,7 +399,7 @@ class UnderlyingKernel final : public c10::OperatorKernel, public AsyncPath {
                                     c10::DeviceIndex device,
                                     c10::SmallVectorImpl<c10::IValue>& results) {
     try {
-      return launch_work(op, stack, begin, shapes, device, results, /*copy_aliased=*/true,
+      return launch_call(*config_, info_, op, stack, begin, shapes, device, results, /*copy_aliased=*/true,
                          /*wait=*/true);
     } catch (...) {
       if (info_.has_write_arguments) throw;
@@ -429,134 +429,8 @@ class UnderlyingKernel final : public c10::OperatorKernel, public AsyncPath {
   // (first_launch checks them): an out= form or `into` function writing the results, an out=
   // call's functional form, a copy the CPU refuses. Else the second call need not wait.
   bool launch_differs(const CachedResult& seen) const {
-    return functional_op_ || (out_op_ && !cpu_op_) || config_->into != nullptr ||
+    return info_.functional_op || (info_.out_op && !info_.cpu_op) || config_->into != nullptr ||
            !cpu_copies_results(seen);
-  }
-
-  // Allocates the new results of the call on stack[begin:] (described by `shapes`) and enqueues
-  // its kernel. `results` gets the call's results in order: the new tensors, and for those that
-  // are an argument written in place (out=, in-place) that argument, or None where
-  // `copy_aliased` is false (the caller has it). `wait`: waits for the kernel (host executor),
-  // whose error then raises here with its type; returns whether the kernel warned.
-  bool launch_work(const c10::OperatorHandle& op, const torch::jit::Stack& stack, size_t begin,
-                   const CachedResult& shapes, c10::DeviceIndex device,
-                   c10::SmallVectorImpl<c10::IValue>& results, bool copy_aliased,
-                   bool wait = false) {
-    const size_t n = stack.size() - begin;
-    const size_t n_returns = info_.return_alias.size();
-    results.assign(n_returns, c10::IValue());
-    c10::SmallVector<Layout, 3> fresh;  // new results, in order
-    for (size_t j = 0; j < n_returns; ++j) {
-      if (const auto arg = info_.return_alias[j]) {
-        if (copy_aliased) results[j] = stack[begin + *arg];
-        continue;
-      }
-      if (!shapes.result_is_list[j]) {
-        at::Tensor t = allocate(shapes.results[j].front());
-        fresh.push_back(Layout::of(t));
-        results[j] = std::move(t);
-      } else {
-        std::vector<at::Tensor> ts;
-        for (const TensorMeta& m : shapes.results[j]) {
-          ts.push_back(allocate(m));
-          fresh.push_back(Layout::of(ts.back()));
-        }
-        results[j] = std::move(ts);
-      }
-    }
-
-    Work work{cpu_op_ ? *cpu_op_ : op,
-              std::unique_ptr<WorkBuffers, RecycleBuffers>(take_buffers().release())};
-    WorkBuffers& buf = *work.buf;
-    materialize_written(info_, stack, begin);
-    if (functional_op_) {
-      // An out= form with several outputs: run the functional form and copy into the outputs
-      // (see codegen/gen_accel.py for why it is not called boxed).
-      work.op = *functional_op_;
-      for (size_t i = 0; i < n; ++i) {
-        if (!info_.out_argument[i]) buf.add().stash(stack[begin + i], info_.write_argument[i]);
-      }
-      for (const std::optional<size_t>& arg : info_.return_alias) {
-        buf.copy_into.push_back(Layout::of(stack[begin + *arg].toTensor()));
-      }
-    } else {
-      for (size_t i = begin; i < stack.size(); ++i) {
-        buf.add().stash(stack[i], info_.write_argument[i - begin]);
-      }
-    }
-    if (!fresh.empty()) {
-      // `into` functions call the CPU's kernels: the host executor's alone.
-      if (config_->into != nullptr && executor() == Executor::Host) {
-        work.into = config_->into;  // computes straight into the new tensors
-        buf.copy_into.assign(fresh.begin(), fresh.end());
-      } else if (out_op_ && !cpu_op_) {
-        work.op = *out_op_;  // results are written straight into the new tensors
-        for (const Layout& l : fresh) {
-          Arg& a = buf.add();
-          a.kind = Arg::Kind::Tensor;
-          a.result = true;
-          a.tensor = l;
-        }
-      } else {
-        buf.copy_into.assign(fresh.begin(), fresh.end());
-      }
-    }
-    work.serial = small_work(buf, info_.serial);
-    if (wait) {
-      return run_on_stream(device, config_->name, [&] {
-        KernelStorages storages;
-        work.run_waited(storages);
-      });
-    }
-    std::optional<rt::Task> direct;
-    if (executor() == Executor::Host && stream_capturing(device)) {
-      direct = replay_elementwise(work);
-    }
-    if (direct) {
-      launch(device, config_->name, std::move(*direct));  // replays without ATen
-    } else {
-      launch_kernel(device, config_->name, std::move(work));
-    }
-    return false;
-  }
-
-  // out= arguments the meta pass resized get the same shape on accel. Tensors written in place
-  // never change shape (some Python meta functions resize them, atan2_'s: the CPU kernel then
-  // refuses the call, on the caller).
-  void resize_written(const CachedResult& shapes, const torch::jit::Stack& stack, size_t begin,
-                      bool only_empty = false) const {
-    for (size_t i = 0; i < info_.write_argument.size(); ++i) {
-      if (!info_.out_argument[i] || !shapes.written[i]) continue;
-      const at::Tensor& t = stack[begin + i].toTensor();
-      // Before the first call runs, only the empty out= tensors the kernel would resize: one
-      // of the right shape already keeps its strides (resize_output leaves it alone).
-      if (only_empty && (t.numel() != 0 || t.sizes().equals(shapes.written[i]->sizes))) continue;
-      adopt_layout(t, *shapes.written[i]);
-    }
-  }
-
-  // The layouts of the written accel tensors, before a call that may resize them.
-  std::vector<std::optional<Layout>> written_layouts(const torch::jit::Stack& stack,
-                                                     size_t begin) const {
-    std::vector<std::optional<Layout>> layouts(info_.write_argument.size());
-    for (size_t i = 0; i < layouts.size(); ++i) {
-      if (!info_.write_argument[i] || !stack[begin + i].isTensor()) continue;
-      const at::Tensor& t = stack[begin + i].toTensor();
-      if (is_accel(t)) layouts[i] = Layout::of(t);
-    }
-    return layouts;
-  }
-
-  // Gives written tensors back the sizes, strides and offset they had (storage that grew stays
-  // grown: its first bytes are the old contents).
-  void restore_written(const std::vector<std::optional<Layout>>& layouts,
-                       const torch::jit::Stack& stack, size_t begin) const {
-    for (size_t i = 0; i < layouts.size() && begin + i < stack.size(); ++i) {
-      if (!layouts[i] || !stack[begin + i].isTensor()) continue;
-      const at::Tensor& t = stack[begin + i].toTensor();
-      t.unsafeGetTensorImpl()->set_sizes_and_strides(layouts[i]->sizes, layouts[i]->strides,
-                                                     layouts[i]->offset);
-    }
   }
 
   // While any device captures, a first call does not wait for its task: a capture in global
@@ -575,7 +449,7 @@ class UnderlyingKernel final : public c10::OperatorKernel, public AsyncPath {
                                                torch::jit::Stack* stack, c10::DeviceIndex device,
                                                bool synchronize,
                                                const CachedResult* expected = nullptr) {
-    return run_on_caller(*config_, info_, cpu_op_ ? *cpu_op_ : op, op, stack, device, synchronize,
+    return run_on_caller(*config_, info_, info_.kernel(op), op, stack, device, synchronize,
                          expected);
   }
 
@@ -589,9 +463,6 @@ class UnderlyingKernel final : public c10::OperatorKernel, public AsyncPath {
   Families families_;  // of exact first calls that ran at the call (see enqueue)
   MetaCache cache_;
   std::once_flag resolved_;
-  std::optional<c10::OperatorHandle> cpu_op_;
-  std::optional<c10::OperatorHandle> out_op_;
-  std::optional<c10::OperatorHandle> functional_op_;
 };
 
 }  // namespace

@@ -252,4 +252,43 @@ bool cpu_copies_results(const CachedResult& r) {
   return true;
 }
 
+// out= arguments the meta pass resized get the same shape on accel. Tensors written in place
+// never change shape (some Python meta functions resize them, atan2_'s: the CPU kernel then
+// refuses the call, on the caller).
+void resize_written(const SchemaInfo& info, const CachedResult& shapes,
+                    const torch::jit::Stack& stack, size_t begin, bool only_empty) {
+  for (size_t i = 0; i < info.write_argument.size(); ++i) {
+    if (!info.out_argument[i] || !shapes.written[i]) continue;
+    const at::Tensor& t = stack[begin + i].toTensor();
+    // Before the first call runs, only the empty out= tensors the kernel would resize: one
+    // of the right shape already keeps its strides (resize_output leaves it alone).
+    if (only_empty && (t.numel() != 0 || t.sizes().equals(shapes.written[i]->sizes))) continue;
+    adopt_layout(t, *shapes.written[i]);
+  }
+}
+
+// The layouts of the written accel tensors, before a call that may resize them.
+std::vector<std::optional<Layout>> written_layouts(const SchemaInfo& info,
+                                                   const torch::jit::Stack& stack, size_t begin) {
+  std::vector<std::optional<Layout>> layouts(info.write_argument.size());
+  for (size_t i = 0; i < layouts.size(); ++i) {
+    if (!info.write_argument[i] || !stack[begin + i].isTensor()) continue;
+    const at::Tensor& t = stack[begin + i].toTensor();
+    if (is_accel(t)) layouts[i] = Layout::of(t);
+  }
+  return layouts;
+}
+
+// Gives written tensors back the sizes, strides and offset they had (storage that grew stays
+// grown: its first bytes are the old contents).
+void restore_written(const std::vector<std::optional<Layout>>& layouts,
+                     const torch::jit::Stack& stack, size_t begin) {
+  for (size_t i = 0; i < layouts.size() && begin + i < stack.size(); ++i) {
+    if (!layouts[i] || !stack[begin + i].isTensor()) continue;
+    const at::Tensor& t = stack[begin + i].toTensor();
+    t.unsafeGetTensorImpl()->set_sizes_and_strides(layouts[i]->sizes, layouts[i]->strides,
+                                                   layouts[i]->offset);
+  }
+}
+
 }  // namespace accel::aten

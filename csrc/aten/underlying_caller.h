@@ -30,6 +30,14 @@ struct SchemaInfo {
   bool has_index_list = false;    // a Tensor?[] argument (indices)
   bool zero_tensor_args = false;  // ATen passes efficient zero tensors through (dot, vdot)
   SerialRule serial;              // which calls run without intra-op parallelism
+  std::optional<c10::OperatorHandle> cpu_op;         // OpConfig::cpu_op, where there is one
+  std::optional<c10::OperatorHandle> out_op;         // OpConfig::out_variant
+  std::optional<c10::OperatorHandle> functional_op;  // OpConfig::functional
+
+  // The operator whose CPU kernel runs the call of `op`.
+  const c10::OperatorHandle& kernel(const c10::OperatorHandle& op) const {
+    return cpu_op ? *cpu_op : op;
+  }
 };
 
 // Written copy-on-write tensors get their own memory before any argument is described: a tensor
@@ -52,5 +60,21 @@ std::shared_ptr<CachedResult> run_on_caller(const OpConfig& config, const Schema
 
 // Whether the CPU's copy kernel copies every result in `r` (cpu_copy_takes, host_task.h).
 bool cpu_copies_results(const CachedResult& r);
+
+// out= arguments the meta pass resized get the same shape on accel. Tensors written in place
+// never change shape (some Python meta functions resize them, atan2_'s: the CPU kernel then
+// refuses the call, on the caller). `only_empty`: only the empty out= tensors the kernel would
+// resize (before a first call runs).
+void resize_written(const SchemaInfo& info, const CachedResult& shapes,
+                    const torch::jit::Stack& stack, size_t begin, bool only_empty = false);
+
+// The layouts of the written accel tensors, before a call that may resize them.
+std::vector<std::optional<Layout>> written_layouts(const SchemaInfo& info,
+                                                   const torch::jit::Stack& stack, size_t begin);
+
+// Gives written tensors back the sizes, strides and offset they had (storage that grew stays
+// grown: its first bytes are the old contents).
+void restore_written(const std::vector<std::optional<Layout>>& layouts,
+                     const torch::jit::Stack& stack, size_t begin);
 
 }  // namespace accel::aten
