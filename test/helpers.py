@@ -146,6 +146,15 @@ def skip_unless_operators_capture() -> None:
         pytest.skip("operators run through the CPU fallback here, which graphs cannot capture")
 
 
+def skip_unless_host_first_calls() -> None:
+    """Skips the calling test unless accel's operators run on the host executor, whose first
+    calls of a signature are the subject (the cuda executor launches every call at once)."""
+    import torch_accel
+
+    if torch_accel.executor()[0] != "host":
+        pytest.skip("the host executor's first calls")
+
+
 def skip_unless_cuda_driver() -> None:
     """Skips the calling test module unless accel runs on the cuda driver over a GPU, saying why."""
     import torch_accel

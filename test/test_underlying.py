@@ -559,3 +559,19 @@ def test_attention_picks_the_same_kernel_as_the_cpu(no_fallback: None) -> None:
                 F.scaled_dot_product_attention(x, k.to(dev), v.to(dev)).sum().backward()
                 grads.append(x.grad.cpu())
             assert torch.equal(grads[0], grads[1]), backend
+    # A mask whose last dimension is strided (a permuted group mask, an expanded row): the CPU's
+    # flash kernel reads it as it is, and so does accel's host executor (PyTorch's rule sends
+    # other devices' such masks to the math path, a few ulps from the CPU's result, and refuses
+    # them under sdpa_kernel(FLASH_ATTENTION)).
+    base = torch.randn(16, 16, 2, generator=g)
+    for mask in (base.permute(2, 0, 1).unsqueeze(1), base[:, :1, 0].expand(16, 16)):
+        assert mask.stride(-1) != 1
+        for backends in (
+            [SDPBackend.FLASH_ATTENTION, SDPBackend.MATH],
+            [SDPBackend.FLASH_ATTENTION],
+        ):
+            with sdpa_kernel(backends):
+                assert torch.equal(
+                    F.scaled_dot_product_attention(qa, ka, va, attn_mask=mask.to("accel")).cpu(),
+                    F.scaled_dot_product_attention(q, k, v, attn_mask=mask),
+                )

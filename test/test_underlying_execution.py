@@ -10,18 +10,9 @@ import os
 import pytest
 import torch
 
-from helpers import assert_same, pending_behind_a_sleep
+from helpers import assert_same, pending_behind_a_sleep, skip_unless_host_first_calls
 
 LAUNCH_BLOCKING = os.environ.get("ACCEL_LAUNCH_BLOCKING") == "1"
-
-
-def skip_unless_host_first_calls() -> None:
-    """Skips the calling test unless accel's operators run on the host executor, whose first
-    calls of a signature are the subject (the cuda executor launches every call at once)."""
-    import torch_accel
-
-    if torch_accel.executor()[0] != "host":
-        pytest.skip("the host executor's first calls")
 
 
 def test_asynchronous_kernel_failure_surfaces_at_synchronize_and_device_recovers() -> None:
@@ -63,18 +54,23 @@ def test_a_signatures_first_launch_waits_and_keeps_the_cpus_behaviour() -> None:
                 flipped.cpu().view(torch.uint8).tolist() == cpu.flip(0).view(torch.uint8).tolist()
             )
         torch.accel.synchronize()  # nothing failed on the stream
-    # Where the later path fails for a call's data, the second call raises at the call, with
-    # the CPU's type; later calls raise at the next synchronization (see above).
-    # Such an error is the call's own: the signature does not stay on the caller for it. Its
-    # next call is the first launch again, and the one after takes the asynchronous typed path.
+    # index_select's first call of a signature runs into accel's results as later calls do
+    # (its meta function is accel's: csrc/aten/meta_functions.cpp) and waits: an index out of
+    # range raises at the call, with the CPU's type. Such an error is the call's own: its
+    # signature's next call runs as any first call, and the one after takes the asynchronous
+    # typed path.
     import torch_accel
 
-    a = torch.randn(5, 4, device="accel")
-    a.index_select(0, torch.tensor([0, 2], device="accel"))
+    # (A family, float16 indexed by int32, no other test of the process runs: a family that ran
+    # without an error takes new shapes asynchronously, whose errors come at the next
+    # synchronization.)
+    a = torch.randn(5, 4, device="accel", dtype=torch.float16)
     with pytest.raises(IndexError, match="index out of range in self"):
-        a.index_select(0, torch.tensor([0, 9], device="accel"))
-    assert_same(a.index_select(0, torch.tensor([3, 1], device="accel")), a.cpu()[[3, 1]])
-    index = torch.tensor([4, 0], device="accel")
+        a.index_select(0, torch.tensor([0, 9], device="accel", dtype=torch.int32))
+    assert_same(
+        a.index_select(0, torch.tensor([3, 1], device="accel", dtype=torch.int32)), a.cpu()[[3, 1]]
+    )
+    index = torch.tensor([4, 0], device="accel", dtype=torch.int32)
     before = torch_accel._C._typed_calls()
     picked = a.index_select(0, index)
     borrowed, boxed = (x - y for x, y in zip(torch_accel._C._typed_calls(), before, strict=True))

@@ -6,6 +6,7 @@
 // (_scaled_dot_product_flash_attention_for_cpu and its backward, see the yaml), and
 // torch.nn.attention.sdpa_kernel selects backends as usual. On the cuda driver the choice is
 // CUDA's (flash, memory-efficient, cuDNN), whose kernels run underlying as well.
+#include <ATen/EmptyTensor.h>
 #include <ATen/OpMathType.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/core/stack.h>
@@ -35,6 +36,18 @@ int64_t fused_sdp_choice(const at::Tensor& query, const at::Tensor& key, const a
       // returning an int, which AOT autograd's partitioner refuses ("Expected
       // _fused_sdp_choice to be a tensor") where Inductor rewrites attention into
       // scaled_dot_product_attention. The rule reads metadata only.
+      // The rule lets the CPU's tensors alone give masks whose last dimension is strided (the
+      // CPU's flash kernel reads them as they are) and sends other devices' to the math path:
+      // accel's host executor runs that kernel too, so such a mask is judged as the CPU's is,
+      // through a meta stand-in of its sizes and dtype.
+      if (attn_mask && attn_mask->defined() && attn_mask->dim() > 0 && attn_mask->stride(-1) != 1) {
+        // (Made without the dispatcher: tracing would record it.)
+        const at::Tensor like =
+            at::detail::empty_meta(attn_mask->sizes(), attn_mask->scalar_type(), std::nullopt,
+                                   std::nullopt, std::nullopt, std::nullopt);
+        return at::cpu::_fused_sdp_choice(query, key, value, like, dropout_p, is_causal, scale,
+                                          enable_gqa);
+      }
       return at::cpu::_fused_sdp_choice(query, key, value, attn_mask, dropout_p, is_causal, scale,
                                         enable_gqa);
     case Executor::Cuda: break;

@@ -147,7 +147,8 @@ class UnderlyingKernel final : public c10::OperatorKernel, public AsyncPath {
       return false;
     }
     resize_written(info_, *shapes, stack, begin);
-    launch_call(*config_, info_, op, stack, begin, *shapes, device, results, /*copy_aliased=*/false);
+    launch_call(*config_, info_, op, stack, begin, *shapes, device, results,
+                /*copy_aliased=*/false);
     return true;
   }
 
@@ -324,7 +325,8 @@ class UnderlyingKernel final : public c10::OperatorKernel, public AsyncPath {
         // kernel runs) gave it; others are for the CPU kernel to judge (it resizes only where
         // the element count differs: logspace into a [2, 2] view keeps it). Python meta
         // functions can disagree with the CPU kernel (batch norm's statistics in eval mode).
-        if (config_->meta != nullptr) resize_written(info_, *computed, *stack, begin, /*only_empty=*/true);
+        if (config_->meta != nullptr)
+          resize_written(info_, *computed, *stack, begin, /*only_empty=*/true);
         std::shared_ptr<CachedResult> seen;
         try {
           seen = call_on_caller(op, stack, device, true, computed.get());
@@ -350,7 +352,8 @@ class UnderlyingKernel final : public c10::OperatorKernel, public AsyncPath {
     }
 
     c10::SmallVector<c10::IValue, 3> results;
-    launch_call(*config_, info_, op, *stack, begin, *shapes, device, results, /*copy_aliased=*/true);
+    launch_call(*config_, info_, op, *stack, begin, *shapes, device, results,
+                /*copy_aliased=*/true);
     torch::jit::drop(*stack, n);
     for (c10::IValue& r : results) stack->push_back(std::move(r));
     return true;
@@ -367,7 +370,8 @@ class UnderlyingKernel final : public c10::OperatorKernel, public AsyncPath {
     if (!host || capturing_anywhere()) {
       // The cuda executor launches at the call, where errors raise anyway: checked for good.
       if (!host) shapes.launch_checked.store(true, std::memory_order_release);
-      launch_call(*config_, info_, op, *stack, begin, shapes, device, results, /*copy_aliased=*/true);
+      launch_call(*config_, info_, op, *stack, begin, shapes, device, results,
+                  /*copy_aliased=*/true);
     } else {
       const std::string checked_key = key;  // the kernel may run operators on this thread
       // A call that writes an argument raises here; the next call waits too.
@@ -399,7 +403,8 @@ class UnderlyingKernel final : public c10::OperatorKernel, public AsyncPath {
                                     c10::DeviceIndex device,
                                     c10::SmallVectorImpl<c10::IValue>& results) {
     try {
-      return launch_call(*config_, info_, op, stack, begin, shapes, device, results, /*copy_aliased=*/true,
+      return launch_call(*config_, info_, op, stack, begin, shapes, device, results,
+                         /*copy_aliased=*/true,
                          /*wait=*/true);
     } catch (...) {
       if (info_.has_write_arguments) throw;

@@ -1,0 +1,191 @@
+// accel's C++ meta functions (yaml `meta:`) of operators that PyTorch gives no structured meta
+// function, among those a training step or a decoding step calls at every new sequence length:
+// layer norm and its backward, where, index_select (embedding), embedding's backward, dropout's
+// backward, constant padding and the softmax of SDPA's math path.
+//
+// Each computes the results on meta tensors exactly as the CPU kernel lays them out, after the
+// argument checks that kernel makes before it reads any data, with its error messages. The
+// underlying tier then runs a signature's first call straight into accel memory, and new shapes
+// of a family that ran without an error do not wait for the stream (csrc/aten/underlying.cpp).
+// PyTorch's own meta functions (Python, most of them) may lay results out otherwise than the CPU
+// kernel and skip some of its checks, which is why they do not serve here. Where the CPU kernel
+// is composite (constant_pad_nd, native_dropout_backward, _safe_softmax), the meta function is
+// that kernel's own code run on meta tensors: its inner operators have C++ meta functions of
+// their own. test/test_meta_functions.py compares every one with the CPU kernel's results and
+// errors.
+#include <ATen/TensorIterator.h>
+#include <ATen/TensorUtils.h>
+#include <ATen/WrapDimUtils.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/core/stack.h>
+#include <ATen/native/cpu/mixed_data_type.h>
+#include <ATen/native/layer_norm.h>
+#include <ATen/ops/_safe_softmax_native.h>
+#include <ATen/ops/constant_pad_nd_native.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/native_dropout_backward_native.h>
+#include <ATen/ops/result_type.h>
+#include <c10/util/irange.h>
+
+#include <utility>
+
+#include "AccelNativeFunctions.h"
+
+namespace accel::aten {
+namespace {
+
+const at::Tensor& optional_tensor(const c10::IValue& v) {
+  static const at::Tensor none;
+  return v.isNone() ? none : v.toTensor();
+}
+
+at::Tensor contiguous_like(const at::Tensor& t, c10::IntArrayRef sizes) {
+  return at::empty(sizes, t.options().memory_format(at::MemoryFormat::Contiguous));
+}
+
+}  // namespace
+
+// native_layer_norm(input, normalized_shape, weight?, bias?, eps) -> (out, mean, rstd): the CPU
+// kernel's output is contiguous in the input's dtype, its statistics M values of the parameters'
+// dtype (float for a reduced-precision input with float parameters) viewed with the input's
+// leading sizes and 1s.
+void native_layer_norm_meta(torch::jit::Stack* stack) {
+  constexpr size_t n = 5;
+  const at::Tensor input = torch::jit::peek(*stack, 0, n).toTensor();
+  const c10::DimVector normalized_shape = torch::jit::peek(*stack, 1, n).toDimVector();
+  const at::Tensor weight = optional_tensor(torch::jit::peek(*stack, 2, n));
+  const at::Tensor bias = optional_tensor(torch::jit::peek(*stack, 3, n));
+  const bool mixed = at::native::is_mixed_type(input, weight, bias);
+  if (mixed) at::native::check_mixed_data_type(input, weight, bias);
+  const auto [m, unused] =
+      at::native::_check_layer_norm_inputs(input, normalized_shape, weight, bias);
+  at::Tensor out = contiguous_like(input, input.sizes());
+  const size_t axis = input.dim() - normalized_shape.size();
+  c10::DimVector stat_shape(input.sizes().begin(), input.sizes().begin() + axis);
+  stat_shape.resize(input.dim(), 1);
+  const at::TensorOptions stats =
+      input.options().dtype(at::native::param_scalar_type(input, mixed));
+  at::Tensor mean = at::empty({m}, stats).view(stat_shape);
+  at::Tensor rstd = at::empty({m}, stats).view(stat_shape);
+  torch::jit::drop(*stack, n);
+  torch::jit::push(*stack, std::move(out), std::move(mean), std::move(rstd));
+}
+
+// native_layer_norm_backward(grad_out, input, normalized_shape, mean, rstd, weight?, bias?,
+// output_mask) -> (grad_input, grad_weight, grad_bias): contiguous, each like the tensor it is
+// the gradient of; undefined where output_mask leaves it out.
+void native_layer_norm_backward_meta(torch::jit::Stack* stack) {
+  constexpr size_t n = 8;
+  const at::Tensor input = torch::jit::peek(*stack, 1, n).toTensor();
+  const c10::DimVector normalized_shape = torch::jit::peek(*stack, 2, n).toDimVector();
+  const at::Tensor weight = optional_tensor(torch::jit::peek(*stack, 5, n));
+  const at::Tensor bias = optional_tensor(torch::jit::peek(*stack, 6, n));
+  const c10::List<bool> mask = torch::jit::peek(*stack, 7, n).toBoolList();
+  at::native::_check_layer_norm_inputs(input, normalized_shape, weight, bias);
+  auto gradient = [&](size_t i, const at::Tensor& of) {
+    if (!mask.get(i)) return at::Tensor();
+    // The kernel's empty_like of an undefined parameter fails: so does its call, on the caller.
+    TORCH_CHECK(of.defined(), "native_layer_norm_backward: a gradient of a missing parameter");
+    return contiguous_like(of, of.sizes());
+  };
+  at::Tensor grad_input = gradient(0, input);
+  at::Tensor grad_weight = gradient(1, weight);
+  at::Tensor grad_bias = gradient(2, bias);
+  torch::jit::drop(*stack, n);
+  torch::jit::push(*stack, std::move(grad_input), std::move(grad_weight), std::move(grad_bias));
+}
+
+// where.self(condition, self, other): the result of the promoted dtype, laid out by the
+// TensorIterator the CPU kernel builds over the three (broadcast) inputs.
+void where_self_meta(torch::jit::Stack* stack) {
+  constexpr size_t n = 3;
+  at::Tensor condition = torch::jit::peek(*stack, 0, n).toTensor();
+  at::Tensor self = torch::jit::peek(*stack, 1, n).toTensor();
+  at::Tensor other = torch::jit::peek(*stack, 2, n).toTensor();
+  const c10::ScalarType result_type = at::result_type(self, other);
+  at::Tensor out = at::empty({0}, self.options().dtype(result_type));
+  if (self.scalar_type() != result_type) self = self.to(result_type);
+  if (other.scalar_type() != result_type) other = other.to(result_type);
+  // A uint8 condition: the kernel warns and converts it.
+  if (condition.scalar_type() == at::kByte) condition = condition.to(at::kBool);
+  TORCH_CHECK(condition.scalar_type() == at::kBool,
+              "where expected condition to be a boolean tensor, but got a tensor with dtype ",
+              condition.scalar_type());
+  at::TensorIteratorConfig()
+      .check_all_same_dtype(false)
+      .add_output(out)
+      .add_const_input(condition)
+      .add_const_input(self)
+      .add_const_input(other)
+      .build();
+  torch::jit::drop(*stack, n);
+  torch::jit::push(*stack, std::move(out));
+}
+
+// index_select(self, dim, index): contiguous, self's sizes with index's length at `dim`.
+void index_select_meta(torch::jit::Stack* stack) {
+  constexpr size_t n = 3;
+  const at::Tensor self = torch::jit::peek(*stack, 0, n).toTensor();
+  const int64_t dim = at::maybe_wrap_dim(torch::jit::peek(*stack, 1, n).toInt(), self.dim());
+  const at::Tensor index = torch::jit::peek(*stack, 2, n).toTensor();
+  TORCH_CHECK_INDEX(index.dim() <= 1, "index_select(): Index is supposed to be a vector");
+  TORCH_CHECK(self.dim() > 0 || index.numel() == 1,
+              "index_select(): Index to scalar can have only 1 value, got ", index.numel(),
+              " value(s)");
+  TORCH_CHECK(index.scalar_type() == at::kLong || index.scalar_type() == at::kInt,
+              "index_select(): Expected dtype int32 or int64 for index");
+  c10::DimVector sizes(self.sizes());
+  if (self.dim() > 0) sizes[dim] = index.numel();
+  if (self.dim() > 1 && index.numel() > 0 && self.numel() == 0) {
+    TORCH_CHECK(self.size(dim) > 0, "index_select(): self indexing axis dim should be positive");
+  }
+  at::Tensor out = contiguous_like(self, sizes);
+  torch::jit::drop(*stack, n);
+  torch::jit::push(*stack, std::move(out));
+}
+
+// embedding_dense_backward(grad_output, indices, num_weights, padding_idx, scale_grad_by_freq):
+// contiguous [num_weights, embedding_dim] of the gradient's dtype.
+void embedding_dense_backward_meta(torch::jit::Stack* stack) {
+  constexpr size_t n = 5;
+  const at::Tensor grad = torch::jit::peek(*stack, 0, n).toTensor();
+  const at::Tensor indices = torch::jit::peek(*stack, 1, n).toTensor();
+  const int64_t num_weights = torch::jit::peek(*stack, 2, n).toInt();
+  at::checkScalarTypes("embedding_backward", at::TensorArg(indices, "indices", 2),
+                       {at::kLong, at::kInt});
+  at::Tensor grad_weight = contiguous_like(grad, {num_weights, grad.size(-1)});
+  // The kernel views the gradient as one row per index: its error where they disagree.
+  (void)grad.contiguous().view({indices.numel(), grad.size(-1)});
+  torch::jit::drop(*stack, n);
+  torch::jit::push(*stack, std::move(grad_weight));
+}
+
+// The CPU kernels of these are composite: their own code on meta tensors.
+void native_dropout_backward_meta(torch::jit::Stack* stack) {
+  constexpr size_t n = 3;
+  at::Tensor out = at::native::native_dropout_backward(torch::jit::peek(*stack, 0, n).toTensor(),
+                                                       torch::jit::peek(*stack, 1, n).toTensor(),
+                                                       torch::jit::peek(*stack, 2, n).toDouble());
+  torch::jit::drop(*stack, n);
+  torch::jit::push(*stack, std::move(out));
+}
+
+void constant_pad_nd_meta(torch::jit::Stack* stack) {
+  constexpr size_t n = 3;
+  at::Tensor out = at::native::constant_pad_nd(torch::jit::peek(*stack, 0, n).toTensor(),
+                                               torch::jit::peek(*stack, 1, n).toDimVector(),
+                                               torch::jit::peek(*stack, 2, n).toScalar());
+  torch::jit::drop(*stack, n);
+  torch::jit::push(*stack, std::move(out));
+}
+
+void safe_softmax_meta(torch::jit::Stack* stack) {
+  constexpr size_t n = 3;
+  at::Tensor out = at::native::_safe_softmax(
+      torch::jit::peek(*stack, 0, n).toTensor(), torch::jit::peek(*stack, 1, n).toInt(),
+      torch::jit::peek(*stack, 2, n).toOptional<c10::ScalarType>());
+  torch::jit::drop(*stack, n);
+  torch::jit::push(*stack, std::move(out));
+}
+
+}  // namespace accel::aten

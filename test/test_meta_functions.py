@@ -1,0 +1,244 @@
+"""accel's C++ meta functions (csrc/aten/meta_functions.cpp) of operators without a structured one:
+layer norm and its backward, where, index_select, embedding's backward, dropout's backward,
+constant padding, _safe_softmax. A signature's first call computes its results with them, straight
+into accel memory, so they must lay results out exactly as the CPU kernel does and raise its
+errors at the call; new shapes of a family that ran do not wait for the stream."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+
+from helpers import LAUNCH_BLOCKING, pending_behind_a_sleep, skip_unless_host_first_calls
+
+A = torch.ops.aten
+
+
+@pytest.fixture(autouse=True)
+def host_executor() -> None:
+    # The subject is the host executor's first calls (the cuda executor's kernels allocate
+    # their own results; without an executor the CPU fallback runs the CPU's own calls).
+    skip_unless_host_first_calls()
+
+
+def on(device: str, value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        # The same layout on the accel side: views keep their strides and offset.
+        base = value._base if value._base is not None else value
+        moved = base.to(device)
+        return moved.as_strided(value.size(), value.stride(), value.storage_offset())
+    if isinstance(value, (list, tuple)):
+        return type(value)(on(device, v) for v in value)
+    return value
+
+
+def check_like_cpu(op: Callable[..., Any], *args: Any) -> None:
+    """op on accel gives the CPU's results: values bit for bit, sizes, strides and dtypes (but
+    for layer norm's statistics of a reduced-precision input, float as CUDA's are: see
+    csrc/aten/norm.cpp)."""
+    expected = op(*args)
+    got = op(*on("accel", list(args)))
+    if op is A.native_layer_norm and args[0].dtype in (torch.bfloat16, torch.float16):
+        expected = (expected[0], expected[1].float(), expected[2].float())
+    expected = expected if isinstance(expected, tuple) else (expected,)
+    got = got if isinstance(got, tuple) else (got,)
+    assert len(got) == len(expected)
+    for g, e in zip(got, expected, strict=True):
+        if e is None:  # a gradient output_mask leaves out
+            assert g is None
+            continue
+        assert g.device.type == "accel"
+        assert (g.shape, g.stride(), g.dtype) == (e.shape, e.stride(), e.dtype)
+        torch.testing.assert_close(g.cpu(), e, rtol=0, atol=0, equal_nan=True)
+
+
+def layer_norm_cases() -> list[tuple[Any, ...]]:
+    g = torch.Generator().manual_seed(0)
+
+    def r(*s: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return torch.randn(*s, generator=g).to(dtype)
+
+    cases: list[tuple[Any, ...]] = [
+        (r(2, 5, 8), [8], r(8), r(8), 1e-5),
+        (r(2, 5, 8), [5, 8], r(5, 8), None, 1e-5),
+        (r(3, 8), [8], None, None, 1e-6),
+        (r(8, 5, 2).transpose(0, 2), [8], r(8), r(8), 1e-5),  # not contiguous
+        (r(1, 1, 6), [6], r(6), r(6), 1e-5),  # leading 1s
+        (r(0, 4), [4], r(4), r(4), 1e-5),  # no rows
+        (r(4, 6, dtype=torch.bfloat16), [6], r(6), r(6), 1e-5),  # mixed: float statistics
+        (r(4, 6, dtype=torch.bfloat16), [6], r(6, dtype=torch.bfloat16), None, 1e-5),
+        (r(3, 6, dtype=torch.float64), [6], r(6, dtype=torch.float64), None, 1e-5),
+    ]
+    return cases
+
+
+@pytest.mark.parametrize("case", range(9))
+def test_layer_norm_and_its_backward_like_the_cpu(case: int) -> None:
+    x, shape, w, b, eps = layer_norm_cases()[case]
+    check_like_cpu(A.native_layer_norm, x, shape, w, b, eps)
+    out, mean, rstd = A.native_layer_norm(x, shape, w, b, eps)
+    grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(out.dtype)
+    for mask in ([True, w is not None, b is not None], [True, False, False]):
+        check_like_cpu(A.native_layer_norm_backward, grad, x, shape, mean, rstd, w, b, mask)
+
+
+def test_where_like_the_cpu() -> None:
+    g = torch.Generator().manual_seed(2)
+    c = torch.rand(4, 5, generator=g) > 0.5
+    x = torch.randn(4, 5, generator=g)
+    cases = [
+        (c, x, torch.randn(4, 5, generator=g)),
+        (c, x.t().contiguous().t(), x),  # a transposed operand: the iterator's order
+        (c[:, :1], x.t().contiguous().t(), torch.randn(5, generator=g)),  # broadcast
+        (c, x, torch.randn((), generator=g)),  # 0-dim
+        (c, x.double(), torch.arange(20).view(4, 5)),  # promotion
+        (
+            torch.rand(2, 3, 4, 5, generator=g).to(memory_format=torch.channels_last) > 0.5,
+            torch.randn(2, 3, 4, 5, generator=g).to(memory_format=torch.channels_last),
+            torch.randn(5, generator=g),
+        ),  # fmt: skip
+        (c[:0], x[:0], x[:0]),  # empty
+    ]
+    for case in cases:
+        check_like_cpu(A.where.self, *case)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # uint8 conditions are deprecated: the kernel says so
+        check_like_cpu(A.where.self, c.to(torch.uint8), x, x)
+
+
+def test_index_select_embedding_and_dropout_backward_pad_safe_softmax_like_the_cpu() -> None:
+    g = torch.Generator().manual_seed(3)
+    w = torch.randn(10, 6, generator=g)
+    ids = torch.randint(0, 10, (7,), generator=g)
+    for self, dim, index in [
+        (w, 0, ids), (w, 1, ids % 6), (w, -1, (ids % 6).int()), (w.t(), 0, ids % 6),
+        (w[:, 0], 0, ids), (torch.tensor(3.0), 0, torch.tensor([0])),
+        (w, 0, ids[:0]), (w[:0], 1, ids % 6),
+    ]:  # fmt: skip
+        check_like_cpu(A.index_select, self, dim, index)
+    grad = torch.randn(2, 7, 6, generator=g)
+    for indices in (ids.view(1, 7).expand(2, 7), ids.view(1, 7).expand(2, 7).int()):
+        for padding_idx, scale in ((-1, False), (3, True)):
+            check_like_cpu(A.embedding_dense_backward, grad, indices, 10, padding_idx, scale)
+    check_like_cpu(A.embedding_dense_backward, grad.transpose(0, 1), ids.view(7, 1).expand(7, 2),
+                   12, -1, False)  # fmt: skip
+    mask = torch.rand(3, 4, 5, generator=g) > 0.3
+    x = torch.randn(3, 4, 5, generator=g)
+    for grad_, mask_ in [(x, mask), (x.transpose(0, 2), mask.transpose(0, 2)), (x, mask[0])]:
+        check_like_cpu(A.native_dropout_backward, grad_, mask_, 1.25)
+    image = torch.randn(2, 3, 4, 5, generator=g)
+    for self, pad, value in [
+        (ids.view(1, 7), [0, 1], -100), (x, [1, 2, 0, 1], 0.5), (x, [-1, 0, 2, -2], 0.0),
+        (x, [-1, -1], 0.0), (image.to(memory_format=torch.channels_last), [1, 1, 1, 1], 1.0),
+        (x.transpose(0, 1), [2, 2], 3.0), (x[:0], [1, 1], 0.0),
+    ]:  # fmt: skip
+        check_like_cpu(A.constant_pad_nd, self, pad, value)
+    scores = torch.randn(2, 3, 4, 4, generator=g)
+    scores[0, 0, 1] = float("-inf")  # a fully masked row: zeros, not NaN
+    for self, dim, dtype in [
+        (scores, -1, None), (scores.transpose(2, 3), -1, None), (scores, 1, torch.float64),
+        (scores.bfloat16(), -1, None), (scores.bfloat16(), -1, torch.float32),
+    ]:  # fmt: skip
+        check_like_cpu(A._safe_softmax, self, dim, dtype)
+
+
+def raises_like_cpu(op: Callable[..., Any], *args: Any) -> None:
+    """op raises at the call on accel what it raises on the CPU, and accel works afterwards."""
+    with pytest.raises(Exception) as cpu:
+        op(*args)
+    with pytest.raises(type(cpu.value)) as accel:
+        op(*on("accel", list(args)))
+    assert str(cpu.value).split("\n")[0] in str(accel.value)
+    torch.accel.synchronize()  # nothing failed later either
+    assert (torch.ones(3, device="accel") + 1).sum().item() == 6
+
+
+def test_errors_raise_at_the_call_as_the_cpus_also_in_a_family_that_ran() -> None:
+    x, w = torch.randn(3, 8), torch.randn(8)
+    # Each error follows a valid call of its family (the same arguments but for shapes), whose
+    # new shapes then run without waiting: the meta function's checks are the kernel's.
+    A.native_layer_norm(on("accel", x), [8], on("accel", w), None, 1e-5)
+    raises_like_cpu(A.native_layer_norm, torch.randn(3, 9), [8], w, None, 1e-5)
+    raises_like_cpu(A.native_layer_norm, x, [8], torch.randn(9), None, 1e-5)
+    raises_like_cpu(A.native_layer_norm, x.bfloat16(), [8], w, w.double(), 1e-5)  # mixed dtypes
+    out, mean, rstd = A.native_layer_norm(x, [8], w, None, 1e-5)
+    raises_like_cpu(A.native_layer_norm_backward, out, x, [7], mean, rstd, w, None,
+                    [True, True, False])  # fmt: skip
+    ids = torch.tensor([1, 2])
+    A.index_select(on("accel", x), 0, on("accel", ids))
+    raises_like_cpu(A.index_select, x, 0, ids.view(1, 2))
+    raises_like_cpu(A.index_select, x, 0, ids.float())
+    raises_like_cpu(A.index_select, x, 2, ids)
+    raises_like_cpu(A.index_select, torch.randn(0, 3), 0, ids)
+    raises_like_cpu(A.index_select, torch.tensor(2.0), 0, ids)
+    c = torch.rand(3, 8) > 0.5
+    A.where.self(on("accel", c), on("accel", x), on("accel", x))
+    raises_like_cpu(A.where.self, c, x, torch.randn(3, 7))
+    raises_like_cpu(A.where.self, c.float(), x, x)
+    grad = torch.randn(2, 8)
+    A.embedding_dense_backward(on("accel", grad), on("accel", ids), 5, -1, False)
+    raises_like_cpu(A.embedding_dense_backward, torch.randn(3, 8), ids, 5, -1, False)
+    raises_like_cpu(A.embedding_dense_backward, grad, ids.float(), 5, -1, False)
+    raises_like_cpu(A.constant_pad_nd, x, [1, 2, 3], 0.0)
+    raises_like_cpu(A.constant_pad_nd, x, [1, 1, 1, 1, 1, 1], 0.0)
+    raises_like_cpu(A.native_dropout_backward, x, torch.rand(3, 7) > 0.5, 2.0)
+
+
+def _layer_norm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.layer_norm(x, (64,), w, w)
+
+
+def _where(c: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    return torch.where(c, x, -x)
+
+
+def _pad(x: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.pad(x, (0, 1), value=-100)
+
+
+def _safe_softmax(x: torch.Tensor) -> torch.Tensor:
+    return A._safe_softmax(x, -1)
+
+
+# name: (the call, its arguments at a length)
+FAMILIES: dict[str, tuple[Callable[..., torch.Tensor], Callable[[int], list[torch.Tensor]]]] = {
+    "native_layer_norm": (_layer_norm, lambda n: [torch.randn(2, n, 64), torch.randn(64)]),
+    "where": (_where, lambda n: [torch.ones(n, n, dtype=torch.bool).tril(), torch.randn(2, n, n)]),
+    "index_select": (
+        torch.nn.functional.embedding,
+        lambda n: [torch.arange(n) % 50, torch.randn(50, 32)],
+    ),
+    "constant_pad_nd": (_pad, lambda n: [torch.ones(2, n, dtype=torch.long)]),
+    "_safe_softmax": (_safe_softmax, lambda n: [torch.randn(2, 4, n, n)]),
+}
+
+
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_new_shapes_of_a_family_that_ran_do_not_wait(name: str) -> None:
+    # A training step or a decoding step at a new sequence length: every call is the first of
+    # its shapes. Once a call of the family ran (waited for, its errors at the call), new
+    # shapes run asynchronously, as a structured kernel's do.
+    op, make = FAMILIES[name]
+    op(*on("accel", make(10)))  # the family's first call
+    lengths = iter(range(11, 40))
+    calls: list[tuple[list[torch.Tensor], list[torch.Tensor]]] = []
+    results: list[torch.Tensor] = []
+
+    def prepare() -> None:  # arguments made and moved before the sleep
+        args = make(next(lengths))
+        calls.append((args, on("accel", args)))
+
+    def enqueue() -> None:
+        results.append(op(*calls[-1][1]))
+
+    pending, _ = pending_behind_a_sleep(
+        enqueue, lambda: torch.accel.current_stream().query(), prepare=prepare
+    )
+    if not LAUNCH_BLOCKING:
+        assert pending
+    for (args, _), result in zip(calls[-len(results) :], results, strict=True):
+        torch.testing.assert_close(result.cpu(), op(*args), rtol=0, atol=0)
