@@ -1,8 +1,8 @@
 """accel's C++ meta functions (csrc/aten/meta_functions.cpp) of operators without a structured one:
-layer norm and its backward, where, index_select, embedding's backward, dropout's backward,
-constant padding, _safe_softmax. A signature's first call computes its results with them, straight
-into accel memory, so they must lay results out exactly as the CPU kernel does and raise its
-errors at the call; new shapes of a family that ran do not wait for the stream."""
+layer norm and its backward, where, masked_fill, index_select, embedding's backward, dropout's
+backward, constant padding, _safe_softmax. A signature's first call computes its results with
+them, straight into accel memory, so they must lay results out exactly as the CPU kernel does and
+raise its errors at the call; new shapes of a family that ran do not wait for the stream."""
 
 from __future__ import annotations
 
@@ -86,7 +86,7 @@ def test_layer_norm_and_its_backward_like_the_cpu(case: int) -> None:
         check_like_cpu(A.native_layer_norm_backward, grad, x, shape, mean, rstd, w, b, mask)
 
 
-def test_where_like_the_cpu() -> None:
+def test_where_and_masked_fill_like_the_cpu() -> None:
     g = torch.Generator().manual_seed(2)
     c = torch.rand(4, 5, generator=g) > 0.5
     x = torch.randn(4, 5, generator=g)
@@ -108,6 +108,11 @@ def test_where_like_the_cpu() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # uint8 conditions are deprecated: the kernel says so
         check_like_cpu(A.where.self, c.to(torch.uint8), x, x)
+    for self, mask in [
+        (x, c), (x.t(), c.t()), (x, c[0]), (x[0], c), (x.t().contiguous().t(), c),
+        (torch.arange(5), c), (x[:, :1].expand(4, 5), c),
+    ]:  # fmt: skip
+        check_like_cpu(A.masked_fill.Scalar, self, mask, -1.5)
 
 
 def test_index_select_embedding_and_dropout_backward_pad_safe_softmax_like_the_cpu() -> None:
@@ -179,6 +184,9 @@ def test_errors_raise_at_the_call_as_the_cpus_also_in_a_family_that_ran() -> Non
     A.where.self(on("accel", c), on("accel", x), on("accel", x))
     raises_like_cpu(A.where.self, c, x, torch.randn(3, 7))
     raises_like_cpu(A.where.self, c.float(), x, x)
+    A.masked_fill.Scalar(on("accel", x), on("accel", c), 0.5)
+    raises_like_cpu(A.masked_fill.Scalar, x, torch.rand(3, 7) > 0.5, 0.5)
+    raises_like_cpu(A.masked_fill.Scalar, x, c.float(), 0.5)
     grad = torch.randn(2, 8)
     A.embedding_dense_backward(on("accel", grad), on("accel", ids), 5, -1, False)
     raises_like_cpu(A.embedding_dense_backward, torch.randn(3, 8), ids, 5, -1, False)
@@ -200,6 +208,10 @@ def _pad(x: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.pad(x, (0, 1), value=-100)
 
 
+def _masked_fill(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return x.masked_fill(mask, -1e9)
+
+
 def _safe_softmax(x: torch.Tensor) -> torch.Tensor:
     return A._safe_softmax(x, -1)
 
@@ -211,6 +223,10 @@ FAMILIES: dict[str, tuple[Callable[..., torch.Tensor], Callable[[int], list[torc
     "index_select": (
         torch.nn.functional.embedding,
         lambda n: [torch.arange(n) % 50, torch.randn(50, 32)],
+    ),
+    "masked_fill": (
+        _masked_fill,
+        lambda n: [torch.randn(2, n, n), torch.ones(n, n, dtype=torch.bool).triu(1)],
     ),
     "constant_pad_nd": (_pad, lambda n: [torch.ones(2, n, dtype=torch.long)]),
     "_safe_softmax": (_safe_softmax, lambda n: [torch.randn(2, 4, n, n)]),

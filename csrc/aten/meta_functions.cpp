@@ -1,7 +1,7 @@
 // accel's C++ meta functions (yaml `meta:`) of operators that PyTorch gives no structured meta
 // function, among those a training step or a decoding step calls at every new sequence length:
-// layer norm and its backward, where, index_select (embedding), embedding's backward, dropout's
-// backward, constant padding and the softmax of SDPA's math path.
+// layer norm and its backward, where, masked_fill, index_select (embedding), embedding's
+// backward, dropout's backward, constant padding and the softmax of SDPA's math path.
 //
 // Each computes the results on meta tensors exactly as the CPU kernel lays them out, after the
 // argument checks that kernel makes before it reads any data, with its error messages. The
@@ -13,6 +13,8 @@
 // that kernel's own code run on meta tensors: its inner operators have C++ meta functions of
 // their own. test/test_meta_functions.py compares every one with the CPU kernel's results and
 // errors.
+#include <ATen/ExpandUtils.h>
+#include <ATen/MemoryOverlap.h>
 #include <ATen/TensorIterator.h>
 #include <ATen/TensorUtils.h>
 #include <ATen/WrapDimUtils.h>
@@ -41,6 +43,27 @@ const at::Tensor& optional_tensor(const c10::IValue& v) {
 
 at::Tensor contiguous_like(const at::Tensor& t, c10::IntArrayRef sizes) {
   return at::empty(sizes, t.options().memory_format(at::MemoryFormat::Contiguous));
+}
+
+// masked_fill_'s CPU kernel before it reads any data: a boolean mask, a warning for an expanded
+// self, and the TensorIterator it builds (the mask broadcast to self).
+void check_masked_fill(const at::Tensor& self, const at::Tensor& mask) {
+  TORCH_CHECK(mask.scalar_type() == at::kBool,
+              "masked_fill_ only supports boolean masks, but got mask with dtype ",
+              mask.scalar_type());
+  if (at::has_internal_overlap(self) == at::MemOverlap::Yes) {
+    TORCH_WARN(
+        "Use of masked_fill_ on expanded tensors is deprecated. Please clone() the tensor before "
+        "performing this operation. This also applies to advanced indexing e.g. tensor[mask] = "
+        "scalar");
+  }
+  at::TensorIteratorConfig()
+      .set_check_mem_overlap(false)
+      .check_all_same_dtype(false)
+      .resize_outputs(false)
+      .add_output(self)
+      .add_const_input(mask)
+      .build();
 }
 
 }  // namespace
@@ -158,6 +181,19 @@ void embedding_dense_backward_meta(torch::jit::Stack* stack) {
   (void)grad.contiguous().view({indices.numel(), grad.size(-1)});
   torch::jit::drop(*stack, n);
   torch::jit::push(*stack, std::move(grad_weight));
+}
+
+// masked_fill.Scalar(self, mask, value): the CPU's composite kernel fills a contiguous clone of
+// self broadcast with the mask.
+void masked_fill_scalar_meta(torch::jit::Stack* stack) {
+  constexpr size_t n = 3;
+  const at::Tensor self = torch::jit::peek(*stack, 0, n).toTensor();
+  const at::Tensor mask = torch::jit::peek(*stack, 1, n).toTensor();
+  const auto [expanded_mask, expanded_self] = at::expand_outplace(mask, self);
+  at::Tensor out = contiguous_like(*expanded_self, expanded_self->sizes());
+  check_masked_fill(out, *expanded_mask);
+  torch::jit::drop(*stack, n);
+  torch::jit::push(*stack, std::move(out));
 }
 
 // The CPU kernels of these are composite: their own code on meta tensors.
