@@ -148,3 +148,24 @@ def test_depthwise_convolutions_match_the_cpu_with_contiguous_results(
         cpu_error = (b.double() - e).abs().max().item()
         scale = e.abs().max().item() * (1e-6 if dtype == torch.float32 else 1e-2)
         assert error <= 4 * cpu_error + scale, f"{name}: {error} against the CPU's {cpu_error}"
+
+
+def test_depthwise_convolution_to_one_pixel_has_the_cpus_strides(no_fallback: None) -> None:
+    # A 5x5 depthwise convolution whose output is 1x1 (EfficientNet's and MobileNetV3's late
+    # layers at small inputs) runs channels-last; its [N, C, 1, 1] result came back with
+    # channels-last strides, contiguous as well for is_contiguous(), and the next CPU kernel
+    # (batch norm's backward) took its channels-last path: gradients 1.4e-6 from the CPU's.
+    torch.manual_seed(0)
+    x, w = torch.randn(6, 96, 2, 2), torch.randn(96, 1, 5, 5)
+    bw, bb, g = torch.randn(96), torch.randn(96), torch.randn(6, 96, 1, 1)
+    grads, strides = [], []
+    for device in ("cpu", "accel"):
+        xi = x.to(device, copy=True).requires_grad_()
+        y = F.conv2d(xi, w.to(device), stride=2, padding=2, groups=96)
+        strides.append(y.stride())
+        F.batch_norm(y, None, None, bw.to(device), bb.to(device), training=True).backward(
+            g.to(device)
+        )
+        grads.append(xi.grad.cpu())
+    assert strides[1] == strides[0] == (96, 1, 1, 1)
+    assert torch.equal(grads[1], grads[0])

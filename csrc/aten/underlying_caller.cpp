@@ -16,6 +16,23 @@
 
 namespace accel::aten {
 
+namespace {
+
+// `t` with the strides a contiguous tensor of its sizes is made with (those make_contiguous gives
+// later calls' results), also in its dimensions of size 1: is_contiguous() ignores those, and a
+// channels-last [N, C, 1, 1] result (a depthwise convolution run channels-last, see
+// convolution.cpp) sent the next CPU kernel down its channels-last path, unlike the CPU's.
+at::Tensor with_contiguous_strides(const at::Tensor& t) {
+  int64_t expected = 1;
+  for (int64_t d = t.dim() - 1; d >= 0; --d) {
+    if (t.stride(d) != expected) return t.clone(at::MemoryFormat::Contiguous);
+    expected *= std::max<int64_t>(t.size(d), 1);
+  }
+  return t;
+}
+
+}  // namespace
+
 void materialize_written(const SchemaInfo& info, const torch::jit::Stack& stack, size_t begin) {
   for (size_t i = 0; i < info.write_argument.size(); ++i) {
     const c10::IValue& v = stack[begin + i];
@@ -208,7 +225,7 @@ std::shared_ptr<CachedResult> run_on_caller(const OpConfig& config, const Schema
       seen->run_on_caller = true;  // later calls return the argument too, not a copy
       return std::move(*same);
     }
-    return to_accel(contiguous && t.defined() ? t.contiguous() : t, config.name);
+    return to_accel(contiguous && t.defined() ? with_contiguous_strides(t) : t, config.name);
   };
   c10::SmallVector<c10::IValue, 3> results;
   for (size_t j = 0; j < cpu.size(); ++j) {
