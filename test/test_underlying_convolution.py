@@ -154,7 +154,8 @@ def test_depthwise_convolution_to_one_pixel_has_the_cpus_strides(no_fallback: No
     # A 5x5 depthwise convolution whose output is 1x1 (EfficientNet's and MobileNetV3's late
     # layers at small inputs) runs channels-last; its [N, C, 1, 1] result came back with
     # channels-last strides, contiguous as well for is_contiguous(), and the next CPU kernel
-    # (batch norm's backward) took its channels-last path: gradients 1.4e-6 from the CPU's.
+    # (batch norm's backward) took its channels-last path: gradients 1.4e-6 from the CPU's (bit
+    # for bit with one thread).
     torch.manual_seed(0)
     x, w = torch.randn(6, 96, 2, 2), torch.randn(96, 1, 5, 5)
     bw, bb, g = torch.randn(96), torch.randn(96), torch.randn(6, 96, 1, 1)
@@ -168,4 +169,6 @@ def test_depthwise_convolution_to_one_pixel_has_the_cpus_strides(no_fallback: No
         )
         grads.append(xi.grad.cpu())
     assert strides[1] == strides[0] == (96, 1, 1, 1)
-    assert torch.equal(grads[1], grads[0])
+    # (Within float32's tolerance only where the CPU's call here splits batch norm's reductions
+    # over several threads: accel runs such small calls on one.)
+    torch.testing.assert_close(grads[1], grads[0])
