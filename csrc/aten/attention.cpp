@@ -30,7 +30,7 @@ int64_t fused_sdp_choice(const at::Tensor& query, const at::Tensor& key, const a
   switch (executor()) {
     case Executor::None:  // the fused kernels cannot run on accel memory
       return static_cast<int64_t>(sdp::SDPBackend::math);
-    case Executor::Host:
+    case Executor::Host: {
       // The CPU's kernel, called directly as CPU tensors get it: not an operator call. Through
       // the dispatcher, tracing (torch.compile) would record the choice as a graph node
       // returning an int, which AOT autograd's partitioner refuses ("Expected
@@ -40,16 +40,15 @@ int64_t fused_sdp_choice(const at::Tensor& query, const at::Tensor& key, const a
       // CPU's flash kernel reads them as they are) and sends other devices' to the math path:
       // accel's host executor runs that kernel too, so such a mask is judged as the CPU's is,
       // through a meta stand-in of its sizes and dtype.
-      if (attn_mask && attn_mask->defined() && attn_mask->dim() > 0 && attn_mask->stride(-1) != 1) {
+      std::optional<at::Tensor> mask = attn_mask;
+      if (mask && mask->defined() && mask->dim() > 0 && mask->stride(-1) != 1) {
         // (Made without the dispatcher: tracing would record it.)
-        const at::Tensor like =
-            at::detail::empty_meta(attn_mask->sizes(), attn_mask->scalar_type(), std::nullopt,
-                                   std::nullopt, std::nullopt, std::nullopt);
-        return at::cpu::_fused_sdp_choice(query, key, value, like, dropout_p, is_causal, scale,
-                                          enable_gqa);
+        mask = at::detail::empty_meta(mask->sizes(), mask->scalar_type(), std::nullopt,
+                                      std::nullopt, std::nullopt, std::nullopt);
       }
-      return at::cpu::_fused_sdp_choice(query, key, value, attn_mask, dropout_p, is_causal, scale,
+      return at::cpu::_fused_sdp_choice(query, key, value, mask, dropout_p, is_causal, scale,
                                         enable_gqa);
+    }
     case Executor::Cuda: break;
   }
   // CUDA's rule refuses tensors of other devices: the _fused_sdp_choice operator on accel

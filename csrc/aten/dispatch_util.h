@@ -21,6 +21,13 @@ namespace accel::aten {
 // "aten::add.Tensor"
 std::string op_name(const c10::OperatorHandle& op);
 
+// An optional tensor argument of a boxed call: undefined for None. By reference, so that a
+// borrowed argument (a typed entry's: typed_kernel.h) is not copied.
+inline const at::Tensor& optional_tensor(const c10::IValue& v) {
+  static const at::Tensor none;
+  return v.isNone() ? none : v.toTensor();
+}
+
 // A defined tensor on an accel device.
 inline bool is_accel(const at::Tensor& t) {
   return t.defined() && t.device().type() == device::kAccel;

@@ -4,6 +4,7 @@
 #include <ATen/EmptyTensor.h>
 #include <c10/core/DefaultDtype.h>
 #include <c10/util/Exception.h>
+#include <c10/util/strides.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -294,11 +295,8 @@ void MetaCache::insert(const std::string& key, std::shared_ptr<const CachedResul
 void make_contiguous(CachedResult& r) {
   for (auto& metas : r.results) {
     for (TensorMeta& m : metas) {
-      int64_t stride = 1;
-      for (size_t d = m.sizes.size(); d-- > 0;) {
-        m.strides[d] = stride;
-        stride *= std::max<int64_t>(m.sizes[d], 1);
-      }
+      const c10::DimVector strides = c10::contiguous_strides(m.sizes);
+      m.strides.assign(strides.begin(), strides.end());
     }
   }
 }

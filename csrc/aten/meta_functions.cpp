@@ -32,14 +32,10 @@
 #include <utility>
 
 #include "AccelNativeFunctions.h"
+#include "aten/dispatch_util.h"
 
 namespace accel::aten {
 namespace {
-
-const at::Tensor& optional_tensor(const c10::IValue& v) {
-  static const at::Tensor none;
-  return v.isNone() ? none : v.toTensor();
-}
 
 at::Tensor contiguous_like(const at::Tensor& t, c10::IntArrayRef sizes) {
   return at::empty(sizes, t.options().memory_format(at::MemoryFormat::Contiguous));

@@ -45,13 +45,6 @@ Rows rows_of(const at::Tensor& input, size_t normalized_ndim) {
   return {c10::multiply_integers(sizes.begin(), split), c10::multiply_integers(split, sizes.end())};
 }
 
-// An optional tensor argument: undefined for None. By reference, so that a borrowed argument (a
-// typed entry's: typed_kernel.h) is not copied.
-const at::Tensor& optional_tensor(const c10::IValue& v) {
-  static const at::Tensor none;
-  return v.isNone() ? none : v.toTensor();
-}
-
 // Whether the statistics stack[first] and stack[first + 1] (None or tensors) are of another
 // dtype than `want` (the one the CPU's backward kernel reads).
 bool statistics_not_in(const torch::jit::Stack& stack, size_t first, c10::ScalarType want) {

@@ -395,7 +395,7 @@ class UnderlyingKernel final : public c10::OperatorKernel, public AsyncPath {
     return true;
   }
 
-  // launch_work's task, waited for: whether the kernel warned, or nullopt where it failed and
+  // launch_call's task, waited for: whether the kernel warned, or nullopt where it failed and
   // the call writes no argument (the CPU's own kernel on the caller then decides: the call's
   // error, or what the task refused). A failed call that writes an argument raises its error.
   std::optional<bool> launch_waited(const c10::OperatorHandle& op, const torch::jit::Stack& stack,
@@ -454,8 +454,7 @@ class UnderlyingKernel final : public c10::OperatorKernel, public AsyncPath {
                                                torch::jit::Stack* stack, c10::DeviceIndex device,
                                                bool synchronize,
                                                const CachedResult* expected = nullptr) {
-    return run_on_caller(*config_, info_, info_.kernel(op), op, stack, device, synchronize,
-                         expected);
+    return run_on_caller(*config_, info_, op, stack, device, synchronize, expected);
   }
 
   const OpConfig* config_;

@@ -2,6 +2,7 @@
 
 #include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/record_function.h>
+#include <c10/util/strides.h>
 
 #include <algorithm>
 #include <memory>
@@ -23,12 +24,9 @@ namespace {
 // channels-last [N, C, 1, 1] result (a depthwise convolution run channels-last, see
 // convolution.cpp) sent the next CPU kernel down its channels-last path, unlike the CPU's.
 at::Tensor with_contiguous_strides(const at::Tensor& t) {
-  int64_t expected = 1;
-  for (int64_t d = t.dim() - 1; d >= 0; --d) {
-    if (t.stride(d) != expected) return t.clone(at::MemoryFormat::Contiguous);
-    expected *= std::max<int64_t>(t.size(d), 1);
-  }
-  return t;
+  return t.strides() == c10::IntArrayRef(c10::contiguous_strides(t.sizes()))
+             ? t
+             : t.clone(at::MemoryFormat::Contiguous);
 }
 
 }  // namespace
@@ -70,7 +68,6 @@ std::optional<at::Tensor> over_argument(const at::Tensor& r, const Viewed& viewe
 }  // namespace
 
 std::shared_ptr<CachedResult> run_on_caller(const OpConfig& config, const SchemaInfo& info,
-                                            const c10::OperatorHandle& kernel,
                                             const c10::OperatorHandle& op, torch::jit::Stack* stack,
                                             c10::DeviceIndex device, bool synchronize,
                                             const CachedResult* expected) {
@@ -167,7 +164,7 @@ std::shared_ptr<CachedResult> run_on_caller(const OpConfig& config, const Schema
       at::AutoDispatchBelowADInplaceOrView below_autograd;
       std::optional<SerialScope> one_thread;
       if (serial) one_thread.emplace();
-      kernel.callBoxed(&cpu);
+      info.kernel(op).callBoxed(&cpu);
     };
     c10::WarningUtils::WarningHandlerGuard see(&warnings);
     if (host && synchronize) {

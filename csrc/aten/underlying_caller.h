@@ -51,9 +51,8 @@ void materialize_written(const SchemaInfo& info, const torch::jit::Stack& stack,
 // do not wait. Returns the metadata of the results and of the written arguments afterwards.
 // `expected`: the results the meta pass computed, where known (they decide, with the
 // arguments, whether the kernel runs serially, as the task of a later call would).
-// `kernel`: the CPU operator to call (OpConfig::cpu_op, else `op`).
+// The CPU operator called is info.kernel(op) (OpConfig::cpu_op, else `op`).
 std::shared_ptr<CachedResult> run_on_caller(const OpConfig& config, const SchemaInfo& info,
-                                            const c10::OperatorHandle& kernel,
                                             const c10::OperatorHandle& op, torch::jit::Stack* stack,
                                             c10::DeviceIndex device, bool synchronize,
                                             const CachedResult* expected = nullptr);
