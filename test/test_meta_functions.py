@@ -266,3 +266,107 @@ def test_new_shapes_of_a_family_that_ran_do_not_wait(name: str) -> None:
         assert pending
     for (args, _), result in zip(calls[-len(results) :], results, strict=True):
         torch.testing.assert_close(result.cpu(), op(*args), rtol=0, atol=0)
+
+
+# arange: its values decide its length. The underlying tier makes the CPU kernel's checks of them
+# (csrc/aten/meta_functions.cpp, arange_length) and runs the call as later calls do.
+ARANGE_CASES: list[tuple[tuple[Any, ...], dict[str, Any]]] = [
+    ((7,), {}),
+    ((0, 300), {"dtype": torch.int8}),  # wraps around as the CPU's does
+    ((0, 3000), {"dtype": torch.float16}),
+    ((10, 0, -3), {}),
+    ((5, 5), {}),
+    ((0, 1, 0.1), {"dtype": torch.float32}),
+    ((0, 10.5), {}),
+    ((1, 2, 0.3), {"dtype": torch.bfloat16}),
+    ((0.5, 5), {"dtype": torch.int32}),
+    ((0, 5, 0.5), {"dtype": torch.int32}),  # the step converts to 0: ten zeros, as the CPU's
+    ((True, 5), {}),
+    ((0, 2**62, 2**61), {}),
+    # PyTorch's meta function gives 4 elements, the CPU kernel's integer arithmetic overflows to
+    # 0: the CPU's length is what accel gives.
+    ((-(2**63), 2**63 - 1, 2**62), {}),
+]
+ARANGE_ERRORS: list[tuple[tuple[Any, ...], dict[str, Any]]] = [
+    ((0, 5, 0), {}),
+    ((5, 0, 1), {}),
+    ((0, float("inf")), {}),
+    ((0, float("nan")), {}),
+    ((0, 1e300, 1e-300), {}),
+    ((0, 5), {"dtype": torch.bool}),
+    ((0, 5), {"dtype": torch.complex64}),
+    ((0, 5), {"dtype": torch.float8_e4m3fn}),
+    ((0, 5), {"dtype": torch.uint16}),
+]
+
+
+@pytest.mark.parametrize("case", range(len(ARANGE_CASES)))
+def test_arange_like_the_cpu(case: int) -> None:
+    args, kwargs = ARANGE_CASES[case]
+    expected = torch.arange(*args, **kwargs)
+    got = torch.arange(*args, **kwargs, device="accel")
+    assert got.dtype == expected.dtype and got.stride() == expected.stride()
+    assert torch.equal(got.cpu(), expected)
+    # out=: empty, of the right size, a strided view, and of another count (the CPU's warning).
+    for out in (
+        torch.empty(0, dtype=expected.dtype),
+        torch.empty(expected.numel(), dtype=expected.dtype),
+        torch.zeros(2 * expected.numel(), dtype=expected.dtype)[::2],
+        torch.zeros(expected.numel() + 3, dtype=expected.dtype),
+    ):
+        accel_out = on("accel", out)
+        with warnings.catch_warnings(record=True) as cpu_warnings:
+            warnings.simplefilter("always")
+            torch.arange(*args, out=out)
+        with warnings.catch_warnings(record=True) as accel_warnings:
+            warnings.simplefilter("always")
+            torch.arange(*args, out=accel_out)
+        assert [str(w.message) for w in accel_warnings] == [str(w.message) for w in cpu_warnings]
+        assert accel_out.size() == out.size() and accel_out.stride() == out.stride()
+        assert torch.equal(accel_out.cpu(), out)
+
+
+@pytest.mark.parametrize("case", range(len(ARANGE_ERRORS)))
+def test_arange_errors_raise_at_the_call_as_the_cpus(case: int) -> None:
+    args, kwargs = ARANGE_ERRORS[case]
+    torch.arange(*args[:1], device="accel")  # a call of the same values' types ran before
+    with pytest.raises(Exception) as cpu:
+        torch.arange(*args, **kwargs)
+    with pytest.raises(type(cpu.value)) as accel:
+        torch.arange(*args, **kwargs, device="accel")
+    assert str(cpu.value).split("\n")[0] in str(accel.value)
+    torch.accel.synchronize()
+    assert torch.equal(torch.arange(4, device="accel").cpu(), torch.arange(4))
+
+
+def test_an_int64_arange_whose_step_converts_to_zero_raises() -> None:
+    # The CPU's kernel (and CUDA's) divide by the step converted to int64: SIGFPE kills the
+    # process there. accel raises, and the device stays usable.
+    for args in ((0, 5, 0.5), (0, -1, -0.25)):
+        with pytest.raises(RuntimeError, match=r"step must be nonzero: .* is 0 as Long"):
+            torch.arange(*args, dtype=torch.int64, device="accel")
+        with pytest.raises(RuntimeError, match=r"step must be nonzero: .* is 0 as Long"):
+            torch.arange(*args, out=torch.empty(0, dtype=torch.int64, device="accel"))
+    assert torch.equal(torch.arange(0, 5, 1.5, dtype=torch.int64, device="accel").cpu(),
+                       torch.arange(0, 5, 1.5, dtype=torch.int64))  # fmt: skip
+
+
+def test_arange_at_new_lengths_does_not_wait() -> None:
+    # A training step at a new sequence length: arange(seq) and arange(past, past + seq) wait
+    # neither for the stream nor at their first values.
+    lengths = iter(range(40, 100))
+    results: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def enqueue() -> None:
+        n = next(lengths)
+        results.append((torch.arange(n, device="accel"), torch.arange(n)))
+        results.append((torch.arange(n, 2 * n, device="accel"), torch.arange(n, 2 * n)))
+        out = torch.empty(0, dtype=torch.float32, device="accel")
+        results.append((torch.arange(0, n / 4, 0.25, out=out), torch.arange(0, n / 4, 0.25)))
+
+    pending, _ = pending_behind_a_sleep(enqueue, lambda: torch.accel.current_stream().query())
+    if not LAUNCH_BLOCKING:
+        assert pending
+    for got, expected in results:
+        assert got.dtype == expected.dtype
+        assert torch.equal(got.cpu(), expected)

@@ -13,6 +13,7 @@
 // that kernel's own code run on meta tensors: its inner operators have C++ meta functions of
 // their own. test/test_meta_functions.py compares every one with the CPU kernel's results and
 // errors.
+#include <ATen/Dispatch.h>
 #include <ATen/ExpandUtils.h>
 #include <ATen/MemoryOverlap.h>
 #include <ATen/TensorIterator.h>
@@ -20,6 +21,7 @@
 #include <ATen/WrapDimUtils.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/core/stack.h>
+#include <ATen/native/RangeUtils.h>
 #include <ATen/native/cpu/mixed_data_type.h>
 #include <ATen/native/layer_norm.h>
 #include <ATen/ops/_safe_softmax_native.h>
@@ -33,6 +35,7 @@
 
 #include "AccelNativeFunctions.h"
 #include "aten/dispatch_util.h"
+#include "aten/meta_functions.h"
 
 namespace accel::aten {
 namespace {
@@ -218,6 +221,39 @@ void safe_softmax_meta(torch::jit::Stack* stack) {
       torch::jit::peek(*stack, 2, n).toOptional<c10::ScalarType>());
   torch::jit::drop(*stack, n);
   torch::jit::push(*stack, std::move(out));
+}
+
+int64_t arange_length(const c10::Scalar& start, const c10::Scalar& end, const c10::Scalar& step,
+                      c10::ScalarType dtype) {
+  int64_t length = 0;
+  // The CPU kernel's dispatch (its name is in the error for other dtypes).
+  AT_DISPATCH_ALL_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, "arange_cpu", [&] {
+    if constexpr (std::is_same_v<scalar_t, int64_t>) {  // its length in integers
+      at::native::arange_check_bounds(start, end, step);
+      TORCH_CHECK(step.to<int64_t>() != 0, "step must be nonzero: ", step.to<double>(), " is 0 as ",
+                  dtype, " (an int64 arange steps by the step converted to int64)");
+    }
+    length = at::native::compute_arange_size<scalar_t>(start, end, step);
+  });
+  return length;
+}
+
+int64_t arange_call_length(const torch::jit::Stack& stack, size_t begin, bool out) {
+  const c10::Scalar start = stack[begin].toScalar();
+  const c10::Scalar end = stack[begin + 1].toScalar();
+  const c10::Scalar step = stack[begin + 2].toScalar();
+  c10::ScalarType dtype;
+  if (out) {
+    dtype = stack[begin + 3].toTensor().scalar_type();
+  } else if (!stack[begin + 3].isNone()) {
+    dtype = stack[begin + 3].toScalarType();
+  } else {  // arange's own rule: integers give int64, else the default dtype
+    const bool integers = start.isIntegral(/*includeBool=*/true) &&
+                          end.isIntegral(/*includeBool=*/true) &&
+                          step.isIntegral(/*includeBool=*/true);
+    dtype = integers ? at::kLong : c10::typeMetaToScalarType(c10::get_default_dtype());
+  }
+  return arange_length(start, end, step, dtype);
 }
 
 }  // namespace accel::aten

@@ -21,6 +21,7 @@
 #include "aten/fallback.h"
 #include "aten/host_task.h"
 #include "aten/meta_cache.h"
+#include "aten/meta_functions.h"
 #include "aten/results.h"
 #include "aten/typed_kernel.h"
 #include "aten/underlying_caller.h"
@@ -66,6 +67,11 @@ class UnderlyingKernel final : public c10::OperatorKernel, public AsyncPath {
                   torch::jit::Stack* stack) {
     const OpConfig& c = *config_;
     resolve_ops(op);
+    // arange's checks, on every path, as the CPU's kernel makes them (and one it lacks).
+    if (float_shapes_) {
+      arange_call_length(*stack, stack->size() - op.schema().arguments().size(),
+                         info_.has_out_arguments);
+    }
     if (info_.zero_tensor_args) materialize_zero_tensors(*stack, op.schema().arguments().size());
     // The CPU fallback runs the cpu_op where there is one (the CPU has no kernel for
     // convolution_overrideable, for one).
@@ -282,7 +288,10 @@ class UnderlyingKernel final : public c10::OperatorKernel, public AsyncPath {
         return false;
       }
       const bool capture = capturing_anywhere();
-      bool exact = !capture && exact_first_call();
+      // Trusted: the meta function's results are the call's and nothing is left for the
+      // kernel to refuse (arange_needs_no_check), or nothing may wait (a capture).
+      const bool trusted = capture || arange_needs_no_check(*computed, *stack, begin);
+      bool exact = !trusted && exact_first_call();
       std::string family;  // the call's key without its layouts (exact calls)
       if (exact) {
         KeyOptions by_family = keyed;
@@ -314,7 +323,7 @@ class UnderlyingKernel final : public c10::OperatorKernel, public AsyncPath {
           return true;
         }
       }
-      if (!exact && !capture) {
+      if (!exact && !trusted) {
         // The first call of a signature runs on the caller: its errors are raised here, at the
         // call, like CUDA's argument checks, and its actual results are what later calls
         // allocate (meta functions do not always describe what the CPU kernel returns: batch
@@ -339,8 +348,7 @@ class UnderlyingKernel final : public c10::OperatorKernel, public AsyncPath {
         return true;
       }
       resize_written(info_, *computed, *stack, begin);
-      // During graph capture nothing may synchronize, and a known family's exact results need
-      // not wait: trust the meta functions.
+      // During graph capture nothing may synchronize; arange's new lengths need not wait.
       if (cacheable) cache_.insert(miss_key, computed);
       shapes = std::move(computed);
     } else {
@@ -410,6 +418,30 @@ class UnderlyingKernel final : public c10::OperatorKernel, public AsyncPath {
       if (info_.has_write_arguments) throw;
       return std::nullopt;
     }
+  }
+
+  // arange, whose values (in its key) decide its length: a training step at a new sequence
+  // length called it first and waited for the stream. operator() made the CPU kernel's checks
+  // (arange_call_length), its kernel reads no data that could fail later, and the length is
+  // known: the call runs as later calls do, where PyTorch's meta function gives the CPU's
+  // length. Left to the caller's own call: an out= tensor with elements of another count, which
+  // the CPU's kernel warns it resizes.
+  bool arange_needs_no_check(const CachedResult& computed, const torch::jit::Stack& stack,
+                             size_t begin) const {
+    if (!float_shapes_ || computed.results.size() != 1 || computed.results[0].size() != 1 ||
+        c10::IntArrayRef(computed.results[0][0].sizes) !=
+            c10::IntArrayRef{arange_call_length(stack, begin, info_.has_out_arguments)}) {
+      return false;  // PyTorch's meta function and the CPU's kernel disagree (int64 overflow)
+    }
+    for (size_t k = 0; k < info_.out_argument.size(); ++k) {
+      if (!info_.out_argument[k]) continue;
+      const at::Tensor& out = stack[begin + k].toTensor();
+      const std::optional<TensorMeta>& after = computed.written[k];
+      if (!after || (out.numel() != 0 && out.sizes() != c10::IntArrayRef(after->sizes))) {
+        return false;
+      }
+    }
+    return true;
   }
 
   // Float values stay in the key of arange (they decide its shape) and of random operators
