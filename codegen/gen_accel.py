@@ -51,7 +51,7 @@ VARIANTS = ("functional", "inplace", "mutable", "out")
 KEYS = {
     "op", "tier", "kernel", "variants", "drivers", "dtypes", "cpu_op", "sync", "metadata_only",
     "out_equivalent", "structured_meta", "into", "widen", "cuda_like", "cuda_like_when",
-    "contiguous_results", "meta", "reason",
+    "contiguous_results", "meta", "meta_inplace", "reason",
 }  # fmt: skip
 
 
@@ -186,6 +186,7 @@ def expand(entry: dict[str, Any], nf: NativeFunctions, torch_dir: Path) -> list[
     structured_meta = bool(entry.get("structured_meta", True))
     into = entry.get("into", "")
     meta_fn = entry.get("meta", "")
+    meta_inplace_fn = entry.get("meta_inplace", "")
     widen = entry.get("widen", {}) or {}
     if not isinstance(widen, dict):
         raise EntryError("'widen' must map dtypes to the dtypes they are computed in")
@@ -236,8 +237,9 @@ def expand(entry: dict[str, Any], nf: NativeFunctions, torch_dir: Path) -> list[
         raise EntryError("'structured_meta' and 'into' apply to underlying operators")
     check_function_name("into", into)
     check_function_name("meta", meta_fn)
-    if meta_fn and tier != "underlying":
-        raise EntryError("'meta' applies to underlying operators")
+    check_function_name("meta_inplace", meta_inplace_fn)
+    if (meta_fn or meta_inplace_fn) and tier != "underlying":
+        raise EntryError("'meta' and 'meta_inplace' apply to underlying operators")
     if into and cpu_op:
         raise EntryError("'into' and 'cpu_op' exclude each other")
     if tier != "underlying" and (cpu_op or sync or metadata_only or dtypes or out_equivalent):
@@ -256,6 +258,8 @@ def expand(entry: dict[str, Any], nf: NativeFunctions, torch_dir: Path) -> list[
             raise EntryError(f"unknown variant '{v}'; use functional, inplace or out")
         if v not in members:
             raise EntryError(f"'{op}' has no {v} variant")
+    if meta_inplace_fn and "inplace" not in variants:
+        raise EntryError("'meta_inplace': the entry registers no in-place variant")
     if out_equivalent:
         fn, fo = members.get("functional"), members.get("out")
         if fn is None or fo is None or not same_inputs(fn, fo) or len(fo.func.returns) != 1:
@@ -283,10 +287,12 @@ def expand(entry: dict[str, Any], nf: NativeFunctions, torch_dir: Path) -> list[
             if structured_meta
             else ("", "")
         )
-        if meta_fn and v == "functional":
+        own_meta = {"functional": meta_fn, "inplace": meta_inplace_fn}.get(v, "")
+        if own_meta:
             if meta_body:
-                raise EntryError("'meta': the operator has a structured C++ meta function")
-            meta_body = f"{meta_fn}(stack);"
+                key = "meta" if v == "functional" else "meta_inplace"
+                raise EntryError(f"'{key}': the operator has a structured C++ meta function")
+            meta_body = f"{own_meta}(stack);"
         name = str(f.func.name)
         out_variant, functional = ("", "")
         if "underlying" in tiers.values():
@@ -305,7 +311,7 @@ def expand(entry: dict[str, Any], nf: NativeFunctions, torch_dir: Path) -> list[
                 contiguous_results=contiguous_results,
                 meta=meta_body,
                 meta_header=meta_header,
-                meta_function=meta_fn if v == "functional" else "",
+                meta_function=own_meta,
                 into=into if v in ("functional", "mutable") else "",
                 widen=dict(widen),
                 cuda_like=str(cuda_like),

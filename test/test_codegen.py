@@ -98,7 +98,10 @@ MALFORMED = [
     ("{op: add.Tensor, tier: underlying, out_equivalent: true}", "'out_equivalent' is implied"),
     ("{op: abs, tier: underlying, cuda_like_when: f}", "says when the 'cuda_like' function acts"),
     ("{op: atan2, tier: underlying, meta: f}", "has a structured C++ meta function"),
-    ("{op: abs, tier: cpu_fallback, meta: f, reason: x}", "'meta' applies to underlying"),
+    ("{op: abs, tier: cpu_fallback, meta: f, reason: x}", "'meta' and 'meta_inplace' apply"),
+    ("{op: atan2_, tier: underlying, meta_inplace: f}", "'meta_inplace': the operator has a"),
+    ("{op: where.self, tier: underlying, meta_inplace: f}", "registers no in-place variant"),
+    ("{op: masked_fill_.Scalar, tier: underlying, meta_inplace: 'a b'}", "'meta_inplace'"),
     ("add.Tensor", "each entry must be a mapping"),
     ("{op: accel::f, tier: underlying, schema: 'f(Tensor x) -> Tensor'}", "are native"),
     ("{op: accel::g, tier: native, kernel: g}", "needs its 'schema'"),
@@ -173,10 +176,20 @@ def test_an_entrys_meta_function_is_declared_and_called(tmp_path: Path) -> None:
     # operators the yaml does not list get their structured one (functional and in-place).
     header, cpp = generated(
         tmp_path,
-        "- {op: _scaled_dot_product_flash_attention_for_cpu, tier: underlying, meta: my_meta}\n",
+        "- {op: _scaled_dot_product_flash_attention_for_cpu, tier: underlying, meta: my_meta}\n"
+        "- {op: masked_fill_.Scalar, tier: underlying, meta: fill_meta, meta_inplace: fill_meta_}\n",
     )
     assert "void my_meta(torch::jit::Stack* stack);" in header
     assert "  my_meta(stack);" in cpp
+    # The in-place form's own (yaml `meta_inplace`), the functional form's, none for out=.
+    for name, function in (
+        ("masked_fill_.Scalar", "fill_meta_"),
+        ("masked_fill.Scalar", "fill_meta"),
+    ):
+        assert f"void {function}(torch::jit::Stack* stack);" in header
+        meta = cpp.index(f"// {name}\nvoid meta_")
+        assert f"  {function}(stack);" in cpp[meta : cpp.index("\n}\n", meta)], name
+    assert "// masked_fill.Scalar_out\nvoid meta_" not in cpp
     for name in ("isin.Tensor_Tensor", "upsample_nearest2d", "atan2_"):
         meta = cpp.index(f"// {name}\nvoid meta_")
         assert "at::meta::" in cpp[meta : cpp.index("\n}\n", meta)], name

@@ -159,6 +159,54 @@ def test_index_select_embedding_and_dropout_backward_pad_safe_softmax_like_the_c
         check_like_cpu(A._safe_softmax, self, dim, dtype)
 
 
+def test_masked_fill_in_place_like_the_cpu() -> None:
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(4, 5, generator=g)
+    c = torch.rand(4, 5, generator=g) > 0.5
+    nchw = torch.randn(2, 3, 4, 5, generator=g).to(memory_format=torch.channels_last)
+    for self, mask in [
+        (x, c), (x.t(), c.t()), (x, c[0]), (x, c[:, :1]), (x.t().contiguous().t(), c),
+        (x[:, ::2], c[:, :3]), (torch.arange(20).view(4, 5), c), (x[:0], c[:0]),
+        (nchw, torch.rand(4, 5, generator=g) > 0.5), (torch.tensor(2.0), torch.tensor(True)),
+    ]:  # fmt: skip
+        layout = (self.size(), self.stride())
+        expected = torch.empty_strided(*layout, dtype=self.dtype).copy_(self)
+        got = torch.empty_strided(*layout, dtype=self.dtype, device="accel").copy_(self)
+        result = A.masked_fill_.Scalar(got, on("accel", mask), -1.5)
+        assert result is got
+        A.masked_fill_.Scalar(expected, mask, -1.5)
+        assert (got.shape, got.stride(), got.dtype) == (
+            expected.shape,
+            expected.stride(),
+            expected.dtype,
+        )
+        torch.testing.assert_close(got.cpu(), expected, rtol=0, atol=0)
+
+
+def test_masked_fill_in_place_errors_and_warnings_at_the_call_after_its_family_ran() -> None:
+    x, c = torch.randn(4, 5), torch.rand(4, 5) > 0.5
+    A.masked_fill_.Scalar(on("accel", x), on("accel", c), 0.5)  # the family ran
+    for self, mask in [(x, c.float()), (x[0], c), (x, torch.rand(4, 6) > 0.5)]:
+        with pytest.raises(Exception) as cpu:
+            A.masked_fill_.Scalar(self.clone(), mask, 0.5)
+        accel_self = on("accel", self)
+        before = accel_self.cpu()
+        with pytest.raises(type(cpu.value)) as accel:
+            A.masked_fill_.Scalar(accel_self, on("accel", mask), 0.5)
+        assert str(cpu.value).split("\n")[0] in str(accel.value)
+        assert torch.equal(accel_self.cpu(), before)  # left as it was
+    # An expanded self: the CPU's deprecation warning, at the call, for a new shape of the family.
+    for device, n in (("cpu", 7), ("accel", 7), ("accel", 8)):
+        self = torch.randn(n, 1, device=device).expand(n, 5)
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            # (the method: the warnings of torch.ops calls do not reach Python's)
+            self.masked_fill_(torch.zeros(n, 5, dtype=torch.bool, device=device), 0.5)
+        assert any("masked_fill_ on expanded tensors" in str(w.message) for w in seen), device
+    torch.accel.synchronize()
+    assert (torch.ones(3, device="accel") + 1).sum().item() == 6
+
+
 def raises_like_cpu(op: Callable[..., Any], *args: Any) -> None:
     """op raises at the call on accel what it raises on the CPU, and accel works afterwards."""
     with pytest.raises(Exception) as cpu:
@@ -220,6 +268,10 @@ def _masked_fill(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return x.masked_fill(mask, -1e9)
 
 
+def _masked_fill_in_place(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return torch.zeros_like(x).masked_fill_(mask, float("-inf"))  # nn.MultiheadAttention's mask
+
+
 def _safe_softmax(x: torch.Tensor) -> torch.Tensor:
     return A._safe_softmax(x, -1)
 
@@ -234,6 +286,10 @@ FAMILIES: dict[str, tuple[Callable[..., torch.Tensor], Callable[[int], list[torc
     ),
     "masked_fill": (
         _masked_fill,
+        lambda n: [torch.randn(2, n, n), torch.ones(n, n, dtype=torch.bool).triu(1)],
+    ),
+    "masked_fill_": (
+        _masked_fill_in_place,
         lambda n: [torch.randn(2, n, n), torch.ones(n, n, dtype=torch.bool).triu(1)],
     ),
     "constant_pad_nd": (_pad, lambda n: [torch.ones(2, n, dtype=torch.long)]),

@@ -195,6 +195,16 @@ void masked_fill_scalar_meta(torch::jit::Stack* stack) {
   torch::jit::push(*stack, std::move(out));
 }
 
+// nn.MultiheadAttention's masks (`zeros_like(mask).masked_fill_(mask, -inf)`) at every new
+// length.
+void masked_fill_scalar_inplace_meta(torch::jit::Stack* stack) {
+  constexpr size_t n = 3;
+  at::Tensor self = torch::jit::peek(*stack, 0, n).toTensor();
+  check_masked_fill(self, torch::jit::peek(*stack, 1, n).toTensor());
+  torch::jit::drop(*stack, n);
+  torch::jit::push(*stack, std::move(self));
+}
+
 // The CPU kernels of these are composite: their own code on meta tensors.
 void native_dropout_backward_meta(torch::jit::Stack* stack) {
   constexpr size_t n = 3;
