@@ -177,14 +177,14 @@ def test_an_entrys_meta_function_is_declared_and_called(tmp_path: Path) -> None:
     header, cpp = generated(
         tmp_path,
         "- {op: _scaled_dot_product_flash_attention_for_cpu, tier: underlying, meta: my_meta}\n"
-        "- {op: masked_fill_.Scalar, tier: underlying, meta: fill_meta, meta_inplace: fill_meta_}\n",
+        "- {op: masked_fill_.Scalar, tier: underlying, meta: fm, meta_inplace: fm_}\n",
     )
     assert "void my_meta(torch::jit::Stack* stack);" in header
     assert "  my_meta(stack);" in cpp
     # The in-place form's own (yaml `meta_inplace`), the functional form's, none for out=.
     for name, function in (
-        ("masked_fill_.Scalar", "fill_meta_"),
-        ("masked_fill.Scalar", "fill_meta"),
+        ("masked_fill_.Scalar", "fm_"),
+        ("masked_fill.Scalar", "fm"),
     ):
         assert f"void {function}(torch::jit::Stack* stack);" in header
         meta = cpp.index(f"// {name}\nvoid meta_")

@@ -426,3 +426,79 @@ def test_arange_at_new_lengths_does_not_wait() -> None:
     for got, expected in results:
         assert got.dtype == expected.dtype
         assert torch.equal(got.cpu(), expected)
+
+
+# In-place random operators with number parameters: a new shape of a family that ran does not
+# wait (PyTorch's structured C++ meta functions; for bernoulli_ and exponential_ accel's
+# random_inplace_meta); the parameters' and the dtype's checks raise at the family's first call,
+# as the CPU's.
+RANDOM_IN_PLACE: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "uniform_": lambda t: t.uniform_(-2, 3),
+    "normal_": lambda t: t.normal_(1.0, 0.5),
+    "bernoulli_": lambda t: t.bernoulli_(0.3),
+    "random_": lambda t: t.random_(),
+    "random_.from": lambda t: t.random_(-5, 5),
+    "random_.to": lambda t: t.random_(7),
+    "exponential_": lambda t: t.exponential_(2.0),
+    "dropout (strided)": lambda t: torch.nn.functional.dropout(t.t(), 0.2),
+}
+
+
+@pytest.mark.parametrize("name", list(RANDOM_IN_PLACE))
+def test_in_place_random_operators_at_new_shapes_do_not_wait(name: str) -> None:
+    draw = RANDOM_IN_PLACE[name]
+    draw(torch.empty(10, 10, device="accel"))  # the family's first call
+    shapes = iter(range(11, 40))
+    results: list[torch.Tensor] = []
+
+    def enqueue() -> None:
+        results.append(draw(torch.empty(4, next(shapes), device="accel")))
+
+    pending, _ = pending_behind_a_sleep(enqueue, lambda: torch.accel.current_stream().query())
+    if not LAUNCH_BLOCKING:
+        assert pending
+    # Same seed, same numbers, whichever way a call ran (first of its family and waited for,
+    # a new shape of the family, a cached shape).
+    runs = []
+    for _ in range(2):
+        torch.accel.manual_seed(11)
+        runs.append([draw(torch.empty(3, n, device="accel")).cpu() for n in (50, 51, 52)])
+    for first, again in zip(*runs, strict=True):
+        assert torch.equal(first, again)
+    values = torch.cat([r.flatten() for r in runs[0]])
+    if name == "uniform_":
+        assert values.min() >= -2 and values.max() < 3
+    elif name == "bernoulli_":
+        assert set(values.tolist()) <= {0.0, 1.0} and 0.15 < values.mean() < 0.45
+    elif name in ("random_.from", "random_.to"):
+        assert values.min() >= (-5 if name == "random_.from" else 0) and values.max() < 7
+        assert torch.equal(values, values.round())
+
+
+def test_in_place_random_operators_raise_as_the_cpu_after_their_family_ran() -> None:
+    for device in ("cpu", "accel"):
+        x = torch.empty(6, 6, device=device)
+        x.uniform_(0, 1), x.normal_(0, 1), x.bernoulli_(0.5)  # the families ran
+        n = torch.empty(7, 7, device=device)
+        with pytest.raises(RuntimeError, match=r"uniform_ expects to return a \[from, to\) range"):
+            n.uniform_(3, 1)
+        with pytest.raises(RuntimeError, match="normal expects std >= 0.0"):
+            n.normal_(0, -1)
+        with pytest.raises(RuntimeError, match="bernoulli_ expects p to be in"):
+            n.bernoulli_(1.5)
+        with pytest.raises(NotImplementedError, match="not implemented for 'Long'"):
+            torch.empty(7, 7, dtype=torch.long, device=device).normal_()
+        with pytest.raises(RuntimeError, match="random_ expects 'from' to be less than 'to'"):
+            torch.empty(7, 7, device=device).random_(5, 2)
+    # An expanded self: the CPU's kernels refuse it, at the call on accel too.
+    for draw in (
+        lambda t: t.uniform_(2, 3),
+        lambda t: t.bernoulli_(0.5),
+        torch.Tensor.exponential_,
+    ):
+        for device in ("cpu", "accel"):
+            t = torch.zeros(5, 1, device=device).expand(5, 4)
+            with pytest.raises(RuntimeError, match="more than one element of the written-to"):
+                draw(t)
+    torch.accel.synchronize()
+    assert (torch.ones(3, device="accel") + 1).sum().item() == 6

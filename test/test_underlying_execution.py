@@ -13,6 +13,7 @@ import torch
 from helpers import assert_same, pending_behind_a_sleep, skip_unless_host_first_calls
 
 LAUNCH_BLOCKING = os.environ.get("ACCEL_LAUNCH_BLOCKING") == "1"
+A = torch.ops.aten
 
 
 def test_asynchronous_kernel_failure_surfaces_at_synchronize_and_device_recovers() -> None:
@@ -358,6 +359,70 @@ def test_new_shapes_of_a_structured_kernel_run_asynchronously_once_its_family_ra
         assert running  # the call returned before its kernel finished
     s.synchronize()
     assert_same(y, big.cpu()[:999] @ big.cpu())
+
+
+def test_out_calls_run_as_the_functional_forms_first_calls_do(no_fallback: None) -> None:
+    # out= calls whose out= tensors are empty or of the result's size (the CPU kernel resizes
+    # those without a warning): the first call of a family waits for its task, raising its
+    # errors at the call, and the out= tensor resized or not as the CPU's call leaves it; new
+    # shapes of the family do not wait. mul_ of a Scalar is such a call (mul.out into self):
+    # dropout of a strided input waited for the stream at every new shape.
+    skip_unless_host_first_calls()
+    x = torch.randint(-9, 9, (4, 3), dtype=torch.int8)  # int8: families no other test ran
+    on = x.to("accel")
+    bad = torch.tensor([[5, 0, 1]])
+    for device in ("cpu", "accel"):
+        out = torch.empty(0, dtype=torch.int8, device=device)
+        with pytest.raises(RuntimeError, match="index 5 is out of bounds for dimension 0"):
+            torch.gather(x.to(device), 0, bad.to(device), out=out)  # raised by the call
+        assert out.shape == (1, 3)  # the meta function resized it, then the kernel raised
+    out = torch.empty(0, dtype=torch.int8, device="accel")
+    index = torch.tensor([[3, 0, 1]])
+    assert torch.gather(on, 0, index.to("accel"), out=out) is out
+    assert_same(out, torch.gather(x, 0, index))
+    for args, kwargs in (
+        ((on, on), {"out": torch.empty(0, dtype=torch.bool, device="accel")}),
+        ((on, on[:2]), {"out": torch.empty(0, dtype=torch.int8, device="accel")}),
+    ):
+        cpu_args = [a.cpu() for a in args]
+        cpu_out = torch.empty(0, dtype=kwargs["out"].dtype)
+        with pytest.raises(RuntimeError) as cpu:
+            torch.mul(*cpu_args, out=cpu_out)
+        with pytest.raises(RuntimeError) as accel:
+            torch.mul(*args, **kwargs)
+        assert str(cpu.value) == str(accel.value)
+        assert kwargs["out"].shape == cpu_out.shape == (0,)  # the meta function raised
+    # An out= tensor with elements of another count: the CPU kernel's warning and resize.
+    for device in ("cpu", "accel"):
+        out = torch.zeros(5, dtype=torch.int8, device=device)
+        with pytest.warns(UserWarning, match="An output with one or more elements was resized"):
+            torch.mul(x.to(device), 3, out=out)
+        assert torch.equal(out.cpu(), x * 3)
+    # New shapes of families that ran do not wait.
+    for n in (30, 31):  # the families' first calls (a float16 mul.out, a mul_ of a Scalar)
+        a = torch.randn(2, n, 8, dtype=torch.float16, device="accel")
+        torch.mul(a, a, out=torch.empty(0, dtype=torch.float16, device="accel"))
+        A.mul_.Scalar(a.transpose(0, 1), 1.25)
+    lengths = iter(range(32, 60))
+    calls: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
+
+    def prepare() -> None:
+        a = torch.randn(2, next(lengths), 8, dtype=torch.float16)
+        calls.append((a, a.to("accel"), torch.empty(0, dtype=torch.float16, device="accel")))
+
+    def enqueue() -> None:
+        _, a, out = calls[-1]
+        torch.mul(a, a, out=out)
+        A.mul_.Scalar(a.transpose(0, 1), 1.25)
+
+    pending, _ = pending_behind_a_sleep(
+        enqueue, lambda: torch.accel.current_stream().query(), prepare=prepare
+    )
+    if not LAUNCH_BLOCKING:
+        assert pending
+    a, on_a, out = calls[-1]
+    assert_same(out, a * a)
+    assert_same(on_a, a * 1.25)
 
 
 def test_structured_operators_pytorch_lists_run_as_the_yamls_do() -> None:

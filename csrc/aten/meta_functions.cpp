@@ -1,7 +1,8 @@
 // accel's C++ meta functions (yaml `meta:`) of operators that PyTorch gives no structured meta
 // function, among those a training step or a decoding step calls at every new sequence length:
-// layer norm and its backward, where, masked_fill, index_select (embedding), embedding's
-// backward, dropout's backward, constant padding and the softmax of SDPA's math path.
+// layer norm and its backward, where, masked_fill (and in place), index_select (embedding),
+// embedding's backward, dropout's backward, constant padding, the softmax of SDPA's math path,
+// bernoulli_ and exponential_.
 //
 // Each computes the results on meta tensors exactly as the CPU kernel lays them out, after the
 // argument checks that kernel makes before it reads any data, with its error messages. The
@@ -202,6 +203,21 @@ void masked_fill_scalar_inplace_meta(torch::jit::Stack* stack) {
   at::Tensor self = torch::jit::peek(*stack, 0, n).toTensor();
   check_masked_fill(self, torch::jit::peek(*stack, 1, n).toTensor());
   torch::jit::drop(*stack, n);
+  torch::jit::push(*stack, std::move(self));
+}
+
+// In-place random operators with a number parameter whose C++ meta function PyTorch does not
+// export (uniform_'s, normal_'s and random_'s it does): bernoulli_ of a float (dropout of a
+// strided input draws its mask so at every new shape) and exponential_. self is the result.
+// Their CPU kernels check the parameter's value and the dtype, both in a family's key (random
+// operators keep their floats there), so the family's first call, which waits for its task,
+// raised those at the call; and a self whose elements overlap (an expanded tensor) is refused
+// here, so that the CPU kernel judges such a call on the caller.
+void random_inplace_meta(torch::jit::Stack* stack) {
+  at::Tensor self = stack->front().toTensor();
+  TORCH_CHECK(at::has_internal_overlap(self) == at::MemOverlap::No,
+              "self may overlap itself: the CPU kernel judges the call");
+  stack->clear();
   torch::jit::push(*stack, std::move(self));
 }
 

@@ -289,9 +289,13 @@ class UnderlyingKernel final : public c10::OperatorKernel, public AsyncPath {
       }
       const bool capture = capturing_anywhere();
       // Trusted: the meta function's results are the call's and nothing is left for the
-      // kernel to refuse (arange_needs_no_check), or nothing may wait (a capture).
-      const bool trusted = capture || arange_needs_no_check(*computed, *stack, begin);
-      bool exact = !trusted && exact_first_call();
+      // kernel to refuse (arange_length_matches), or nothing may wait (a capture).
+      // out= tensors that are empty or of the result's size: the CPU kernel would resize them
+      // without a warning (it warns where it resizes one with elements).
+      const bool outs_fit = written_outputs_fit(*computed, *stack, begin);
+      const bool trusted =
+          capture || (outs_fit && float_shapes_ && arange_length_matches(*computed, *stack, begin));
+      bool exact = !trusted && outs_fit && exact_first_call();
       std::string family;  // the call's key without its layouts (exact calls)
       if (exact) {
         KeyOptions by_family = keyed;
@@ -310,6 +314,10 @@ class UnderlyingKernel final : public c10::OperatorKernel, public AsyncPath {
         // come at the next synchronization, as a CUDA kernel's do. Where the task fails and
         // the call writes no argument, the CPU's own kernel decides below: the call's error, or
         // results the meta function did not predict (isin of a Scalar: [0], then resized).
+        // An out= call (mul_ of a Scalar is one, into self) resizes its out= tensors first, as
+        // the CPU kernel does once its meta function passed: an error its kernel finds then
+        // leaves them resized, as on the CPU.
+        if (info_.has_out_arguments) resize_written(info_, *computed, *stack, begin);
         c10::SmallVector<c10::IValue, 3> results;
         const std::optional<bool> warned =
             launch_waited(op, *stack, begin, *computed, device, results);
@@ -420,19 +428,10 @@ class UnderlyingKernel final : public c10::OperatorKernel, public AsyncPath {
     }
   }
 
-  // arange, whose values (in its key) decide its length: a training step at a new sequence
-  // length called it first and waited for the stream. operator() made the CPU kernel's checks
-  // (arange_call_length), its kernel reads no data that could fail later, and the length is
-  // known: the call runs as later calls do, where PyTorch's meta function gives the CPU's
-  // length. Left to the caller's own call: an out= tensor with elements of another count, which
-  // the CPU's kernel warns it resizes.
-  bool arange_needs_no_check(const CachedResult& computed, const torch::jit::Stack& stack,
-                             size_t begin) const {
-    if (!float_shapes_ || computed.results.size() != 1 || computed.results[0].size() != 1 ||
-        c10::IntArrayRef(computed.results[0][0].sizes) !=
-            c10::IntArrayRef{arange_call_length(stack, begin, info_.has_out_arguments)}) {
-      return false;  // PyTorch's meta function and the CPU's kernel disagree (int64 overflow)
-    }
+  // Whether each out= tensor of the call is empty or already of the result's sizes.
+  bool written_outputs_fit(const CachedResult& computed, const torch::jit::Stack& stack,
+                           size_t begin) const {
+    if (!info_.has_out_arguments) return true;
     for (size_t k = 0; k < info_.out_argument.size(); ++k) {
       if (!info_.out_argument[k]) continue;
       const at::Tensor& out = stack[begin + k].toTensor();
@@ -442,6 +441,18 @@ class UnderlyingKernel final : public c10::OperatorKernel, public AsyncPath {
       }
     }
     return true;
+  }
+
+  // arange, whose values (in its key) decide its length: a training step at a new sequence
+  // length called it first and waited for the stream. operator() made the CPU kernel's checks
+  // (arange_call_length), its kernel reads no data that could fail later, and the length is
+  // known: the call runs as later calls do, where PyTorch's meta function gives the CPU's
+  // length (not where the kernel's integer arithmetic overflows).
+  bool arange_length_matches(const CachedResult& computed, const torch::jit::Stack& stack,
+                             size_t begin) const {
+    return computed.results.size() == 1 && computed.results[0].size() == 1 &&
+           c10::IntArrayRef(computed.results[0][0].sizes) ==
+               c10::IntArrayRef{arange_call_length(stack, begin, info_.has_out_arguments)};
   }
 
   // Float values stay in the key of arange (they decide its shape) and of random operators
@@ -455,12 +466,9 @@ class UnderlyingKernel final : public c10::OperatorKernel, public AsyncPath {
   }
 
   // Whether a first call (not captured) may run as later calls do (see enqueue): the meta
-  // function is the CPU kernel's (the host executor's), and there is no out= argument (the CPU
-  // kernel's own call leaves one as it was when it raises; later calls resize it before their
-  // task). In-place calls write where the CPU kernel would.
-  bool exact_first_call() const {
-    return config_->meta != nullptr && !info_.has_out_arguments && executor() == Executor::Host;
-  }
+  // function is the CPU kernel's (the host executor's). In-place calls write where the CPU
+  // kernel would; out= calls whose out= tensors fit (written_outputs_fit) too, once resized.
+  bool exact_first_call() const { return config_->meta != nullptr && executor() == Executor::Host; }
 
   // Whether later calls of a signature whose first call ran on the caller run another kernel
   // (first_launch checks them): an out= form or `into` function writing the results, an out=
