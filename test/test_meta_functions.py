@@ -502,3 +502,71 @@ def test_in_place_random_operators_raise_as_the_cpu_after_their_family_ran() -> 
                 draw(t)
     torch.accel.synchronize()
     assert (torch.ones(3, device="accel") + 1).sum().item() == 6
+
+
+# convolution (convolution_overrideable on accel): accel's results are contiguous; the first
+# call of a family waits, its new shapes do not, and shape errors raise at the call.
+CONV = torch.nn.functional
+
+
+def _conv_cases(
+    n: int,
+) -> list[tuple[Callable[..., torch.Tensor], list[torch.Tensor], dict[str, Any]]]:
+    g = torch.Generator().manual_seed(n)
+    r = lambda *s: torch.randn(*s, generator=g)  # noqa: E731
+    return [
+        (CONV.conv2d, [r(2, 3, n, n + 1), r(4, 3, 3, 3), r(4)], {"padding": 1}),
+        (CONV.conv2d, [r(1, 4, n, n), r(4, 2, 3, 3)], {"stride": 2, "groups": 2, "dilation": 2}),
+        (CONV.conv1d, [r(2, 3, n), r(5, 3, 4)], {"stride": 3}),
+        (CONV.conv3d, [r(1, 2, 4, n, n), r(3, 2, 2, 3, 3)], {}),
+        (CONV.conv_transpose2d, [r(1, 3, n, n), r(3, 2, 3, 3)], {"stride": 2, "output_padding": 1}),
+        (CONV.conv2d, [r(2, 3, n, n).to(memory_format=torch.channels_last), r(6, 3, 1, 1)], {}),
+        (CONV.conv2d, [r(2, 4, n, n), r(4, 1, 5, 5)], {"groups": 4, "padding": 2}),  # depthwise 5x5
+    ]
+
+
+def test_convolutions_like_the_cpu_and_new_shapes_do_not_wait() -> None:
+    for n in (9, 10):  # the families' first calls, then new shapes of them
+        for op, args, kwargs in _conv_cases(n):
+            got = op(*on("accel", args), **kwargs)
+            expected = op(*args, **kwargs)
+            assert got.shape == expected.shape and got.is_contiguous()
+            torch.testing.assert_close(got.cpu(), expected, rtol=1e-5, atol=1e-5)
+    sizes = iter(range(11, 40))
+    calls: list[list[tuple[Any, list[torch.Tensor], dict[str, Any]]]] = []
+    results: list[torch.Tensor] = []
+
+    def prepare() -> None:
+        calls.append([(op, on("accel", a), kw) for op, a, kw in _conv_cases(next(sizes))])
+
+    def enqueue() -> None:
+        results[:] = [op(*a, **kw) for op, a, kw in calls[-1]]
+
+    pending, _ = pending_behind_a_sleep(
+        enqueue, lambda: torch.accel.current_stream().query(), prepare=prepare
+    )
+    if not LAUNCH_BLOCKING:
+        assert pending
+    for (op, args, kwargs), got in zip(calls[-1], results, strict=True):
+        expected = op(*[a.cpu() for a in args], **kwargs)
+        torch.testing.assert_close(got.cpu(), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_convolution_shape_errors_raise_at_the_call_after_the_family_ran() -> None:
+    w = torch.randn(4, 3, 3, 3)
+    CONV.conv2d(torch.randn(2, 3, 9, 9).to("accel"), w.to("accel"))  # the family ran
+    for op, args, kwargs in [
+        (CONV.conv2d, [torch.randn(2, 3, 2, 2), w], {}),  # kernel larger than the input
+        (CONV.conv2d, [torch.randn(2, 5, 9, 9), w], {}),  # channels
+        (CONV.conv2d, [torch.randn(2, 3, 9, 9), w, torch.randn(5)], {}),  # bias
+        (CONV.conv2d, [torch.randn(2, 6, 9, 9), torch.randn(4, 3, 3, 3)], {"groups": 3}),
+        (CONV.conv_transpose2d, [torch.randn(1, 3, 1, 1), torch.randn(3, 2, 3, 3)], {"padding": 2}),
+        (CONV.conv2d, [torch.randn(2, 3, 9, 9), w.double()], {}),
+    ]:
+        with pytest.raises(Exception) as cpu:
+            op(*args, **kwargs)
+        with pytest.raises(type(cpu.value)) as accel:
+            op(*on("accel", args), **kwargs)
+        assert str(cpu.value).split("\n")[0] in str(accel.value)
+    torch.accel.synchronize()
+    assert (torch.ones(3, device="accel") + 1).sum().item() == 6

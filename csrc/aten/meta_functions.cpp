@@ -2,7 +2,7 @@
 // function, among those a training step or a decoding step calls at every new sequence length:
 // layer norm and its backward, where, masked_fill (and in place), index_select (embedding),
 // embedding's backward, dropout's backward, constant padding, the softmax of SDPA's math path,
-// bernoulli_ and exponential_.
+// bernoulli_ and exponential_, convolution.
 //
 // Each computes the results on meta tensors exactly as the CPU kernel lays them out, after the
 // argument checks that kernel makes before it reads any data, with its error messages. The
@@ -22,9 +22,11 @@
 #include <ATen/WrapDimUtils.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/core/stack.h>
+#include <ATen/native/ConvUtils.h>
 #include <ATen/native/RangeUtils.h>
 #include <ATen/native/cpu/mixed_data_type.h>
 #include <ATen/native/layer_norm.h>
+#include <ATen/ops/_convolution.h>
 #include <ATen/ops/_safe_softmax_native.h>
 #include <ATen/ops/constant_pad_nd_native.h>
 #include <ATen/ops/empty.h>
@@ -32,7 +34,9 @@
 #include <ATen/ops/result_type.h>
 #include <c10/util/irange.h>
 
+#include <string_view>
 #include <utility>
+#include <vector>
 
 #include "AccelNativeFunctions.h"
 #include "aten/dispatch_util.h"
@@ -219,6 +223,52 @@ void random_inplace_meta(torch::jit::Stack* stack) {
               "self may overlap itself: the CPU kernel judges the call");
   stack->clear();
   torch::jit::push(*stack, std::move(self));
+}
+
+// convolution_overrideable (what ATen calls on accel), whose CPU kernel is convolution: a CNN at
+// a new resolution, a detector's images of varying sizes. The CPU's convolution makes its
+// checks of the arguments' shapes (channels, groups, bias, dimensions, a kernel larger than the
+// padded input, stride, padding) in _convolution, before it picks a backend: on meta tensors it
+// picks the overrideable one, which has no meta kernel, so reaching it means the checks passed.
+// What a backend checks later reads values in a family's key (output_padding against stride)
+// or the dtypes, which the family's first call, waited for, raised at the call. accel's results
+// are contiguous (the yaml's contiguous_results); their sizes are the convolution's formula.
+void convolution_overrideable_meta(torch::jit::Stack* stack) {
+  constexpr size_t n = 9;
+  const at::Tensor input = torch::jit::peek(*stack, 0, n).toTensor();
+  const at::Tensor weight = torch::jit::peek(*stack, 1, n).toTensor();
+  const std::optional<at::Tensor> bias = optional_tensor(torch::jit::peek(*stack, 2, n));
+  const c10::DimVector stride = torch::jit::peek(*stack, 3, n).toDimVector();
+  const c10::DimVector padding = torch::jit::peek(*stack, 4, n).toDimVector();
+  const c10::DimVector dilation = torch::jit::peek(*stack, 5, n).toDimVector();
+  const bool transposed = torch::jit::peek(*stack, 6, n).toBool();
+  const c10::DimVector output_padding = torch::jit::peek(*stack, 7, n).toDimVector();
+  const int64_t groups = torch::jit::peek(*stack, 8, n).toInt();
+  try {
+    at::_convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding,
+                     groups, /*benchmark=*/false, /*deterministic=*/false,
+                     /*cudnn_enabled=*/true, /*allow_tf32=*/true);
+  } catch (const c10::NotImplementedError& e) {
+    // Any other error, or this one for another reason, goes to the CPU kernel on the caller.
+    if (std::string_view(e.what_without_backtrace()).rfind("convolution_overrideable", 0) != 0) {
+      throw;
+    }
+  }
+  const size_t dims = static_cast<size_t>(input.dim());
+  TORCH_CHECK(weight.dim() == input.dim() && stride.size() == dims - 2 &&
+                  padding.size() == dims - 2 && dilation.size() == dims - 2 &&
+                  (!transposed || output_padding.size() == dims - 2),
+              "convolution: argument lengths the meta function does not describe");
+  const std::vector<int64_t> sizes =
+      transposed
+          ? at::native::conv_input_size(input.sizes(), weight.sizes(), padding, output_padding,
+                                        stride, dilation, groups)
+          : at::native::conv_output_size(input.sizes(), weight.sizes(), padding, stride, dilation);
+  for (size_t d = 2; d < dims; ++d) {
+    TORCH_CHECK(sizes[d] > 0, "convolution: an output size the CPU kernel judges");
+  }
+  torch::jit::drop(*stack, n);
+  torch::jit::push(*stack, at::empty(sizes, input.options()));
 }
 
 // The CPU kernels of these are composite: their own code on meta tensors.
