@@ -159,6 +159,19 @@ def test_index_select_embedding_and_dropout_backward_pad_safe_softmax_like_the_c
         check_like_cpu(A._safe_softmax, self, dim, dtype)
 
 
+def test_relu_like_the_cpu() -> None:
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(4, 5, generator=g)
+    for t in (
+        x, x.t(), x[:, ::2], x[:0], torch.tensor(-1.5), torch.arange(-3, 3, dtype=torch.int8),
+        torch.randn(2, 3, 4, 5, generator=g).to(memory_format=torch.channels_last),
+        x.to(torch.bfloat16),
+    ):  # fmt: skip
+        check_like_cpu(A.relu, t)
+    A.relu(on("accel", x))  # the family ran
+    raises_like_cpu(A.relu, torch.ones(3, 7, dtype=torch.bool))
+
+
 def test_masked_fill_in_place_like_the_cpu() -> None:
     g = torch.Generator().manual_seed(3)
     x = torch.randn(4, 5, generator=g)
@@ -293,6 +306,7 @@ FAMILIES: dict[str, tuple[Callable[..., torch.Tensor], Callable[[int], list[torc
         lambda n: [torch.randn(2, n, n), torch.ones(n, n, dtype=torch.bool).triu(1)],
     ),
     "constant_pad_nd": (_pad, lambda n: [torch.ones(2, n, dtype=torch.long)]),
+    "relu": (torch.relu, lambda n: [torch.randn(2, n, 3).transpose(0, 1)]),
     "_safe_softmax": (_safe_softmax, lambda n: [torch.randn(2, 4, n, n)]),
 }
 

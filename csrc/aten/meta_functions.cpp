@@ -2,7 +2,7 @@
 // function, among those a training step or a decoding step calls at every new sequence length:
 // layer norm and its backward, where, masked_fill (and in place), index_select (embedding),
 // embedding's backward, dropout's backward, constant padding, the softmax of SDPA's math path,
-// bernoulli_ and exponential_, convolution.
+// bernoulli_ and exponential_, convolution, relu.
 //
 // Each computes the results on meta tensors exactly as the CPU kernel lays them out, after the
 // argument checks that kernel makes before it reads any data, with its error messages. The
@@ -10,8 +10,8 @@
 // of a family that ran without an error do not wait for the stream (csrc/aten/underlying.cpp).
 // PyTorch's own meta functions (Python, most of them) may lay results out otherwise than the CPU
 // kernel and skip some of its checks, which is why they do not serve here. Where the CPU kernel
-// is composite (constant_pad_nd, native_dropout_backward, _safe_softmax), the meta function is
-// that kernel's own code run on meta tensors: its inner operators have C++ meta functions of
+// is composite (constant_pad_nd, native_dropout_backward, _safe_softmax, relu), the meta function
+// is that kernel's own code run on meta tensors: its inner operators have C++ meta functions of
 // their own. test/test_meta_functions.py compares every one with the CPU kernel's results and
 // errors.
 #include <ATen/Dispatch.h>
@@ -31,6 +31,7 @@
 #include <ATen/ops/constant_pad_nd_native.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/native_dropout_backward_native.h>
+#include <ATen/ops/relu_native.h>
 #include <ATen/ops/result_type.h>
 #include <c10/util/irange.h>
 
@@ -286,6 +287,14 @@ void constant_pad_nd_meta(torch::jit::Stack* stack) {
   at::Tensor out = at::native::constant_pad_nd(torch::jit::peek(*stack, 0, n).toTensor(),
                                                torch::jit::peek(*stack, 1, n).toDimVector(),
                                                torch::jit::peek(*stack, 2, n).toScalar());
+  torch::jit::drop(*stack, n);
+  torch::jit::push(*stack, std::move(out));
+}
+
+// relu: clamp_min(self, 0) after a check of the dtype (not structured itself).
+void relu_meta(torch::jit::Stack* stack) {
+  constexpr size_t n = 1;
+  at::Tensor out = at::native::relu(torch::jit::peek(*stack, 0, n).toTensor());
   torch::jit::drop(*stack, n);
   torch::jit::push(*stack, std::move(out));
 }
