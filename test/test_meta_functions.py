@@ -584,3 +584,81 @@ def test_convolution_shape_errors_raise_at_the_call_after_the_family_ran() -> No
         assert str(cpu.value).split("\n")[0] in str(accel.value)
     torch.accel.synchronize()
     assert (torch.ones(3, device="accel") + 1).sum().item() == 6
+
+
+def _batch_norm_cases() -> list[tuple[list[Any], bool]]:
+    g = torch.Generator().manual_seed(5)
+    r = lambda *s: torch.randn(*s, generator=g)  # noqa: E731
+    w, b, rm, rv = r(4), r(4), r(4), r(4).abs() + 0.5
+    return [  # (input, weight, bias, running_mean, running_var), training
+        ([r(2, 4, 5, 6), w, b, rm.clone(), rv.clone()], True),
+        ([r(2, 4, 5, 6).to(memory_format=torch.channels_last), w, b, rm.clone(), rv.clone()], True),
+        ([r(2, 4, 3, 5, 6).to(memory_format=torch.channels_last_3d), w, b, None, None], True),
+        ([r(6, 4), None, None, rm.clone(), rv.clone()], True),
+        ([r(2, 4, 7), w, b, None, None], True),
+        ([r(4, 2, 5).transpose(0, 1), w, b, rm.clone(), rv.clone()], True),  # not dense
+        ([r(2, 4, 5), r(8)[::2], b, rm.clone(), rv.clone()], True),  # strided weight
+        ([r(2, 4, 5, 6), w, b, rm.clone(), rv.clone()], False),
+        (
+            [r(2, 4, 5, 6).to(memory_format=torch.channels_last), w, b, rm.clone(), rv.clone()],
+            False,
+        ),
+    ]
+
+
+def test_batch_norm_and_its_backward_like_the_cpu() -> None:
+    # Layouts and values as the CPU's; in eval mode accel returns the statistics CUDA's kernel
+    # does (norm.cpp), so there only the output is compared.
+    for args, training in _batch_norm_cases():
+        expected = A.native_batch_norm(
+            *[a if a is None else a.clone() for a in args], training, 0.1, 1e-5
+        )
+        got = A.native_batch_norm(*on("accel", args), training, 0.1, 1e-5)
+        for k, (g_, e) in enumerate(zip(got, expected, strict=True)):
+            if k > 0 and not training:
+                continue
+            assert (g_.shape, g_.stride(), g_.dtype) == (e.shape, e.stride(), e.dtype), (
+                k,
+                args[0].stride(),
+            )
+            torch.testing.assert_close(g_.cpu(), e, rtol=1e-5, atol=1e-5)
+        x = args[0]
+        for grad_out in (
+            torch.randn_like(x),
+            torch.randn(x.shape).transpose(0, 1).contiguous().transpose(0, 1),
+        ):
+            for mask in ([True, True, True], [True, False, False], [False, True, True]):
+                stats = list(expected[1:]) if training else [None, None]
+                cpu_args = [grad_out, x, args[1], args[3], args[4], *stats, training, 1e-5, mask]
+                e_grads = A.native_batch_norm_backward(*cpu_args)
+                g_grads = A.native_batch_norm_backward(*on("accel", cpu_args))
+                for g_, e in zip(g_grads, e_grads, strict=True):
+                    if e is None:
+                        assert g_ is None
+                        continue
+                    assert (g_.shape, g_.stride(), g_.dtype) == (e.shape, e.stride(), e.dtype)
+                    torch.testing.assert_close(g_.cpu(), e, rtol=1e-4, atol=1e-4)
+
+
+def test_batch_norm_at_new_shapes_does_not_wait() -> None:
+    bn = torch.nn.BatchNorm2d(4).to("accel")
+    x = torch.randn(2, 4, 9, 9, device="accel", requires_grad=True)
+    bn(x).sum().backward()  # the families ran
+    sizes = iter(range(10, 40))
+    inputs: list[torch.Tensor] = []
+
+    def prepare() -> None:
+        inputs.append(torch.randn(2, 4, next(sizes), 7, device="accel", requires_grad=True))
+
+    def enqueue() -> None:
+        bn(inputs[-1]).square().sum().backward()
+
+    pending, _ = pending_behind_a_sleep(
+        enqueue, lambda: torch.accel.current_stream().query(), prepare=prepare
+    )
+    if not LAUNCH_BLOCKING:
+        assert pending
+    reference = torch.nn.BatchNorm2d(4)
+    x = inputs[-1].detach().cpu().requires_grad_()
+    reference(x).square().sum().backward()
+    torch.testing.assert_close(inputs[-1].grad.cpu(), x.grad, rtol=1e-4, atol=1e-4)

@@ -2,7 +2,7 @@
 // function, among those a training step or a decoding step calls at every new sequence length:
 // layer norm and its backward, where, masked_fill (and in place), index_select (embedding),
 // embedding's backward, dropout's backward, constant padding, the softmax of SDPA's math path,
-// bernoulli_ and exponential_, convolution, relu.
+// bernoulli_ and exponential_, convolution, batch norm and its backward, relu.
 //
 // Each computes the results on meta tensors exactly as the CPU kernel lays them out, after the
 // argument checks that kernel makes before it reads any data, with its error messages. The
@@ -30,11 +30,13 @@
 #include <ATen/ops/_safe_softmax_native.h>
 #include <ATen/ops/constant_pad_nd_native.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
 #include <ATen/ops/native_dropout_backward_native.h>
 #include <ATen/ops/relu_native.h>
 #include <ATen/ops/result_type.h>
 #include <c10/util/irange.h>
 
+#include <array>
 #include <string_view>
 #include <utility>
 #include <vector>
@@ -289,6 +291,82 @@ void constant_pad_nd_meta(torch::jit::Stack* stack) {
                                                torch::jit::peek(*stack, 2, n).toScalar());
   torch::jit::drop(*stack, n);
   torch::jit::push(*stack, std::move(out));
+}
+
+// Batch norm (native_batch_norm and its backward), the CPU kernels' layouts: a CNN at a new
+// resolution. Their shape checks are the composite batch_norm's, made on the caller before; the
+// kernels check the dtypes (a family's key holds them) and that half-precision inputs come with
+// float parameters or none of another dtype (check_mixed_data_type, made here).
+namespace {
+
+// Contiguous in some memory format, and which (the CPU kernels' rule).
+bool dense_in_a_format(const at::Tensor& t) {
+  return t.is_contiguous() || t.is_contiguous(at::MemoryFormat::ChannelsLast) ||
+         t.is_contiguous(at::MemoryFormat::ChannelsLast3d);
+}
+at::MemoryFormat format_of_dense(const at::Tensor& t) {
+  if (t.is_contiguous()) return at::MemoryFormat::Contiguous;
+  return t.is_contiguous(at::MemoryFormat::ChannelsLast3d) ? at::MemoryFormat::ChannelsLast3d
+                                                           : at::MemoryFormat::ChannelsLast;
+}
+bool contiguous_or_none(const at::Tensor& t) {
+  return !t.defined() || t.is_contiguous();
+}
+
+}  // namespace
+
+void native_batch_norm_meta(torch::jit::Stack* stack) {
+  constexpr size_t n = 8;
+  auto tensor = [&](size_t i) {
+    return optional_tensor(torch::jit::peek(*stack, i, n));
+  };
+  const at::Tensor input = tensor(0);
+  const at::Tensor weight = tensor(1), bias = tensor(2);
+  const at::Tensor running_mean = tensor(3), running_var = tensor(4);
+  const bool train = torch::jit::peek(*stack, 5, n).toBool();
+  const int64_t channels = input.size(1);
+  const bool mixed = at::native::is_mixed_type(input, weight, bias, running_mean, running_var);
+  if (mixed) at::native::check_mixed_data_type(input, weight, bias, running_mean, running_var);
+  const bool all_contiguous = dense_in_a_format(input) && contiguous_or_none(weight) &&
+                              contiguous_or_none(bias) && contiguous_or_none(running_mean) &&
+                              contiguous_or_none(running_var);
+  at::Tensor out = at::empty_like(
+      input, all_contiguous ? format_of_dense(input) : input.suggest_memory_format());
+  const auto stats = input.options().dtype(mixed ? at::kFloat : input.scalar_type());
+  at::Tensor save_mean = at::empty({train ? channels : 0}, stats);
+  at::Tensor save_invstd = at::empty({train ? channels : 0}, stats);
+  torch::jit::drop(*stack, n);
+  torch::jit::push(*stack, std::move(out), std::move(save_mean), std::move(save_invstd));
+}
+
+void native_batch_norm_backward_meta(torch::jit::Stack* stack) {
+  constexpr size_t n = 10;
+  auto tensor = [&](size_t i) {
+    return optional_tensor(torch::jit::peek(*stack, i, n));
+  };
+  const at::Tensor grad_out = tensor(0), input = tensor(1), weight = tensor(2);
+  const at::Tensor running_mean = tensor(3), running_var = tensor(4);
+  const at::Tensor save_mean = tensor(5), save_invstd = tensor(6);
+  const auto mask = torch::jit::peek(*stack, 9, n).to<std::array<bool, 3>>();
+  const int64_t channels = input.size(1);
+  const bool mixed =
+      at::native::is_mixed_type(input, weight, running_mean, running_var, save_mean, save_invstd);
+  if (mixed) {
+    at::native::check_mixed_data_type(input, weight, running_mean, running_var, save_mean,
+                                      save_invstd);
+  }
+  const bool all_contiguous = dense_in_a_format(input) && dense_in_a_format(grad_out) &&
+                              input.suggest_memory_format() == grad_out.suggest_memory_format();
+  const auto params = input.options().dtype(mixed ? at::kFloat : input.scalar_type());
+  at::Tensor grad_input, grad_weight, grad_bias;
+  if (mask[0]) {
+    grad_input = at::empty_like(
+        input, all_contiguous ? format_of_dense(input) : input.suggest_memory_format());
+  }
+  if (mask[1]) grad_weight = at::empty({channels}, params);
+  if (mask[2]) grad_bias = at::empty({channels}, params);
+  torch::jit::drop(*stack, n);
+  torch::jit::push(*stack, std::move(grad_input), std::move(grad_weight), std::move(grad_bias));
 }
 
 // relu: clamp_min(self, 0) after a check of the dtype (not structured itself).
