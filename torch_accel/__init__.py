@@ -9,6 +9,7 @@ through a visible CPU fallback (``torch.accel.fallback_stats()``).
 
 from __future__ import annotations
 
+import atexit
 import os
 
 import torch
@@ -37,6 +38,22 @@ AccelError = _C.AccelError
 CaptureError = _C.CaptureError
 
 
+def _finish_queued_work() -> None:
+    """At interpreter exit: lets the work still queued on accel streams run to its end while the
+    libraries its kernels call are alive. The C++ static objects of those libraries (oneDNN's
+    primitive cache, created at the first convolution, after the runtime started) are destroyed
+    before the runtime's streams, whose workers ran a queued convolution through freed code: a
+    script that ended after a training step without synchronizing crashed with SIGSEGV. Errors of
+    that work, which no call will synchronize on any more, are dropped (as a GPU's are)."""
+    if not _C.is_initialized() or _C.in_bad_fork():
+        return
+    for device in range(_C.device_count()):
+        try:
+            _C.synchronize(device)
+        except Exception:  # noqa: BLE001, S110
+            pass
+
+
 def _register() -> None:
     """Registers the accel device with PyTorch once per process (idempotent)."""
     if getattr(torch, "accel", None) is not None:
@@ -54,6 +71,7 @@ def _register() -> None:
 
     from torch_accel import accel
 
+    atexit.register(_finish_queued_work)
     torch._register_device_module("accel", accel)
     accel.ipc.register_reductions()  # torch.multiprocessing shares accel memory
     torch.utils.generate_methods_for_privateuse1_backend(
