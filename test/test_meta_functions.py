@@ -170,6 +170,13 @@ def test_relu_like_the_cpu() -> None:
         check_like_cpu(A.relu, t)
     A.relu(on("accel", x))  # the family ran
     raises_like_cpu(A.relu, torch.ones(3, 7, dtype=torch.bool))
+    for t in (x, x.t(), x[:, ::2], torch.arange(-3, 3, dtype=torch.int8)):  # in place
+        expected = torch.empty_strided(t.size(), t.stride(), dtype=t.dtype).copy_(t)
+        got = torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device="accel").copy_(t)
+        assert A.relu_(got) is got
+        A.relu_(expected)
+        assert got.stride() == expected.stride() and torch.equal(got.cpu(), expected)
+    raises_like_cpu(A.relu_, torch.ones(3, 7, dtype=torch.bool))
 
 
 def test_masked_fill_in_place_like_the_cpu() -> None:
@@ -307,6 +314,7 @@ FAMILIES: dict[str, tuple[Callable[..., torch.Tensor], Callable[[int], list[torc
     ),
     "constant_pad_nd": (_pad, lambda n: [torch.ones(2, n, dtype=torch.long)]),
     "relu": (torch.relu, lambda n: [torch.randn(2, n, 3).transpose(0, 1)]),
+    "relu_": (lambda x: torch.relu_(x * 1), lambda n: [torch.randn(2, n)]),
     "_safe_softmax": (_safe_softmax, lambda n: [torch.randn(2, 4, n, n)]),
 }
 
@@ -539,22 +547,34 @@ def _conv_cases(
     ]
 
 
-def test_convolutions_like_the_cpu_and_new_shapes_do_not_wait() -> None:
+def _conv_step(
+    op: Callable[..., torch.Tensor], args: list[torch.Tensor], kwargs: dict[str, Any]
+) -> list[torch.Tensor]:
+    """The convolution's result and its gradients (convolution_backward)."""
+    leaves = [a.detach().requires_grad_() for a in args]
+    out = op(*leaves, **kwargs)
+    out.square().sum().backward()
+    return [out.detach(), *[a.grad for a in leaves]]
+
+
+def test_convolutions_and_backward_like_the_cpu_and_new_shapes_do_not_wait() -> None:
     for n in (9, 10):  # the families' first calls, then new shapes of them
         for op, args, kwargs in _conv_cases(n):
-            got = op(*on("accel", args), **kwargs)
-            expected = op(*args, **kwargs)
-            assert got.shape == expected.shape and got.is_contiguous()
-            torch.testing.assert_close(got.cpu(), expected, rtol=1e-5, atol=1e-5)
+            got = _conv_step(op, on("accel", args), kwargs)
+            expected = _conv_step(op, args, kwargs)
+            assert got[0].is_contiguous()  # accel's convolutions: contiguous results
+            for g_, e in zip(got, expected, strict=True):
+                assert g_.shape == e.shape
+                torch.testing.assert_close(g_.cpu(), e, rtol=1e-4, atol=1e-4)
     sizes = iter(range(11, 40))
     calls: list[list[tuple[Any, list[torch.Tensor], dict[str, Any]]]] = []
-    results: list[torch.Tensor] = []
+    results: list[list[torch.Tensor]] = []
 
     def prepare() -> None:
         calls.append([(op, on("accel", a), kw) for op, a, kw in _conv_cases(next(sizes))])
 
     def enqueue() -> None:
-        results[:] = [op(*a, **kw) for op, a, kw in calls[-1]]
+        results[:] = [_conv_step(op, a, kw) for op, a, kw in calls[-1]]
 
     pending, _ = pending_behind_a_sleep(
         enqueue, lambda: torch.accel.current_stream().query(), prepare=prepare
@@ -562,8 +582,29 @@ def test_convolutions_like_the_cpu_and_new_shapes_do_not_wait() -> None:
     if not LAUNCH_BLOCKING:
         assert pending
     for (op, args, kwargs), got in zip(calls[-1], results, strict=True):
-        expected = op(*[a.cpu() for a in args], **kwargs)
-        torch.testing.assert_close(got.cpu(), expected, rtol=1e-5, atol=1e-5)
+        expected = _conv_step(op, [a.cpu() for a in args], kwargs)
+        for g_, e in zip(got, expected, strict=True):
+            torch.testing.assert_close(g_.cpu(), e, rtol=1e-4, atol=1e-4)
+
+
+def test_convolution_backward_of_another_grad_output_runs_as_the_cpus() -> None:
+    x, w = torch.randn(1, 2, 8, 8), torch.randn(3, 2, 3, 3)
+    args = [[1, 1], [0, 0], [1, 1], False, [0, 0], 1, [True, True, True]]
+    A.convolution_backward(*on("accel", [torch.randn(1, 3, 6, 6), x, w]), [3], *args)
+    for grad_output in (torch.randn(1, 3, 5, 6), torch.randn(1, 3, 6), torch.randn(1, 4, 6, 6)):
+        try:
+            expected: Any = A.convolution_backward(grad_output, x, w, [3], *args)
+        except Exception as e:  # noqa: BLE001
+            expected = e
+        if isinstance(expected, Exception):
+            with pytest.raises(type(expected)) as accel:
+                A.convolution_backward(*on("accel", [grad_output, x, w]), [3], *args)
+            assert str(expected).split("\n")[0] in str(accel.value)
+        else:
+            got = A.convolution_backward(*on("accel", [grad_output, x, w]), [3], *args)
+            for g_, e in zip(got, expected, strict=True):
+                torch.testing.assert_close(g_.cpu(), e, rtol=1e-4, atol=1e-4)
+    torch.accel.synchronize()
 
 
 def test_convolution_shape_errors_raise_at_the_call_after_the_family_ran() -> None:

@@ -228,6 +228,51 @@ void random_inplace_meta(torch::jit::Stack* stack) {
   torch::jit::push(*stack, std::move(self));
 }
 
+namespace {
+
+// The checks the CPU's convolution makes of its arguments' shapes (its backward's are the same:
+// check_shape_backward is check_shape_forward without a bias): _convolution on meta tensors,
+// which reaches the overrideable backend only once they passed.
+void check_convolution_shapes(const at::Tensor& input, const at::Tensor& weight,
+                              const std::optional<at::Tensor>& bias, c10::IntArrayRef stride,
+                              c10::IntArrayRef padding, c10::IntArrayRef dilation, bool transposed,
+                              c10::IntArrayRef output_padding, int64_t groups) {
+  try {
+    at::_convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding,
+                     groups, /*benchmark=*/false, /*deterministic=*/false,
+                     /*cudnn_enabled=*/true, /*allow_tf32=*/true);
+  } catch (const c10::NotImplementedError& e) {
+    // Any other error, or this one for another reason, goes to the CPU kernel on the caller.
+    if (std::string_view(e.what_without_backtrace()).rfind("convolution_overrideable", 0) != 0) {
+      throw;
+    }
+  }
+}
+
+// The sizes of a convolution's result, or an error where the meta function does not describe
+// the call (the CPU kernel then judges it on the caller).
+std::vector<int64_t> convolution_sizes(const at::Tensor& input, const at::Tensor& weight,
+                                       c10::IntArrayRef stride, c10::IntArrayRef padding,
+                                       c10::IntArrayRef dilation, bool transposed,
+                                       c10::IntArrayRef output_padding, int64_t groups) {
+  const size_t dims = static_cast<size_t>(input.dim());
+  TORCH_CHECK(weight.dim() == input.dim() && stride.size() == dims - 2 &&
+                  padding.size() == dims - 2 && dilation.size() == dims - 2 &&
+                  (!transposed || output_padding.size() == dims - 2),
+              "convolution: argument lengths the meta function does not describe");
+  std::vector<int64_t> sizes =
+      transposed
+          ? at::native::conv_input_size(input.sizes(), weight.sizes(), padding, output_padding,
+                                        stride, dilation, groups)
+          : at::native::conv_output_size(input.sizes(), weight.sizes(), padding, stride, dilation);
+  for (size_t d = 2; d < dims; ++d) {
+    TORCH_CHECK(sizes[d] > 0, "convolution: an output size the CPU kernel judges");
+  }
+  return sizes;
+}
+
+}  // namespace
+
 // convolution_overrideable (what ATen calls on accel), whose CPU kernel is convolution: a CNN at
 // a new resolution, a detector's images of varying sizes. The CPU's convolution makes its
 // checks of the arguments' shapes (channels, groups, bias, dimensions, a kernel larger than the
@@ -247,31 +292,49 @@ void convolution_overrideable_meta(torch::jit::Stack* stack) {
   const bool transposed = torch::jit::peek(*stack, 6, n).toBool();
   const c10::DimVector output_padding = torch::jit::peek(*stack, 7, n).toDimVector();
   const int64_t groups = torch::jit::peek(*stack, 8, n).toInt();
-  try {
-    at::_convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding,
-                     groups, /*benchmark=*/false, /*deterministic=*/false,
-                     /*cudnn_enabled=*/true, /*allow_tf32=*/true);
-  } catch (const c10::NotImplementedError& e) {
-    // Any other error, or this one for another reason, goes to the CPU kernel on the caller.
-    if (std::string_view(e.what_without_backtrace()).rfind("convolution_overrideable", 0) != 0) {
-      throw;
-    }
-  }
-  const size_t dims = static_cast<size_t>(input.dim());
-  TORCH_CHECK(weight.dim() == input.dim() && stride.size() == dims - 2 &&
-                  padding.size() == dims - 2 && dilation.size() == dims - 2 &&
-                  (!transposed || output_padding.size() == dims - 2),
-              "convolution: argument lengths the meta function does not describe");
-  const std::vector<int64_t> sizes =
-      transposed
-          ? at::native::conv_input_size(input.sizes(), weight.sizes(), padding, output_padding,
-                                        stride, dilation, groups)
-          : at::native::conv_output_size(input.sizes(), weight.sizes(), padding, stride, dilation);
-  for (size_t d = 2; d < dims; ++d) {
-    TORCH_CHECK(sizes[d] > 0, "convolution: an output size the CPU kernel judges");
-  }
+  check_convolution_shapes(input, weight, bias, stride, padding, dilation, transposed,
+                           output_padding, groups);
+  const std::vector<int64_t> sizes = convolution_sizes(input, weight, stride, padding, dilation,
+                                                       transposed, output_padding, groups);
   torch::jit::drop(*stack, n);
   torch::jit::push(*stack, at::empty(sizes, input.options()));
+}
+
+// convolution_backward (contiguous results, as its forward's): the gradients of the input, the
+// weight and the bias, as output_mask asks. A grad_output of other sizes than the forward's
+// result goes to the CPU kernel on the caller.
+void convolution_backward_meta(torch::jit::Stack* stack) {
+  constexpr size_t n = 11;
+  const at::Tensor grad_output = torch::jit::peek(*stack, 0, n).toTensor();
+  const at::Tensor input = torch::jit::peek(*stack, 1, n).toTensor();
+  const at::Tensor weight = torch::jit::peek(*stack, 2, n).toTensor();
+  const c10::IValue& bias_sizes_arg = torch::jit::peek(*stack, 3, n);
+  const std::optional<c10::DimVector> bias_sizes =
+      bias_sizes_arg.isNone() ? std::nullopt
+                              : std::optional<c10::DimVector>(bias_sizes_arg.toDimVector());
+  const c10::DimVector stride = torch::jit::peek(*stack, 4, n).toDimVector();
+  const c10::DimVector padding = torch::jit::peek(*stack, 5, n).toDimVector();
+  const c10::DimVector dilation = torch::jit::peek(*stack, 6, n).toDimVector();
+  const bool transposed = torch::jit::peek(*stack, 7, n).toBool();
+  const c10::DimVector output_padding = torch::jit::peek(*stack, 8, n).toDimVector();
+  const int64_t groups = torch::jit::peek(*stack, 9, n).toInt();
+  const auto mask = torch::jit::peek(*stack, 10, n).to<std::array<bool, 3>>();
+  check_convolution_shapes(input, weight, std::nullopt, stride, padding, dilation, transposed,
+                           output_padding, groups);
+  const std::vector<int64_t> out = convolution_sizes(input, weight, stride, padding, dilation,
+                                                     transposed, output_padding, groups);
+  TORCH_CHECK(grad_output.sizes() == c10::IntArrayRef(out),
+              "convolution_backward: a grad_output the CPU kernel judges");
+  at::Tensor grad_input, grad_weight, grad_bias;
+  if (mask[0]) grad_input = at::empty(input.sizes(), input.options());
+  if (mask[1]) grad_weight = at::empty(weight.sizes(), weight.options());
+  if (mask[2]) {
+    grad_bias = at::empty(
+        bias_sizes ? c10::IntArrayRef(*bias_sizes) : c10::IntArrayRef(grad_output.size(1)),
+        grad_output.options());
+  }
+  torch::jit::drop(*stack, n);
+  torch::jit::push(*stack, std::move(grad_input), std::move(grad_weight), std::move(grad_bias));
 }
 
 // The CPU kernels of these are composite: their own code on meta tensors.
@@ -317,9 +380,7 @@ bool contiguous_or_none(const at::Tensor& t) {
 
 void native_batch_norm_meta(torch::jit::Stack* stack) {
   constexpr size_t n = 8;
-  auto tensor = [&](size_t i) {
-    return optional_tensor(torch::jit::peek(*stack, i, n));
-  };
+  auto tensor = [&](size_t i) { return optional_tensor(torch::jit::peek(*stack, i, n)); };
   const at::Tensor input = tensor(0);
   const at::Tensor weight = tensor(1), bias = tensor(2);
   const at::Tensor running_mean = tensor(3), running_var = tensor(4);
@@ -341,9 +402,7 @@ void native_batch_norm_meta(torch::jit::Stack* stack) {
 
 void native_batch_norm_backward_meta(torch::jit::Stack* stack) {
   constexpr size_t n = 10;
-  auto tensor = [&](size_t i) {
-    return optional_tensor(torch::jit::peek(*stack, i, n));
-  };
+  auto tensor = [&](size_t i) { return optional_tensor(torch::jit::peek(*stack, i, n)); };
   const at::Tensor grad_out = tensor(0), input = tensor(1), weight = tensor(2);
   const at::Tensor running_mean = tensor(3), running_var = tensor(4);
   const at::Tensor save_mean = tensor(5), save_invstd = tensor(6);
@@ -375,6 +434,14 @@ void relu_meta(torch::jit::Stack* stack) {
   at::Tensor out = at::native::relu(torch::jit::peek(*stack, 0, n).toTensor());
   torch::jit::drop(*stack, n);
   torch::jit::push(*stack, std::move(out));
+}
+
+void relu_inplace_meta(torch::jit::Stack* stack) {
+  constexpr size_t n = 1;
+  at::Tensor self = torch::jit::peek(*stack, 0, n).toTensor();
+  at::native::relu_(self);
+  torch::jit::drop(*stack, n);
+  torch::jit::push(*stack, std::move(self));
 }
 
 void safe_softmax_meta(torch::jit::Stack* stack) {
