@@ -7,7 +7,8 @@ least 0.9, since accel's host driver runs the CPU's kernels on its own memory an
 little over them):
 
 * torchvision ResNet-18 and timm ConvNeXt-Atto and ViT-Tiny (batch 8, 64x64 images; ViT at
-  img_size=64), in training mode (BatchNorm statistics updated);
+  img_size=64), in training mode (BatchNorm statistics updated); ResNet-18 also with images of
+  a size new at every step (every convolution's call is the first of its shapes);
 * transformers GPT-2 and BERT at small sizes (2 layers, width 256, batch 8, 128 tokens; built
   from configs, never downloaded), with their own language-model loss; GPT-2 also with a
   sequence length new at every step (dynamic padding: every call is the first of its shapes);
@@ -72,6 +73,32 @@ def vision(build: Callable[[], nn.Module]) -> Make:
         x = torch.randn(*IMAGES)
         y = torch.randint(0, 10, (IMAGES[0],))
         return training_step(model, {"x": x}, nn.functional.cross_entropy, y, device)
+
+    return make
+
+
+def vision_new_sizes(build: Callable[[], nn.Module]) -> Make:
+    """A training step on images of a size no earlier step used (64, 63, ... 41, then 64 again:
+    a detector's or a segmenter's inputs of varying sizes), so that every convolution's and
+    batch norm's first call of a signature is in the timing."""
+
+    def make(device: str) -> Callable[[], None]:
+        torch.manual_seed(0)
+        model = build().to(device).train()
+        opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+        x = torch.randn(*IMAGES).to(device)
+        y = torch.randint(0, 10, (IMAGES[0],)).to(device)
+        size = [IMAGES[-1]]
+
+        def step() -> None:
+            size[0] = size[0] - 1 if size[0] > 41 else IMAGES[-1]
+            batch = x[:, :, : size[0], : size[0]].contiguous()
+            loss = nn.functional.cross_entropy(model(batch), y)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+
+        return step
 
     return make
 
@@ -185,6 +212,7 @@ def timm_model(name: str, **kwargs: Any) -> Callable[[], nn.Module]:
 CASES: dict[str, Make] = {
     "resnet18_train": vision(resnet18),
     "resnet18_infer": inference(resnet18),
+    "resnet18_train_new_sizes": vision_new_sizes(resnet18),
     "convnext_atto_train": vision(timm_model("convnext_atto")),
     "vit_tiny_train": vision(timm_model("vit_tiny_patch16_224", img_size=64)),
     "vit_tiny_infer": inference(timm_model("vit_tiny_patch16_224", img_size=64)),
