@@ -230,16 +230,31 @@ void random_inplace_meta(torch::jit::Stack* stack) {
 
 namespace {
 
+// A convolution's parameters after its tensors: stride, padding, dilation, transposed,
+// output_padding, groups (six consecutive arguments of convolution_overrideable's and
+// convolution_backward's schemas, from `first`).
+struct ConvParams {
+  c10::DimVector stride, padding, dilation, output_padding;
+  bool transposed = false;
+  int64_t groups = 1;
+
+  ConvParams(const torch::jit::Stack& stack, size_t first, size_t n)
+      : stride(torch::jit::peek(stack, first, n).toDimVector()),
+        padding(torch::jit::peek(stack, first + 1, n).toDimVector()),
+        dilation(torch::jit::peek(stack, first + 2, n).toDimVector()),
+        output_padding(torch::jit::peek(stack, first + 4, n).toDimVector()),
+        transposed(torch::jit::peek(stack, first + 3, n).toBool()),
+        groups(torch::jit::peek(stack, first + 5, n).toInt()) {}
+};
+
 // The checks the CPU's convolution makes of its arguments' shapes (its backward's are the same:
 // check_shape_backward is check_shape_forward without a bias): _convolution on meta tensors,
 // which reaches the overrideable backend only once they passed.
 void check_convolution_shapes(const at::Tensor& input, const at::Tensor& weight,
-                              const std::optional<at::Tensor>& bias, c10::IntArrayRef stride,
-                              c10::IntArrayRef padding, c10::IntArrayRef dilation, bool transposed,
-                              c10::IntArrayRef output_padding, int64_t groups) {
+                              const std::optional<at::Tensor>& bias, const ConvParams& p) {
   try {
-    at::_convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding,
-                     groups, /*benchmark=*/false, /*deterministic=*/false,
+    at::_convolution(input, weight, bias, p.stride, p.padding, p.dilation, p.transposed,
+                     p.output_padding, p.groups, /*benchmark=*/false, /*deterministic=*/false,
                      /*cudnn_enabled=*/true, /*allow_tf32=*/true);
   } catch (const c10::NotImplementedError& e) {
     // Any other error, or this one for another reason, goes to the CPU kernel on the caller.
@@ -252,19 +267,17 @@ void check_convolution_shapes(const at::Tensor& input, const at::Tensor& weight,
 // The sizes of a convolution's result, or an error where the meta function does not describe
 // the call (the CPU kernel then judges it on the caller).
 std::vector<int64_t> convolution_sizes(const at::Tensor& input, const at::Tensor& weight,
-                                       c10::IntArrayRef stride, c10::IntArrayRef padding,
-                                       c10::IntArrayRef dilation, bool transposed,
-                                       c10::IntArrayRef output_padding, int64_t groups) {
+                                       const ConvParams& p) {
   const size_t dims = static_cast<size_t>(input.dim());
-  TORCH_CHECK(weight.dim() == input.dim() && stride.size() == dims - 2 &&
-                  padding.size() == dims - 2 && dilation.size() == dims - 2 &&
-                  (!transposed || output_padding.size() == dims - 2),
+  TORCH_CHECK(weight.dim() == input.dim() && p.stride.size() == dims - 2 &&
+                  p.padding.size() == dims - 2 && p.dilation.size() == dims - 2 &&
+                  (!p.transposed || p.output_padding.size() == dims - 2),
               "convolution: argument lengths the meta function does not describe");
   std::vector<int64_t> sizes =
-      transposed
-          ? at::native::conv_input_size(input.sizes(), weight.sizes(), padding, output_padding,
-                                        stride, dilation, groups)
-          : at::native::conv_output_size(input.sizes(), weight.sizes(), padding, stride, dilation);
+      p.transposed ? at::native::conv_input_size(input.sizes(), weight.sizes(), p.padding,
+                                                 p.output_padding, p.stride, p.dilation, p.groups)
+                   : at::native::conv_output_size(input.sizes(), weight.sizes(), p.padding,
+                                                  p.stride, p.dilation);
   for (size_t d = 2; d < dims; ++d) {
     TORCH_CHECK(sizes[d] > 0, "convolution: an output size the CPU kernel judges");
   }
@@ -286,16 +299,9 @@ void convolution_overrideable_meta(torch::jit::Stack* stack) {
   const at::Tensor input = torch::jit::peek(*stack, 0, n).toTensor();
   const at::Tensor weight = torch::jit::peek(*stack, 1, n).toTensor();
   const std::optional<at::Tensor> bias = optional_tensor(torch::jit::peek(*stack, 2, n));
-  const c10::DimVector stride = torch::jit::peek(*stack, 3, n).toDimVector();
-  const c10::DimVector padding = torch::jit::peek(*stack, 4, n).toDimVector();
-  const c10::DimVector dilation = torch::jit::peek(*stack, 5, n).toDimVector();
-  const bool transposed = torch::jit::peek(*stack, 6, n).toBool();
-  const c10::DimVector output_padding = torch::jit::peek(*stack, 7, n).toDimVector();
-  const int64_t groups = torch::jit::peek(*stack, 8, n).toInt();
-  check_convolution_shapes(input, weight, bias, stride, padding, dilation, transposed,
-                           output_padding, groups);
-  const std::vector<int64_t> sizes = convolution_sizes(input, weight, stride, padding, dilation,
-                                                       transposed, output_padding, groups);
+  const ConvParams params(*stack, 3, n);
+  check_convolution_shapes(input, weight, bias, params);
+  const std::vector<int64_t> sizes = convolution_sizes(input, weight, params);
   torch::jit::drop(*stack, n);
   torch::jit::push(*stack, at::empty(sizes, input.options()));
 }
@@ -312,17 +318,10 @@ void convolution_backward_meta(torch::jit::Stack* stack) {
   const std::optional<c10::DimVector> bias_sizes =
       bias_sizes_arg.isNone() ? std::nullopt
                               : std::optional<c10::DimVector>(bias_sizes_arg.toDimVector());
-  const c10::DimVector stride = torch::jit::peek(*stack, 4, n).toDimVector();
-  const c10::DimVector padding = torch::jit::peek(*stack, 5, n).toDimVector();
-  const c10::DimVector dilation = torch::jit::peek(*stack, 6, n).toDimVector();
-  const bool transposed = torch::jit::peek(*stack, 7, n).toBool();
-  const c10::DimVector output_padding = torch::jit::peek(*stack, 8, n).toDimVector();
-  const int64_t groups = torch::jit::peek(*stack, 9, n).toInt();
+  const ConvParams params(*stack, 4, n);
   const auto mask = torch::jit::peek(*stack, 10, n).to<std::array<bool, 3>>();
-  check_convolution_shapes(input, weight, std::nullopt, stride, padding, dilation, transposed,
-                           output_padding, groups);
-  const std::vector<int64_t> out = convolution_sizes(input, weight, stride, padding, dilation,
-                                                     transposed, output_padding, groups);
+  check_convolution_shapes(input, weight, std::nullopt, params);
+  const std::vector<int64_t> out = convolution_sizes(input, weight, params);
   TORCH_CHECK(grad_output.sizes() == c10::IntArrayRef(out),
               "convolution_backward: a grad_output the CPU kernel judges");
   at::Tensor grad_input, grad_weight, grad_bias;
