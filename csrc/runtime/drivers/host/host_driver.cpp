@@ -297,7 +297,12 @@ class HostDriver final : public Driver {
 
   void stream_synchronize(DriverStream stream) override {
     check_capture_safe("stream_synchronize");
-    as_stream(stream)->synchronize();
+    HostStream* s = as_stream(stream);
+    s->synchronize();
+    // Memory freed while this stream had work queued goes back now that the work is done
+    // (else at the next allocation): with the cache off (ACCEL_NO_MEMORY_CACHING) a kernel that
+    // reads a freed tensor after a synchronize then faults, whichever thread runs it.
+    devices_[s->device]->reclaim();
   }
 
   // Events ----------------------------------------------------------------------------
