@@ -231,8 +231,9 @@ void random_inplace_meta(torch::jit::Stack* stack) {
 namespace {
 
 // A convolution's parameters after its tensors: stride, padding, dilation, transposed,
-// output_padding, groups (six consecutive arguments of convolution_overrideable's and
-// convolution_backward's schemas, from `first`).
+// output_padding, groups (six consecutive arguments of convolution_overrideable's schema, from
+// `first`; convolution_backward's too, whose meta function is for a later session: see the
+// README).
 struct ConvParams {
   c10::DimVector stride, padding, dilation, output_padding;
   bool transposed = false;
@@ -247,8 +248,7 @@ struct ConvParams {
         groups(torch::jit::peek(stack, first + 5, n).toInt()) {}
 };
 
-// The checks the CPU's convolution makes of its arguments' shapes (its backward's are the same:
-// check_shape_backward is check_shape_forward without a bias): _convolution on meta tensors,
+// The checks the CPU's convolution makes of its arguments' shapes: _convolution on meta tensors,
 // which reaches the overrideable backend only once they passed.
 void check_convolution_shapes(const at::Tensor& input, const at::Tensor& weight,
                               const std::optional<at::Tensor>& bias, const ConvParams& p) {
@@ -304,36 +304,6 @@ void convolution_overrideable_meta(torch::jit::Stack* stack) {
   const std::vector<int64_t> sizes = convolution_sizes(input, weight, params);
   torch::jit::drop(*stack, n);
   torch::jit::push(*stack, at::empty(sizes, input.options()));
-}
-
-// convolution_backward (contiguous results, as its forward's): the gradients of the input, the
-// weight and the bias, as output_mask asks. A grad_output of other sizes than the forward's
-// result goes to the CPU kernel on the caller.
-void convolution_backward_meta(torch::jit::Stack* stack) {
-  constexpr size_t n = 11;
-  const at::Tensor grad_output = torch::jit::peek(*stack, 0, n).toTensor();
-  const at::Tensor input = torch::jit::peek(*stack, 1, n).toTensor();
-  const at::Tensor weight = torch::jit::peek(*stack, 2, n).toTensor();
-  const c10::IValue& bias_sizes_arg = torch::jit::peek(*stack, 3, n);
-  const std::optional<c10::DimVector> bias_sizes =
-      bias_sizes_arg.isNone() ? std::nullopt
-                              : std::optional<c10::DimVector>(bias_sizes_arg.toDimVector());
-  const ConvParams params(*stack, 4, n);
-  const auto mask = torch::jit::peek(*stack, 10, n).to<std::array<bool, 3>>();
-  check_convolution_shapes(input, weight, std::nullopt, params);
-  const std::vector<int64_t> out = convolution_sizes(input, weight, params);
-  TORCH_CHECK(grad_output.sizes() == c10::IntArrayRef(out),
-              "convolution_backward: a grad_output the CPU kernel judges");
-  at::Tensor grad_input, grad_weight, grad_bias;
-  if (mask[0]) grad_input = at::empty(input.sizes(), input.options());
-  if (mask[1]) grad_weight = at::empty(weight.sizes(), weight.options());
-  if (mask[2]) {
-    grad_bias = at::empty(
-        bias_sizes ? c10::IntArrayRef(*bias_sizes) : c10::IntArrayRef(grad_output.size(1)),
-        grad_output.options());
-  }
-  torch::jit::drop(*stack, n);
-  torch::jit::push(*stack, std::move(grad_input), std::move(grad_weight), std::move(grad_bias));
 }
 
 // The CPU kernels of these are composite: their own code on meta tensors.
