@@ -306,25 +306,6 @@ void convolution_overrideable_meta(torch::jit::Stack* stack) {
   torch::jit::push(*stack, at::empty(sizes, input.options()));
 }
 
-// The CPU kernels of these are composite: their own code on meta tensors.
-void native_dropout_backward_meta(torch::jit::Stack* stack) {
-  constexpr size_t n = 3;
-  at::Tensor out = at::native::native_dropout_backward(torch::jit::peek(*stack, 0, n).toTensor(),
-                                                       torch::jit::peek(*stack, 1, n).toTensor(),
-                                                       torch::jit::peek(*stack, 2, n).toDouble());
-  torch::jit::drop(*stack, n);
-  torch::jit::push(*stack, std::move(out));
-}
-
-void constant_pad_nd_meta(torch::jit::Stack* stack) {
-  constexpr size_t n = 3;
-  at::Tensor out = at::native::constant_pad_nd(torch::jit::peek(*stack, 0, n).toTensor(),
-                                               torch::jit::peek(*stack, 1, n).toDimVector(),
-                                               torch::jit::peek(*stack, 2, n).toScalar());
-  torch::jit::drop(*stack, n);
-  torch::jit::push(*stack, std::move(out));
-}
-
 // Batch norm (native_batch_norm and its backward), the CPU kernels' layouts: a CNN at a new
 // resolution. Their shape checks are the composite batch_norm's, made on the caller before; the
 // kernels check the dtypes (a family's key holds them) and that half-precision inputs come with
@@ -395,6 +376,25 @@ void native_batch_norm_backward_meta(torch::jit::Stack* stack) {
   if (mask[2]) grad_bias = at::empty({channels}, params);
   torch::jit::drop(*stack, n);
   torch::jit::push(*stack, std::move(grad_input), std::move(grad_weight), std::move(grad_bias));
+}
+
+// The CPU kernels of these are composite: their own code on meta tensors.
+void native_dropout_backward_meta(torch::jit::Stack* stack) {
+  constexpr size_t n = 3;
+  at::Tensor out = at::native::native_dropout_backward(torch::jit::peek(*stack, 0, n).toTensor(),
+                                                       torch::jit::peek(*stack, 1, n).toTensor(),
+                                                       torch::jit::peek(*stack, 2, n).toDouble());
+  torch::jit::drop(*stack, n);
+  torch::jit::push(*stack, std::move(out));
+}
+
+void constant_pad_nd_meta(torch::jit::Stack* stack) {
+  constexpr size_t n = 3;
+  at::Tensor out = at::native::constant_pad_nd(torch::jit::peek(*stack, 0, n).toTensor(),
+                                               torch::jit::peek(*stack, 1, n).toDimVector(),
+                                               torch::jit::peek(*stack, 2, n).toScalar());
+  torch::jit::drop(*stack, n);
+  torch::jit::push(*stack, std::move(out));
 }
 
 // relu: clamp_min(self, 0) after a check of the dtype (not structured itself).

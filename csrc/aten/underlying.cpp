@@ -67,10 +67,12 @@ class UnderlyingKernel final : public c10::OperatorKernel, public AsyncPath {
                   torch::jit::Stack* stack) {
     const OpConfig& c = *config_;
     resolve_ops(op);
-    // arange's checks, on every path, as the CPU's kernel makes them (and one it lacks).
+    // arange's checks, on every path, as the CPU's kernel makes them (and one it lacks), and
+    // its length (enqueue: arange_length_matches).
+    std::optional<int64_t> arange_length;
     if (float_shapes_) {
-      arange_call_length(*stack, stack->size() - op.schema().arguments().size(),
-                         info_.has_out_arguments);
+      arange_length = arange_call_length(*stack, stack->size() - op.schema().arguments().size(),
+                                         info_.has_out_arguments);
     }
     if (info_.zero_tensor_args) materialize_zero_tensors(*stack, op.schema().arguments().size());
     // The CPU fallback runs the cpu_op where there is one (the CPU has no kernel for
@@ -114,7 +116,7 @@ class UnderlyingKernel final : public c10::OperatorKernel, public AsyncPath {
     if (info_.has_generator) draws = substitute_kernel_generators(op, stack, device);
     if (c.metadata_only) {
       call_on_caller(op, stack, device, /*synchronize=*/false);
-    } else if (c.sync || !info_.tensor_returns_only || !enqueue(op, stack, device)) {
+    } else if (c.sync || !info_.tensor_returns_only || !enqueue(op, stack, device, arange_length)) {
       call_on_caller(op, stack, device, /*synchronize=*/true);
     }
   }
@@ -244,8 +246,10 @@ class UnderlyingKernel final : public c10::OperatorKernel, public AsyncPath {
 
   // The result metadata, the allocation of results and the task. False if the call must run
   // synchronously instead (no meta kernel, a CPU tensor with elements among the arguments, a
-  // kernel the meta functions do not describe).
-  bool enqueue(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10::DeviceIndex device) {
+  // kernel the meta functions do not describe). `arange_length`: arange's, as its CPU kernel
+  // computes it (operator()); nullopt for other operators.
+  bool enqueue(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10::DeviceIndex device,
+               std::optional<int64_t> arange_length) {
     const c10::FunctionSchema& schema = op.schema();
     const size_t n = schema.arguments().size();
     const size_t begin = stack->size() - n;
@@ -293,8 +297,8 @@ class UnderlyingKernel final : public c10::OperatorKernel, public AsyncPath {
       // out= tensors that are empty or of the result's size: the CPU kernel would resize them
       // without a warning (it warns where it resizes one with elements).
       const bool outs_fit = written_outputs_fit(*computed, *stack, begin);
-      const bool trusted =
-          capture || (outs_fit && float_shapes_ && arange_length_matches(*computed, *stack, begin));
+      const bool trusted = capture || (outs_fit && arange_length &&
+                                       arange_length_matches(*computed, *arange_length));
       bool exact = !trusted && outs_fit && exact_first_call();
       std::string family;  // the call's key without its layouts (exact calls)
       if (exact) {
@@ -448,11 +452,9 @@ class UnderlyingKernel final : public c10::OperatorKernel, public AsyncPath {
   // (arange_call_length), its kernel reads no data that could fail later, and the length is
   // known: the call runs as later calls do, where PyTorch's meta function gives the CPU's
   // length (not where the kernel's integer arithmetic overflows).
-  bool arange_length_matches(const CachedResult& computed, const torch::jit::Stack& stack,
-                             size_t begin) const {
+  static bool arange_length_matches(const CachedResult& computed, int64_t length) {
     return computed.results.size() == 1 && computed.results[0].size() == 1 &&
-           c10::IntArrayRef(computed.results[0][0].sizes) ==
-               c10::IntArrayRef{arange_call_length(stack, begin, info_.has_out_arguments)};
+           c10::IntArrayRef(computed.results[0][0].sizes) == c10::IntArrayRef{length};
   }
 
   // Float values stay in the key of arange (they decide its shape) and of random operators
