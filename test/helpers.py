@@ -22,6 +22,18 @@ def assert_same(actual: torch.Tensor, expected: torch.Tensor, exact: bool = True
         torch.testing.assert_close(actual.cpu(), expected, equal_nan=True)
 
 
+def on(device: str, value: Any) -> Any:
+    """`value` (a tensor, or a list or tuple of them and other values) on `device`, each tensor
+    with its layout: views keep their strides and offset (their base is moved)."""
+    if isinstance(value, torch.Tensor):
+        base = value._base if value._base is not None else value
+        moved = base.to(device)
+        return moved.as_strided(value.size(), value.stride(), value.storage_offset())
+    if isinstance(value, (list, tuple)):
+        return type(value)(on(device, v) for v in value)
+    return value
+
+
 def same_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
 
